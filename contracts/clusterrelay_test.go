@@ -1,0 +1,172 @@
+package contracts
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func TestCanonicalOrigins(t *testing.T) {
+	for s, want := range map[string]bool{
+		"https://relay.cluster-a.serve.zone:8443": true,
+		"https://relay.example":                   true,
+		"https://192.0.2.17:8443":                 true,
+		"https://[2001:db8::1]:8443":              true,
+		"https://relay.example/":                  false,
+		"https://relay.example:443":               false,
+		"https://Relay.example":                   false,
+		"https://relay.example/path":              false,
+		"https://relay.example?q":                 false,
+		"https://relay.example#f":                 false,
+		"https://user@relay.example":              false,
+		"http://relay.example":                    false,
+		"https://relay.example:":                  false,
+		"https://relay.example:08443":             false,
+		"https://relay.example:65536":             false,
+		"https://192.0.2.017":                     false,
+		"https://[2001:DB8::1]":                   false,
+		"https://-relay.example":                  false,
+		"https://":                                false,
+	} {
+		if IsCanonicalOrigin(s, "https") != want {
+			t.Errorf("IsCanonicalOrigin(%q) = %v", s, !want)
+		}
+	}
+	if !IsCanonicalOrigin("http://127.0.0.1:9000", "http") || IsCanonicalOrigin("http://relay.example:80", "http") {
+		t.Error("http origins misjudged")
+	}
+}
+
+func TestValidateClusterRelayAndCertificateName(t *testing.T) {
+	if r := ValidateClusterRelay([]byte(`{"origin":"https://relay.cluster-a.serve.zone:8443"}`), ""); len(r) != 0 {
+		t.Fatalf("valid block refused: %q", r)
+	}
+	for raw, want := range map[string]string{
+		`{"origin":"https://relay.example:443"}`:               "cluster relay origin must be a canonical https origin",
+		`{"origin":"https://relay.example","schemaVersion":1}`: "cluster relay must use its exact schema",
+		`null`: "cluster relay must use its exact schema",
+		`{"origin":"https://a.example","origin":"https://b.example"}`: "cluster relay must use its exact schema",
+	} {
+		if r := ValidateClusterRelay([]byte(raw), ""); !slices.Equal(r, []string{want}) {
+			t.Errorf("ValidateClusterRelay(%s) = %q, want %q", raw, r, want)
+		}
+	}
+	if got := ClusterRelayCertificateDomainName(ClusterRelay{"https://relay.cluster-a.serve.zone:8443"}); got != "relay.cluster-a.serve.zone" {
+		t.Errorf("certificate name = %q", got)
+	}
+	if got := ClusterRelayCertificateDomainName(ClusterRelay{"https://relay.example"}); got != "relay.example" {
+		t.Errorf("certificate name = %q", got)
+	}
+}
+
+func validRegistration() RegisterClusterRelayRequest {
+	return RegisterClusterRelayRequest{
+		Protocol: RelayOffer,
+		Relay: ClusterRelayRegistration{Version: "4.0.0", NodeID: "node-a", ListenAddress: "192.0.2.17", ListenPort: 8443,
+			VPNHub: &VPNHubEndpoint{Address: "192.0.2.1", QUICPort: 51820, NoisePublicKey: EncodeKey32([32]byte{1, 2, 3})}},
+		RegistrationSequence: 0,
+	}
+}
+
+func TestValidateRegisterClusterRelayRequest(t *testing.T) {
+	good, _ := json.Marshal(validRegistration())
+	if r := ValidateRegisterClusterRelayRequest(good, ""); len(r) != 0 {
+		t.Fatalf("valid registration refused: %q\n%s", r, good)
+	}
+	noHub := validRegistration()
+	noHub.Relay.VPNHub = nil
+	b, _ := json.Marshal(noHub)
+	if !strings.Contains(string(b), `"vpnHub":null`) || len(ValidateRegisterClusterRelayRequest(b, "")) != 0 {
+		t.Fatalf("registration without hub: %s", b)
+	}
+	bad := validRegistration()
+	bad.Relay.ListenAddress = "127.0.0.1"
+	bad.Relay.NodeID = "node a"
+	bad.Relay.Version = "v4"
+	bad.Relay.ListenPort = 0
+	bad.RegistrationSequence = -1
+	bad.Relay.VPNHub.NoisePublicKey = "short"
+	b, _ = json.Marshal(bad)
+	want := []string{
+		"cluster relay registration relay version must be a release version",
+		"cluster relay registration relay nodeId must be a cluster node id",
+		"cluster relay registration relay listenAddress must be a unicast IPv4 literal that is neither loopback nor link-local",
+		"cluster relay registration relay listenPort must be a port from 1 to 65535",
+		"cluster relay registration relay vpnHub noisePublicKey must be a 32-byte key in base64url without padding",
+		"cluster relay registration registrationSequence must be a non-negative safe integer",
+	}
+	if r := ValidateRegisterClusterRelayRequest(b, ""); !slices.Equal(r, want) {
+		t.Fatalf("reasons:\n got %q\nwant %q", r, want)
+	}
+	withSchema := strings.Replace(string(good), `{"protocol"`, `{"schemaVersion":1,"protocol"`, 1)
+	if r := ValidateRegisterClusterRelayRequest([]byte(withSchema), ""); !slices.Equal(r, []string{"cluster relay registration must use its exact schema"}) {
+		t.Fatalf("schemaVersion accepted: %q", r)
+	}
+}
+
+func TestReadClusterRelayConfigPush(t *testing.T) {
+	raw := `{"config":{"clusterId":"cluster-a","relay":{"origin":"https://relay.example:8443"},"corestores":[{"nodeId":"-n1","origin":"https://192.0.2.17:7443"}]}}`
+	cfg, err := ReadClusterRelayConfigPush([]byte(raw), false)
+	if err != nil || cfg.ClusterID != "cluster-a" || cfg.Relay == nil || cfg.Relay.Origin != "https://relay.example:8443" ||
+		len(cfg.Corestores) != 1 || cfg.Corestores[0].NodeID != "-n1" {
+		t.Fatalf("cfg = %+v, %v", cfg, err)
+	}
+	cfg, err = ReadClusterRelayConfigPush([]byte(`{"config":{"clusterId":"c","relay":null,"corestores":[]}}`), false)
+	if err != nil || cfg.Relay != nil {
+		t.Fatalf("disabled relay: %+v %v", cfg, err)
+	}
+	httpCore := `{"config":{"clusterId":"c","relay":null,"corestores":[{"nodeId":"n","origin":"http://127.0.0.1:7000"}]}}`
+	if _, err := ReadClusterRelayConfigPush([]byte(httpCore), true); err != nil {
+		t.Fatalf("http corestore with allowHTTP: %v", err)
+	}
+	_, err = ReadClusterRelayConfigPush([]byte(httpCore), false)
+	var inv *InvalidError
+	if !errors.As(err, &inv) || !slices.Equal(inv.Reasons, []string{"cluster relay config corestores[0] origin must be a canonical https origin"}) {
+		t.Fatalf("http corestore without allowHTTP: %v", err)
+	}
+	dup := `{"config":{"clusterId":"c","relay":null,"corestores":[{"nodeId":"n","origin":"https://a.example"},{"nodeId":"n","origin":"https://b.example"}]}}`
+	if _, err := ReadClusterRelayConfigPush([]byte(dup), false); err == nil || !strings.Contains(err.Error(), "corestores[1] nodeId must be unique") {
+		t.Fatalf("duplicate node: %v", err)
+	}
+	if _, err := ReadClusterRelayConfigPush([]byte(`{"config":{}}`), false); err == nil || err.Error() != "cluster relay config must use its exact schema" {
+		t.Fatalf("empty config: %v", err)
+	}
+}
+
+func TestEncodeCloudlyClientSessionRequest(t *testing.T) {
+	jwt := NewSecret("eyJhbGciOi.secret.jwt")
+	b := EncodeCloudlyClientSessionRequest(RelayOffer, jwt)
+	if string(b) != `{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"jwt":"eyJhbGciOi.secret.jwt"}` {
+		t.Fatalf("%s", b)
+	}
+}
+
+func TestSecretNeverPrints(t *testing.T) {
+	s := NewSecret("hunter2-bearer")
+	for _, out := range []string{fmt.Sprint(s), fmt.Sprintf("%v %+v %#v %s %q %x", s, s, s, s, s, s), fmt.Sprint(struct{ S Secret }{s})} {
+		if strings.Contains(out, "hunter2") {
+			t.Fatalf("secret printed: %s", out)
+		}
+	}
+	if _, err := json.Marshal(struct{ S Secret }{s}); !errors.Is(err, ErrSecretMarshal) {
+		t.Fatalf("json.Marshal of a secret: %v", err)
+	}
+}
+
+func TestKey32(t *testing.T) {
+	k := [32]byte{0xff, 1, 2}
+	s := EncodeKey32(k)
+	back, err := DecodeKey32(s)
+	if err != nil || back != k || len(s) != 43 {
+		t.Fatalf("round trip %q: %v", s, err)
+	}
+	zero := EncodeKey32([32]byte{})
+	for _, bad := range []string{s + "=", zero[:42] + "B" /* stray bits */, zero[:42], zero + "A", strings.Repeat("/", 43)} {
+		if IsKey32(bad) {
+			t.Errorf("non-canonical key %q accepted", bad)
+		}
+	}
+}

@@ -1,0 +1,39 @@
+// Package contracts holds every wire shape, constant, vocabulary and validator the relay speaks,
+// and nothing else. It imports only the standard library; every other package of the relay
+// imports it. Seed-defined names are spelled exactly as @serve.zone/interfaces spells them;
+// project-defined ones (SPEC.md) are marked so where they are declared.
+//
+// # Protocol flow
+//
+// The relay is the one process of an outbound-only cluster that dials the control plane:
+//
+//		Cloudly ◄──── one WebSocket (TypedRequest envelopes) ──── relay ◄──── WebSocket ──── Pallet node
+//		                                                           │   ◄──── WebSocket ──── cluster ingress
+//		                                                           │   ◄──── QUIC + Noise ── node VPN clients
+//		                                                           └──── HTTPS ───────────► node Corestores
+//
+//	 1. The relay dials Cloudly and sends registerCloudlyClientSession { protocol, jwt }. Cloudly
+//	    answers with its own offer; the relay negotiates it (NegotiateProtocol).
+//	 2. It sends registerClusterRelay (RegisterClusterRelayRequest) with a registrationSequence that
+//	    starts at 0 per process. Cloudly answers { protocol, origin }: the relay is attached. A
+//	    refusal named in ClusterRelayUndispatchedRefusals ends its custody of escrowed state.
+//	 3. Cloudly pushes pushClusterRelayConfig (ClusterRelayConfig), pushClusterVpnMembership, route
+//	    tables and DNS lease renewal runs to hold.
+//	 4. Each node dials the relay and sends registerPalletRuntimeSession. The relay reads the
+//	    protocol key first (ReadProtocolOffer), negotiates it against RelayOffer, and only then
+//	    forwards the body, untouched, to Cloudly; Cloudly's { session, protocol } binds the
+//	    connection to session.nodeId. From then on the relay routes Cloudly → node requests by
+//	    request.session.nodeId (or request.nodeId) and forwards node → Cloudly requests from that
+//	    connection only.
+//	 5. When Cloudly is unreachable the relay is detached: it refuses node → Cloudly requests with
+//	    relay-upstream-detached, releases escrowed DNS lease renewals whose window is current,
+//	    keeps serving the route table it holds, and re-dials with backoff. After re-attaching it
+//	    tells every downstream connection pushRelayUpstreamChanged { attached: true }.
+//
+// # Reading peer bytes
+//
+// Every body a peer sends is read with the strict reader in json.go: a repeated key, invalid
+// UTF-8 or a lone surrogate is refused, so the relay and Cloudly never read one body two ways.
+// Bodies the relay forwards stay raw bytes and are never re-encoded. Validators return one named
+// reason per violation, exact-key, and an empty list for a valid body, as the seeds' do.
+package contracts

@@ -1,0 +1,573 @@
+package contracts
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// This file is the one strict JSON reader of the relay. Everything a peer sends is read through it,
+// so that the relay and the peer behind it can never read one body two ways:
+//
+//   - syntax is RFC 8259 exactly; strings are valid UTF-8 with valid escapes (a lone surrogate
+//     escape is refused); nesting is bounded by MaxJSONDepth;
+//   - an object read with ReadObject may not repeat a key at that level — JavaScript keeps the last
+//     duplicate and a naive Go reader the first, so a duplicate would let the relay judge one value
+//     while Cloudly reads another;
+//   - values come back as sub-slices of the input, never re-encoded, so what the relay forwards is
+//     byte-identical to what it read.
+
+// MaxJSONDepth bounds the nesting of any JSON value the relay reads or forwards.
+const MaxJSONDepth = 512
+
+// Kind is the type of a JSON value.
+type Kind uint8
+
+// The JSON value kinds.
+const (
+	KindInvalid Kind = iota
+	KindObject
+	KindArray
+	KindString
+	KindNumber
+	KindBool
+	KindNull
+)
+
+var kindNames = [...]string{"invalid", "object", "array", "string", "number", "boolean", "null"}
+
+func (k Kind) String() string { return kindNames[k] }
+
+// KindOf reports the kind of raw by its first non-space byte. It does not validate raw.
+func KindOf(raw []byte) Kind {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) {
+		return KindInvalid
+	}
+	switch c := raw[i]; {
+	case c == '{':
+		return KindObject
+	case c == '[':
+		return KindArray
+	case c == '"':
+		return KindString
+	case c == '-' || (c >= '0' && c <= '9'):
+		return KindNumber
+	case c == 't' || c == 'f':
+		return KindBool
+	case c == 'n':
+		return KindNull
+	}
+	return KindInvalid
+}
+
+// SyntaxError is a JSON value that is not well-formed. It names the byte offset and never quotes
+// the input, which may be secret.
+type SyntaxError struct {
+	Offset int
+	Msg    string
+}
+
+func (e *SyntaxError) Error() string { return fmt.Sprintf("json: %s at offset %d", e.Msg, e.Offset) }
+
+// ErrDuplicateKey is wrapped by ReadObject's error when an object repeats a key.
+var ErrDuplicateKey = errors.New("json: duplicate object key")
+
+// Member is one member of a JSON object. Value is a sub-slice of the object's bytes.
+type Member struct {
+	Key   string
+	Value json.RawMessage
+}
+
+// Valid reports whether raw is exactly one well-formed JSON value, surrounded by nothing but
+// whitespace.
+func Valid(raw []byte) error {
+	end, err := scanValue(raw, skipSpace(raw, 0), 0)
+	if err != nil {
+		return err
+	}
+	if end = skipSpace(raw, end); end != len(raw) {
+		return &SyntaxError{end, "data after the value"}
+	}
+	return nil
+}
+
+// ReadObject reads raw as one JSON object and returns its members in order. Member values are
+// validated and trimmed of surrounding whitespace. A repeated key is an error wrapping
+// ErrDuplicateKey.
+func ReadObject(raw []byte) ([]Member, error) {
+	var members []Member
+	err := eachMember(raw, func(key string, value []byte) error {
+		for _, m := range members {
+			if m.Key == key {
+				return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(key))
+			}
+		}
+		members = append(members, Member{key, value})
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return members, nil
+}
+
+// Lookup returns the raw value under key in the JSON object raw, or ok == false when the object
+// has no such key. It validates the whole object and refuses repeated keys, like ReadObject, but
+// allocates nothing for the members it skips.
+func Lookup(raw []byte, key string) (value json.RawMessage, ok bool, err error) {
+	err = eachMember(raw, func(k string, v []byte) error {
+		if k != key {
+			return nil
+		}
+		if ok {
+			return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(k))
+		}
+		value, ok = v, true
+		return nil
+	})
+	if err != nil {
+		return nil, false, err
+	}
+	return value, ok, nil
+}
+
+func truncateKey(k string) string {
+	if len(k) > 64 {
+		return k[:64] + "…"
+	}
+	return k
+}
+
+// ReadArray reads raw as one JSON array and returns its elements, each a sub-slice of raw.
+func ReadArray(raw []byte) ([]json.RawMessage, error) {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '[' {
+		return nil, &SyntaxError{i, "not an array"}
+	}
+	var elems []json.RawMessage
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == ']' {
+		return []json.RawMessage{}, trailing(raw, i+1)
+	}
+	for {
+		start := i
+		end, err := scanValue(raw, i, 1)
+		if err != nil {
+			return nil, err
+		}
+		elems = append(elems, raw[start:end])
+		i = skipSpace(raw, end)
+		if i >= len(raw) {
+			return nil, &SyntaxError{i, "unterminated array"}
+		}
+		if raw[i] == ']' {
+			return elems, trailing(raw, i+1)
+		}
+		if raw[i] != ',' {
+			return nil, &SyntaxError{i, "expected , or ] in array"}
+		}
+		i = skipSpace(raw, i+1)
+	}
+}
+
+// ReadString reads raw as one JSON string and returns its decoded value.
+func ReadString(raw []byte) (string, error) {
+	i := skipSpace(raw, 0)
+	end, err := scanString(raw, i)
+	if err != nil {
+		return "", err
+	}
+	if err := trailing(raw, end); err != nil {
+		return "", err
+	}
+	return decodeString(raw[i:end]), nil
+}
+
+// ReadBool reads raw as one JSON boolean.
+func ReadBool(raw []byte) (value, ok bool) {
+	switch string(trimSpace(raw)) {
+	case "true":
+		return true, true
+	case "false":
+		return false, true
+	}
+	return false, false
+}
+
+// IsNull reports whether raw is the JSON literal null.
+func IsNull(raw []byte) bool { return string(trimSpace(raw)) == "null" }
+
+// MaxSafeInteger is JavaScript's Number.MAX_SAFE_INTEGER, the largest counter the seeds admit.
+const MaxSafeInteger = 1<<53 - 1
+
+// ReadSafeInteger reads raw as a JSON number whose value is an integer within ±MaxSafeInteger, the
+// way JavaScript's Number.isSafeInteger judges a value after JSON.parse: 1.0 and 1e3 are integers,
+// 9007199254740993 is not safe.
+func ReadSafeInteger(raw []byte) (int64, bool) {
+	raw = trimSpace(raw)
+	if KindOf(raw) != KindNumber {
+		return 0, false
+	}
+	if end, err := scanNumber(raw, 0); err != nil || end != len(raw) {
+		return 0, false
+	}
+	if n, err := strconv.ParseInt(string(raw), 10, 64); err == nil {
+		return n, n >= -MaxSafeInteger && n <= MaxSafeInteger
+	}
+	f, err := strconv.ParseFloat(string(raw), 64)
+	if err != nil || f != float64(int64(f)) || f > MaxSafeInteger || f < -MaxSafeInteger {
+		return 0, false
+	}
+	return int64(f), true
+}
+
+// ReadCounter reads raw as a non-negative safe integer, the seeds' counter and revision type.
+func ReadCounter(raw []byte) (int64, bool) {
+	n, ok := ReadSafeInteger(raw)
+	return n, ok && n >= 0
+}
+
+// eachMember scans the object raw and calls fn for each member in order.
+func eachMember(raw []byte, fn func(key string, value []byte) error) error {
+	i := skipSpace(raw, 0)
+	if i >= len(raw) || raw[i] != '{' {
+		return &SyntaxError{i, "not an object"}
+	}
+	i = skipSpace(raw, i+1)
+	if i < len(raw) && raw[i] == '}' {
+		return trailing(raw, i+1)
+	}
+	for {
+		keyEnd, err := scanString(raw, i)
+		if err != nil {
+			return err
+		}
+		key := decodeString(raw[i:keyEnd])
+		i = skipSpace(raw, keyEnd)
+		if i >= len(raw) || raw[i] != ':' {
+			return &SyntaxError{i, "expected : after object key"}
+		}
+		start := skipSpace(raw, i+1)
+		end, err := scanValue(raw, start, 1)
+		if err != nil {
+			return err
+		}
+		if err := fn(key, raw[start:end]); err != nil {
+			return err
+		}
+		i = skipSpace(raw, end)
+		if i >= len(raw) {
+			return &SyntaxError{i, "unterminated object"}
+		}
+		if raw[i] == '}' {
+			return trailing(raw, i+1)
+		}
+		if raw[i] != ',' {
+			return &SyntaxError{i, "expected , or } in object"}
+		}
+		i = skipSpace(raw, i+1)
+	}
+}
+
+func trailing(raw []byte, i int) error {
+	if i = skipSpace(raw, i); i != len(raw) {
+		return &SyntaxError{i, "data after the value"}
+	}
+	return nil
+}
+
+func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+func skipSpace(b []byte, i int) int {
+	for i < len(b) && isSpace(b[i]) {
+		i++
+	}
+	return i
+}
+
+func trimSpace(b []byte) []byte {
+	i, j := 0, len(b)
+	for i < j && isSpace(b[i]) {
+		i++
+	}
+	for j > i && isSpace(b[j-1]) {
+		j--
+	}
+	return b[i:j]
+}
+
+// scanValue validates the value starting at b[i] and returns the offset just after it.
+func scanValue(b []byte, i, depth int) (int, error) {
+	if i >= len(b) {
+		return i, &SyntaxError{i, "unexpected end of input"}
+	}
+	switch c := b[i]; {
+	case c == '{':
+		return scanComposite(b, i, depth, '}')
+	case c == '[':
+		return scanComposite(b, i, depth, ']')
+	case c == '"':
+		return scanString(b, i)
+	case c == '-' || (c >= '0' && c <= '9'):
+		return scanNumber(b, i)
+	case c == 't':
+		return scanLiteral(b, i, "true")
+	case c == 'f':
+		return scanLiteral(b, i, "false")
+	case c == 'n':
+		return scanLiteral(b, i, "null")
+	}
+	return i, &SyntaxError{i, "invalid character"}
+}
+
+func scanComposite(b []byte, i, depth int, closer byte) (int, error) {
+	if depth >= MaxJSONDepth {
+		return i, &SyntaxError{i, "nesting too deep"}
+	}
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == closer {
+		return i + 1, nil
+	}
+	for {
+		if closer == '}' {
+			end, err := scanString(b, i)
+			if err != nil {
+				return end, err
+			}
+			i = skipSpace(b, end)
+			if i >= len(b) || b[i] != ':' {
+				return i, &SyntaxError{i, "expected : after object key"}
+			}
+			i = skipSpace(b, i+1)
+		}
+		end, err := scanValue(b, i, depth+1)
+		if err != nil {
+			return end, err
+		}
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return i, &SyntaxError{i, "unterminated object or array"}
+		}
+		if b[i] == closer {
+			return i + 1, nil
+		}
+		if b[i] != ',' {
+			return i, &SyntaxError{i, "expected , or " + string(closer)}
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+func scanLiteral(b []byte, i int, lit string) (int, error) {
+	if len(b)-i < len(lit) || string(b[i:i+len(lit)]) != lit {
+		return i, &SyntaxError{i, "invalid literal"}
+	}
+	return i + len(lit), nil
+}
+
+// scanNumber validates -?(0|[1-9][0-9]*)(\.[0-9]+)?([eE][+-]?[0-9]+)? at b[i].
+func scanNumber(b []byte, i int) (int, error) {
+	start := i
+	if i < len(b) && b[i] == '-' {
+		i++
+	}
+	switch {
+	case i < len(b) && b[i] == '0':
+		i++
+	case i < len(b) && b[i] >= '1' && b[i] <= '9':
+		i = digits(b, i)
+	default:
+		return i, &SyntaxError{start, "invalid number"}
+	}
+	if i < len(b) && b[i] == '.' {
+		if j := digits(b, i+1); j > i+1 {
+			i = j
+		} else {
+			return i, &SyntaxError{start, "invalid number"}
+		}
+	}
+	if i < len(b) && (b[i] == 'e' || b[i] == 'E') {
+		i++
+		if i < len(b) && (b[i] == '+' || b[i] == '-') {
+			i++
+		}
+		if j := digits(b, i); j > i {
+			i = j
+		} else {
+			return i, &SyntaxError{start, "invalid number"}
+		}
+	}
+	return i, nil
+}
+
+func digits(b []byte, i int) int {
+	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+		i++
+	}
+	return i
+}
+
+// scanString validates the string starting at b[i] (which must be '"') and returns the offset just
+// after its closing quote.
+func scanString(b []byte, i int) (int, error) {
+	if i >= len(b) || b[i] != '"' {
+		return i, &SyntaxError{i, "expected string"}
+	}
+	i++
+	for i < len(b) {
+		c := b[i]
+		switch {
+		case c == '"':
+			return i + 1, nil
+		case c == '\\':
+			if i+1 >= len(b) {
+				return i, &SyntaxError{i, "unterminated string"}
+			}
+			switch b[i+1] {
+			case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+				i += 2
+			case 'u':
+				r, ok := hex4(b, i+2)
+				if !ok {
+					return i, &SyntaxError{i, "invalid \\u escape"}
+				}
+				i += 6
+				if utf16.IsSurrogate(r) {
+					// Only a high surrogate followed by an escaped low surrogate is a character.
+					if r >= 0xDC00 || i+1 >= len(b) || b[i] != '\\' || b[i+1] != 'u' {
+						return i, &SyntaxError{i, "lone surrogate escape"}
+					}
+					r2, ok := hex4(b, i+2)
+					if !ok || r2 < 0xDC00 || r2 > 0xDFFF {
+						return i, &SyntaxError{i, "lone surrogate escape"}
+					}
+					i += 6
+				}
+			default:
+				return i, &SyntaxError{i, "invalid escape"}
+			}
+		case c < 0x20:
+			return i, &SyntaxError{i, "control character in string"}
+		case c < utf8.RuneSelf:
+			i++
+		default:
+			r, size := utf8.DecodeRune(b[i:])
+			if r == utf8.RuneError && size == 1 {
+				return i, &SyntaxError{i, "invalid UTF-8 in string"}
+			}
+			i += size
+		}
+	}
+	return i, &SyntaxError{i, "unterminated string"}
+}
+
+func hex4(b []byte, i int) (rune, bool) {
+	if i+4 > len(b) {
+		return 0, false
+	}
+	var r rune
+	for _, c := range b[i : i+4] {
+		r <<= 4
+		switch {
+		case c >= '0' && c <= '9':
+			r |= rune(c - '0')
+		case c >= 'a' && c <= 'f':
+			r |= rune(c - 'a' + 10)
+		case c >= 'A' && c <= 'F':
+			r |= rune(c - 'A' + 10)
+		default:
+			return 0, false
+		}
+	}
+	return r, true
+}
+
+// decodeString decodes a string scanString already validated, quotes included.
+func decodeString(q []byte) string {
+	s := q[1 : len(q)-1]
+	plain := true
+	for _, c := range s {
+		if c == '\\' {
+			plain = false
+			break
+		}
+	}
+	if plain {
+		return string(s)
+	}
+	out := make([]byte, 0, len(s))
+	for i := 0; i < len(s); {
+		if s[i] != '\\' {
+			out = append(out, s[i])
+			i++
+			continue
+		}
+		switch s[i+1] {
+		case 'b':
+			out = append(out, '\b')
+		case 'f':
+			out = append(out, '\f')
+		case 'n':
+			out = append(out, '\n')
+		case 'r':
+			out = append(out, '\r')
+		case 't':
+			out = append(out, '\t')
+		case 'u':
+			r, _ := hex4(s, i+2)
+			if utf16.IsSurrogate(r) {
+				r2, _ := hex4(s, i+8)
+				r = utf16.DecodeRune(r, r2)
+				i += 6
+			}
+			out = utf8.AppendRune(out, r)
+			i += 6
+			continue
+		default: // '"', '\\', '/'
+			out = append(out, s[i+1])
+		}
+		i += 2
+	}
+	return string(out)
+}
+
+// AppendString appends s as a JSON string in the canonical form of RFC 8785: only '"', '\\' and
+// control characters are escaped (the short escapes where JSON has one, else \u00xx), everything
+// else, "<", "&" and U+2028 included, is written as UTF-8. s must be valid UTF-8.
+func AppendString(dst []byte, s string) []byte {
+	const hexDigits = "0123456789abcdef"
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); i++ {
+		c := s[i]
+		if c >= 0x20 && c != '"' && c != '\\' {
+			continue
+		}
+		dst = append(dst, s[start:i]...)
+		switch c {
+		case '"':
+			dst = append(dst, '\\', '"')
+		case '\\':
+			dst = append(dst, '\\', '\\')
+		case '\b':
+			dst = append(dst, '\\', 'b')
+		case '\f':
+			dst = append(dst, '\\', 'f')
+		case '\n':
+			dst = append(dst, '\\', 'n')
+		case '\r':
+			dst = append(dst, '\\', 'r')
+		case '\t':
+			dst = append(dst, '\\', 't')
+		default:
+			dst = append(dst, '\\', 'u', '0', '0', hexDigits[c>>4], hexDigits[c&0xF])
+		}
+		start = i + 1
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

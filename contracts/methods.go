@@ -1,0 +1,71 @@
+package contracts
+
+// Method names the relay routes by. Seed-defined unless marked project-defined.
+
+// Node runtime session methods the relay itself reads.
+const (
+	MethodRegisterPalletRuntimeSession       = "registerPalletRuntimeSession"       // node → relay → Cloudly
+	MethodApplyRuntimeNetworkDnsLeaseRenewal = "applyRuntimeNetworkDnsLeaseRenewal" // Cloudly or escrow → node
+)
+
+// Methods Cloudly calls on the relay itself (SPEC §5): the relay serves them, never forwards them.
+const (
+	MethodPushClusterVpnMembership           = "pushClusterVpnMembership" // project-defined
+	MethodHoldRuntimeNetworkDnsLeaseRenewals = "holdRuntimeNetworkDnsLeaseRenewals"
+	MethodPushClusterRouteTable              = "pushClusterRouteTable"
+	MethodGetClusterTrafficStatistics        = "getClusterTrafficStatistics"
+	MethodPrepareIsolatedRestoreOnNode       = "prepareIsolatedRestoreOnNode"
+	MethodStageIsolatedRestoreArchive        = "stageIsolatedRestoreArchive"
+	MethodGetIsolatedRestoreProgressOnNode   = "getIsolatedRestoreProgressOnNode"
+	MethodExecuteIsolatedRestoreOnNode       = "executeIsolatedRestoreOnNode"
+	MethodCleanupIsolatedRestoreOnNode       = "cleanupIsolatedRestoreOnNode"
+)
+
+// Cluster ingress methods (SPEC §8).
+const (
+	MethodGetClusterRouteTable                = "getClusterRouteTable" // relay → Cloudly
+	MethodRegisterClusterIngress              = "registerClusterIngress"
+	MethodGetClusterIngressRouteTable         = "getClusterIngressRouteTable"
+	MethodPushClusterIngressRouteTableChanged = "pushClusterIngressRouteTableChanged"
+)
+
+var isolatedRestoreMethods = [...]string{
+	MethodPrepareIsolatedRestoreOnNode, MethodStageIsolatedRestoreArchive, MethodGetIsolatedRestoreProgressOnNode,
+	MethodExecuteIsolatedRestoreOnNode, MethodCleanupIsolatedRestoreOnNode,
+}
+
+// IsolatedRestoreMethods are the five node-control methods, in the order a restore runs them
+// (progress may be read at any time).
+func IsolatedRestoreMethods() [5]string { return isolatedRestoreMethods }
+
+// IsIsolatedRestoreMethod reports whether m is one of the five.
+func IsIsolatedRestoreMethod(m string) bool {
+	for _, r := range isolatedRestoreMethods {
+		if r == m {
+			return true
+		}
+	}
+	return false
+}
+
+// IsServedToCloudly reports whether m is a Cloudly → relay method the relay serves itself.
+func IsServedToCloudly(m string) bool {
+	switch m {
+	case MethodPushClusterRelayConfig, MethodPushClusterVpnMembership, MethodHoldRuntimeNetworkDnsLeaseRenewals,
+		MethodPushClusterRouteTable, MethodGetClusterTrafficStatistics:
+		return true
+	}
+	return IsIsolatedRestoreMethod(m)
+}
+
+// IsLocalOnlyMethod reports whether m belongs to a controller on the node's own host and never
+// crosses the relay (seed: exec and volume archives are Onebox-only; the local controller binds
+// itself with bindPalletLocalRuntimeController). Refused with relay-method-local-only.
+func IsLocalOnlyMethod(m string) bool {
+	switch m {
+	case "openRuntimeAssignmentExec", "resizeRuntimeAssignmentExec", "closeRuntimeAssignmentExec",
+		"readRuntimeLocalVolumeArchive", "writeRuntimeLocalVolumeArchive", "bindPalletLocalRuntimeController":
+		return true
+	}
+	return false
+}

@@ -1,0 +1,74 @@
+package contracts
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+func TestVocabulariesAreTheSeedNamesInOrder(t *testing.T) {
+	if got := ClusterRelayUndispatchedRefusals(); got != [3]RefusalName{"relay-cluster-not-enabled", "relay-node-foreign", "relay-sequence-not-advancing"} {
+		t.Errorf("undispatched = %v", got)
+	}
+	if got := HoldRuntimeNetworkDnsLeaseRenewalsRefusals(); got != [6]RefusalName{"escrow-run-invalid", "escrow-node-not-carried",
+		"escrow-run-foreign-session", "escrow-run-stale", "escrow-run-unordered", "escrow-cloudly-only"} {
+		t.Errorf("escrow = %v", got)
+	}
+	if got := IsolatedRestoreNodeControlRefusals(); got != [3]RefusalName{"restore-node-not-carried", "restore-node-unreachable", "restore-node-refused"} {
+		t.Errorf("restore = %v", got)
+	}
+	if got := ClusterIngressRegistrationRefusalReasons(); got != [8]string{"not-ready", "registration-invalid", "relay-not-connected",
+		"ingress-not-designated", "node-mismatch", "assignment-not-running", "bearer-refused", "conflict"} {
+		t.Errorf("ingress = %v", got)
+	}
+	if got := VPNRefusals(); got != [6]RefusalName{"vpn-member-unknown", "vpn-member-expired", "vpn-member-node-mismatch",
+		"vpn-authority-mismatch", "vpn-member-removed", "vpn-member-replaced"} {
+		t.Errorf("vpn = %v", got)
+	}
+	// A copy cannot change the vocabulary.
+	v := ClusterRelayUndispatchedRefusals()
+	v[0] = "changed"
+	if ClusterRelayUndispatchedRefusals()[0] != RelayClusterNotEnabled {
+		t.Error("the vocabulary is not frozen")
+	}
+	for _, n := range RelayRefusals() {
+		if !isRefusalToken(string(n)) || n[:6] != "relay-" {
+			t.Errorf("relay refusal %q is not a relay- token", n)
+		}
+	}
+}
+
+func TestRefusalMatchesByName(t *testing.T) {
+	err := fmt.Errorf("forward: %w", RelayNodeBusy.Refuse("send queue of node %s is full", "node-a"))
+	if !errors.Is(err, RelayNodeBusy) || errors.Is(err, RelayNodeNotCarried) {
+		t.Fatal("errors.Is does not match by name")
+	}
+	var r *Refusal
+	if !errors.As(err, &r) || r.Error() != "relay-node-busy: send queue of node node-a is full" {
+		t.Fatalf("refusal = %v", r)
+	}
+	if string(r.Data()) != `{"code":"relay-node-busy"}` {
+		t.Fatalf("data = %s", r.Data())
+	}
+	if !IsUndispatchedRefusal(RelaySequenceNotAdvancing) || IsUndispatchedRefusal(RelayNodeBusy) {
+		t.Fatal("IsUndispatchedRefusal")
+	}
+}
+
+func TestReadRefusalName(t *testing.T) {
+	cases := []struct {
+		text, data string
+		want       RefusalName
+	}{
+		{"relay-node-foreign: node-x is not in cluster c", "null", "relay-node-foreign"},
+		{"could not verify", `{"code":"relay-cluster-not-enabled"}`, "relay-cluster-not-enabled"},
+		{"Something Broke: at line 3", "null", ""},
+		{"no colon here", "", ""},
+		{"escrow-run-stale: last window ended", `{"code":7}`, "escrow-run-stale"},
+	}
+	for _, c := range cases {
+		if got := ReadRefusalName(c.text, []byte(c.data)); got != c.want {
+			t.Errorf("ReadRefusalName(%q, %s) = %q, want %q", c.text, c.data, got, c.want)
+		}
+	}
+}
