@@ -1,0 +1,415 @@
+package typedsocket
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Defaults of SPEC §2. A zero Options field means its default.
+const (
+	DefaultPingInterval  = 15 * time.Second
+	DefaultDeadTimeout   = 45 * time.Second
+	DefaultCallTimeout   = 60 * time.Second
+	DefaultReadLimit     = 64 << 10 // before registration: an anonymous peer holds no large buffer
+	DefaultMaxQueue      = 256
+	DefaultMaxQueueBytes = 16 << 20
+	DefaultMaxInflight   = 1024
+)
+
+// Local failures of a call. A remote failure is an *Error.
+var (
+	ErrClosed    = errors.New("typedsocket: connection closed")
+	ErrTimeout   = errors.New("typedsocket: no answer within the call timeout")
+	ErrQueueFull = errors.New("typedsocket: send queue full")
+	// ErrMalformedAnswer is an answer whose envelope could be correlated but not read.
+	ErrMalformedAnswer = errors.New("typedsocket: malformed answer")
+)
+
+// Handler serves the peer's requests. ServeRequest runs on the connection's read loop: it must not
+// block, and must answer r exactly once, now or later from any goroutine. Dispatching requests on
+// the read loop is what keeps each peer's requests in the order it sent them.
+type Handler interface {
+	ServeRequest(c *Conn, r *Request)
+}
+
+// HandlerFunc adapts a function to Handler.
+type HandlerFunc func(c *Conn, r *Request)
+
+// ServeRequest calls f.
+func (f HandlerFunc) ServeRequest(c *Conn, r *Request) { f(c, r) }
+
+// Options configure a Conn.
+type Options struct {
+	Handler       Handler        // nil answers every request relay-method-unknown
+	PingInterval  time.Duration  // WebSocket ping cadence (15 s)
+	DeadTimeout   time.Duration  // a peer silent this long is gone; also bounds one write (45 s)
+	CallTimeout   time.Duration  // per-call default (60 s)
+	ReadLimit     int64          // largest message read (64 KiB); raise with SetReadLimit
+	MaxQueue      int            // requests queued for sending (256)
+	MaxQueueBytes int            // bytes queued for sending (16 MiB)
+	MaxInflight   int            // peer requests being served at once (1024)
+	BusyError     error          // the answer beyond MaxInflight (relay-node-busy)
+	Logger        zerolog.Logger // component logger; bodies are never logged
+}
+
+func (o *Options) fill() {
+	if o.PingInterval <= 0 {
+		o.PingInterval = DefaultPingInterval
+	}
+	if o.DeadTimeout <= 0 {
+		o.DeadTimeout = DefaultDeadTimeout
+	}
+	if o.CallTimeout <= 0 {
+		o.CallTimeout = DefaultCallTimeout
+	}
+	if o.ReadLimit <= 0 {
+		o.ReadLimit = DefaultReadLimit
+	}
+	if o.MaxQueue <= 0 {
+		o.MaxQueue = DefaultMaxQueue
+	}
+	if o.MaxQueueBytes <= 0 {
+		o.MaxQueueBytes = DefaultMaxQueueBytes
+	}
+	if o.MaxInflight <= 0 {
+		o.MaxInflight = DefaultMaxInflight
+	}
+	if o.BusyError == nil {
+		o.BusyError = contracts.RelayNodeBusy.Refuse("too many requests in flight on this connection")
+	}
+}
+
+// Reply is the outcome of a call: the answer's body, or an error — an *Error from the peer or a
+// local ErrClosed, ErrTimeout. Retry is the answer's raw retry hint, if any.
+type Reply struct {
+	Response json.RawMessage
+	Err      error
+	Retry    json.RawMessage
+}
+
+// Conn is one TypedRequest peer on a WebSocket: it calls and serves concurrently. One read loop
+// reads and dispatches every message, one send loop writes every frame from a bounded queue; a
+// slow peer fills its own queue and never blocks a caller.
+type Conn struct {
+	ws   *websocket.Conn // set at construction
+	opts Options         // set at construction
+
+	ctx    context.Context         // set at construction; cancelled with the close cause
+	cancel context.CancelCauseFunc // set at construction
+
+	sendq sendQueue
+
+	mu      sync.Mutex
+	pending map[string]*call // guarded by mu
+	nextID  uint64           // guarded by mu
+	closed  bool             // guarded by mu: no new calls
+
+	inflight  atomic.Int64 // peer requests not yet answered
+	lastHeard atomic.Int64 // unix nanos of the last message or pong
+	pinging   atomic.Bool  // a ping is outstanding
+	pingWG    sync.WaitGroup
+	done      chan struct{} // closed when Run has returned
+}
+
+type call struct {
+	done  func(Reply)
+	timer *time.Timer
+}
+
+// New wraps an accepted or dialled WebSocket. Call Run to serve it.
+func New(ws *websocket.Conn, opts Options) *Conn {
+	opts.fill()
+	ctx, cancel := context.WithCancelCause(context.Background())
+	c := &Conn{ws: ws, opts: opts, ctx: ctx, cancel: cancel, pending: make(map[string]*call), done: make(chan struct{})}
+	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
+	ws.SetReadLimit(opts.ReadLimit)
+	c.lastHeard.Store(time.Now().UnixNano())
+	return c
+}
+
+// SetReadLimit changes the largest message the connection reads; a larger one closes it with
+// status 1009. Safe from any goroutine.
+func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
+
+// Context is cancelled when the connection ends; its cause is why.
+func (c *Conn) Context() context.Context { return c.ctx }
+
+// Done is closed when Run has returned and every pending call has been answered.
+func (c *Conn) Done() <-chan struct{} { return c.done }
+
+// QueueLen is the number of frames waiting to be written.
+func (c *Conn) QueueLen() int { return c.sendq.len() }
+
+// Run serves the connection until it ends or ctx is cancelled, and returns why. It reads on the
+// calling goroutine and writes on one more, which is all a connection costs.
+func (c *Conn) Run(ctx context.Context) error {
+	stop := context.AfterFunc(ctx, func() { c.cancel(context.Cause(ctx)) })
+	defer stop()
+
+	sendErr := make(chan error, 1)
+	go func() {
+		err := c.sendLoop()
+		c.cancel(err)
+		sendErr <- err
+	}()
+	c.cancel(c.readLoop())
+	<-sendErr
+	c.pingWG.Wait()
+	c.ws.CloseNow()
+	c.shutdown()
+	close(c.done)
+	return context.Cause(c.ctx) // whichever loop ended first says why
+}
+
+// Close ends the connection with a close handshake.
+func (c *Conn) Close(code websocket.StatusCode, reason string) error {
+	err := c.ws.Close(code, reason)
+	c.cancel(fmt.Errorf("%w: closed locally (%d %s)", ErrClosed, code, reason))
+	return err
+}
+
+// CloseNow ends the connection without a handshake.
+func (c *Conn) CloseNow() {
+	c.cancel(fmt.Errorf("%w: closed locally", ErrClosed))
+	c.ws.CloseNow()
+}
+
+func (c *Conn) readLoop() error {
+	for {
+		typ, frame, err := c.ws.Read(c.ctx)
+		if err != nil {
+			return err
+		}
+		c.lastHeard.Store(time.Now().UnixNano())
+		if typ != websocket.MessageText {
+			c.ws.Close(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
+			return errors.New("peer sent a binary message")
+		}
+		env, err := Decode(frame)
+		if err != nil {
+			var de *DecodeError
+			errors.As(err, &de)
+			if de.ID != "" && de.Phase == PhaseRequest {
+				c.answer(de.Method, de.ID, Reply{Err: contracts.RelayRequestInvalid.Refuse("%s", de.Reason)})
+				continue
+			}
+			c.opts.Logger.Debug().Int("bytes", len(frame)).Str("outcome", "malformed").Msg(de.Reason)
+			if de.ID == "" {
+				c.ws.Close(websocket.StatusPolicyViolation, "malformed envelope")
+				return err
+			}
+			if p := c.take(de.ID); p != nil {
+				p.timer.Stop()
+				p.done(Reply{Err: fmt.Errorf("%w: %s", ErrMalformedAnswer, de.Reason)})
+			}
+			continue
+		}
+		if env.Phase == PhaseRequest {
+			c.dispatch(env)
+		} else {
+			c.resolve(env)
+		}
+	}
+}
+
+func (c *Conn) dispatch(env Envelope) {
+	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
+	if c.inflight.Add(1) > int64(c.opts.MaxInflight) {
+		r.Fail(c.opts.BusyError)
+		return
+	}
+	if c.opts.Handler == nil {
+		r.Fail(contracts.RelayMethodUnknown.Refuse("%s", env.Method))
+		return
+	}
+	c.opts.Handler.ServeRequest(c, r)
+}
+
+func (c *Conn) resolve(env Envelope) {
+	c.mu.Lock()
+	p := c.pending[env.ID]
+	delete(c.pending, env.ID)
+	c.mu.Unlock()
+	if p == nil {
+		c.opts.Logger.Debug().Str("method", env.Method).Str("outcome", "late").Msg("answer for no pending call")
+		return
+	}
+	p.timer.Stop()
+	rep := Reply{Response: env.Response, Retry: env.Retry}
+	if env.Error != nil {
+		rep = Reply{Err: env.Error, Retry: env.Retry}
+	}
+	p.done(rep)
+}
+
+func (c *Conn) sendLoop() error {
+	ticker := time.NewTicker(c.opts.PingInterval)
+	defer ticker.Stop()
+	var batch [][]byte
+	for {
+		select {
+		case <-c.ctx.Done():
+			return context.Cause(c.ctx)
+		case <-c.sendq.wake:
+			batch = c.sendq.take(batch[:0])
+			for i, frame := range batch {
+				wctx, cancel := context.WithTimeout(c.ctx, c.opts.DeadTimeout)
+				err := c.ws.Write(wctx, websocket.MessageText, frame)
+				cancel()
+				batch[i] = nil
+				if err != nil {
+					return fmt.Errorf("write: %w", err)
+				}
+			}
+		case now := <-ticker.C:
+			if silent := now.Sub(time.Unix(0, c.lastHeard.Load())); silent > c.opts.DeadTimeout {
+				err := fmt.Errorf("%w: peer silent for %s", ErrClosed, silent.Round(time.Millisecond))
+				c.cancel(err)   // the cause first: closing makes the read loop fail too
+				c.ws.CloseNow() // no close handshake with a peer that answers nothing
+				return err
+			}
+			if !c.pinging.Swap(true) {
+				c.pingWG.Add(1)
+				go c.ping()
+			}
+		}
+	}
+}
+
+func (c *Conn) ping() {
+	defer c.pingWG.Done()
+	defer c.pinging.Store(false)
+	ctx, cancel := context.WithTimeout(c.ctx, c.opts.DeadTimeout)
+	defer cancel()
+	if c.ws.Ping(ctx) == nil {
+		c.lastHeard.Store(time.Now().UnixNano())
+	}
+}
+
+// shutdown fails every pending call with the close cause and refuses new ones.
+func (c *Conn) shutdown() {
+	c.mu.Lock()
+	c.closed = true
+	pending := c.pending
+	c.pending = nil
+	c.mu.Unlock()
+	c.sendq.close()
+	err := fmt.Errorf("%w: %w", ErrClosed, context.Cause(c.ctx))
+	if errors.Is(context.Cause(c.ctx), ErrClosed) {
+		err = context.Cause(c.ctx)
+	}
+	for _, p := range pending {
+		p.timer.Stop()
+		p.done(Reply{Err: err})
+	}
+}
+
+// CallAsync sends a request and calls done exactly once with its outcome: from the read loop when
+// the answer arrives (done must not block), or from a timer after timeout (0: the default). An
+// error means the request was not sent and done will not be called: ErrClosed, or ErrQueueFull
+// when the peer is not draining its queue.
+func (c *Conn) CallAsync(method string, body json.RawMessage, timeout time.Duration, done func(Reply)) error {
+	if timeout <= 0 {
+		timeout = c.opts.CallTimeout
+	}
+	c.mu.Lock()
+	if c.closed {
+		c.mu.Unlock()
+		return ErrClosed
+	}
+	c.nextID++
+	id := formatID(c.nextID)
+	p := &call{done: done}
+	c.pending[id] = p
+	// The timer is armed under mu so that resolve, which takes the call under mu, always sees it.
+	p.timer = time.AfterFunc(timeout, func() {
+		if c.take(id) != nil {
+			done(Reply{Err: fmt.Errorf("%w (%s after %s)", ErrTimeout, method, timeout)})
+		}
+	})
+	c.mu.Unlock()
+
+	env := Envelope{Method: method, ID: id, Phase: PhaseRequest, Request: body}
+	if err := c.sendq.push(env.Append(make([]byte, 0, env.Size())), true); err != nil {
+		if c.take(id) != nil {
+			p.timer.Stop()
+		}
+		return err
+	}
+	return nil
+}
+
+func (c *Conn) take(id string) *call {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	p := c.pending[id]
+	delete(c.pending, id)
+	return p
+}
+
+// Call sends a request and waits for its answer, ctx's deadline or the default timeout.
+func (c *Conn) Call(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+	timeout := c.opts.CallTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	ch := make(chan Reply, 1)
+	if err := c.CallAsync(method, body, timeout, func(r Reply) { ch <- r }); err != nil {
+		return nil, err
+	}
+	select {
+	case r := <-ch:
+		return r.Response, r.Err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// answer sends a response; responses are never refused for queue space, because their number is
+// bounded by MaxInflight.
+func (c *Conn) answer(method, id string, rep Reply) {
+	env := Envelope{Method: method, ID: id, Phase: PhaseResponse, Response: rep.Response, Retry: rep.Retry}
+	if rep.Err != nil {
+		env.Error = ErrorFrom(rep.Err)
+		env.Response = nil
+	}
+	_ = c.sendq.push(env.Append(make([]byte, 0, env.Size())), false)
+}
+
+// Request is one request from the peer. Answer it exactly once.
+type Request struct {
+	Method string
+	Body   json.RawMessage
+
+	conn     *Conn
+	id       string
+	answered atomic.Bool
+}
+
+// Conn is the connection the request arrived on.
+func (r *Request) Conn() *Conn { return r.conn }
+
+// Answer sends the outcome. Later calls do nothing.
+func (r *Request) Answer(rep Reply) {
+	if r.answered.Swap(true) {
+		return
+	}
+	r.conn.inflight.Add(-1)
+	r.conn.answer(r.Method, r.id, rep)
+}
+
+// Respond answers with a body.
+func (r *Request) Respond(body json.RawMessage) { r.Answer(Reply{Response: body}) }
+
+// Fail answers with an error (see ErrorFrom).
+func (r *Request) Fail(err error) { r.Answer(Reply{Err: err}) }

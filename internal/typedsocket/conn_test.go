@@ -1,0 +1,372 @@
+package typedsocket
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"go.uber.org/goleak"
+	"golang.org/x/sync/errgroup"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// pair connects a server Conn and a client Conn over a real loopback WebSocket.
+func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
+	t.Helper()
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		c := New(ws, srvOpts)
+		accepted <- c
+		c.Run(context.Background())
+	}))
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cli = New(ws, cliOpts)
+	go cli.Run(context.Background())
+	srv = <-accepted
+	t.Cleanup(func() {
+		cli.CloseNow()
+		srv.CloseNow()
+		<-cli.Done()
+		<-srv.Done()
+		hs.Close()
+	})
+	return srv, cli
+}
+
+// echo answers each request with its own body, after a random delay, from another goroutine, so
+// answers leave in a different order than requests arrived.
+func echo() HandlerFunc {
+	return func(_ *Conn, r *Request) {
+		go func() {
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			r.Respond(r.Body)
+		}()
+	}
+}
+
+func TestThousandConcurrentCallsBothWays(t *testing.T) {
+	// Room for every call at once: the test is about correlation, not back-pressure.
+	opts := Options{Handler: echo(), MaxQueue: 2000}
+	srv, cli := pair(t, opts, opts)
+	var g errgroup.Group
+	for i := range 1000 {
+		for _, c := range []*Conn{srv, cli} {
+			g.Go(func() error {
+				body := fmt.Sprintf(`{"i":%d,"big":12345678901234567890}`, i)
+				got, err := c.Call(context.Background(), "echo", json.RawMessage(body))
+				if err != nil {
+					return err
+				}
+				if string(got) != body {
+					return fmt.Errorf("call %d answered with %s", i, got)
+				}
+				return nil
+			})
+		}
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestForwardIsByteIdentical chains two connections through a forwarder that only rewrites
+// correlation ids, as the relay does, and checks both bodies arrive byte for byte.
+func TestForwardIsByteIdentical(t *testing.T) {
+	const body = `{"n":12345678901234567890,"s":"<&>\u2028","raw":"` + "<&>\u2028" + `","f":1.50,"e":1E+2,"nested":{"z":1,"a":[true,null]}}`
+	const answer = `{"ok":12345678901234567890,"s":"\u003c\u2029"}`
+	var seen atomic.Value
+	back, farEnd := pair(t, Options{}, Options{Handler: HandlerFunc(func(_ *Conn, r *Request) {
+		seen.Store(string(r.Body))
+		r.Respond(json.RawMessage(answer))
+	})})
+	forward := HandlerFunc(func(_ *Conn, r *Request) {
+		if err := back.CallAsync(r.Method, r.Body, 0, r.Answer); err != nil {
+			r.Fail(err)
+		}
+	})
+	_, near := pair(t, Options{Handler: forward}, Options{})
+	got, err := near.Call(context.Background(), "reportRuntimeAssignmentObservation", json.RawMessage(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if seen.Load() != body {
+		t.Fatalf("forwarded request changed:\n got %s\nwant %s", seen.Load(), body)
+	}
+	if string(got) != answer {
+		t.Fatalf("forwarded answer changed:\n got %s\nwant %s", got, answer)
+	}
+	_ = farEnd
+}
+
+func TestRemoteErrorTravelsUntouched(t *testing.T) {
+	data := `{"code":"relay-node-foreign","n":12345678901234567890}`
+	_, cli := pair(t, Options{Handler: HandlerFunc(func(_ *Conn, r *Request) {
+		r.Fail(&Error{Text: "relay-node-foreign: node-x", Data: json.RawMessage(data)})
+	})}, Options{})
+	_, err := cli.Call(context.Background(), "registerClusterRelay", json.RawMessage(`{}`))
+	var e *Error
+	if !errors.As(err, &e) || e.Text != "relay-node-foreign: node-x" || string(e.Data) != data {
+		t.Fatalf("err = %#v", err)
+	}
+	if !errors.Is(err, contracts.RelayNodeForeign) {
+		t.Fatal("errors.Is does not read the refusal name")
+	}
+}
+
+func TestUnknownMethodIsRefusedByName(t *testing.T) {
+	mux := NewMux()
+	mux.Handle("known", func(_ *Conn, r *Request) { r.Respond(json.RawMessage(`{}`)) })
+	_, cli := pair(t, Options{Handler: mux}, Options{})
+	if _, err := cli.Call(context.Background(), "known", json.RawMessage(`{}`)); err != nil {
+		t.Fatal(err)
+	}
+	_, err := cli.Call(context.Background(), "noSuchMethod", json.RawMessage(`{}`))
+	var e *Error
+	if !errors.Is(err, contracts.RelayMethodUnknown) || !errors.As(err, &e) || e.Text != "relay-method-unknown: noSuchMethod" {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestOversizedMessageClosesWith1009(t *testing.T) {
+	srv, cli := pair(t, Options{ReadLimit: 1024, Handler: echo()}, Options{})
+	if _, err := cli.Call(context.Background(), "small", json.RawMessage(`{"x":"`+strings.Repeat("a", 900)+`"}`)); err != nil {
+		t.Fatalf("a message under the limit failed: %v", err)
+	}
+	_, err := cli.Call(context.Background(), "big", json.RawMessage(`{"x":"`+strings.Repeat("a", 2000)+`"}`))
+	if !errors.Is(err, ErrClosed) {
+		t.Fatalf("oversized call: %v", err)
+	}
+	<-cli.Done()
+	if got := websocket.CloseStatus(context.Cause(cli.Context())); got != websocket.StatusMessageTooBig {
+		t.Fatalf("close status = %d (%v), want 1009", got, context.Cause(cli.Context()))
+	}
+	<-srv.Done()
+}
+
+func TestSetReadLimitRaisesTheLimit(t *testing.T) {
+	srv, cli := pair(t, Options{ReadLimit: 1024, Handler: echo()}, Options{ReadLimit: 1 << 20})
+	srv.SetReadLimit(1 << 20)
+	if _, err := cli.Call(context.Background(), "big", json.RawMessage(`{"x":"`+strings.Repeat("a", 100_000)+`"}`)); err != nil {
+		t.Fatalf("call after raising the limit: %v", err)
+	}
+}
+
+func TestMalformedFrames(t *testing.T) {
+	var served atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		New(ws, Options{Handler: HandlerFunc(func(_ *Conn, r *Request) {
+			served.Add(1)
+			r.Respond(json.RawMessage(`{}`))
+		})}).Run(context.Background())
+	}))
+	defer hs.Close()
+	dial := func() *websocket.Conn {
+		ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ws
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+
+	// A request whose body is not an object is answered by name; the connection lives on.
+	ws := dial()
+	ws.Write(ctx, websocket.MessageText, []byte(`{"method":"m","request":[1],"correlation":{"id":"9","phase":"request"}}`))
+	_, msg, err := ws.Read(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	env, err := Decode(msg)
+	if err != nil || env.ID != "9" || env.Error == nil || !strings.HasPrefix(env.Error.Text, "relay-request-invalid: ") {
+		t.Fatalf("answer = %s (%v)", msg, err)
+	}
+	ws.Write(ctx, websocket.MessageText, []byte(`{"method":"m","request":{},"correlation":{"id":"10","phase":"request"}}`))
+	if _, msg, err = ws.Read(ctx); err != nil || !strings.Contains(string(msg), `"id":"10"`) {
+		t.Fatalf("connection did not survive an answerable malformed request: %s %v", msg, err)
+	}
+	ws.CloseNow()
+
+	// Garbage that names no request closes that connection with 1008 and nothing else.
+	bad := dial()
+	bad.Write(ctx, websocket.MessageText, []byte("\x00garbage{"))
+	_, _, err = bad.Read(ctx)
+	if websocket.CloseStatus(err) != websocket.StatusPolicyViolation {
+		t.Fatalf("garbage: %v, want close 1008", err)
+	}
+	// A binary message is not an envelope.
+	bin := dial()
+	bin.Write(ctx, websocket.MessageBinary, []byte(`{}`))
+	if _, _, err = bin.Read(ctx); websocket.CloseStatus(err) != websocket.StatusUnsupportedData {
+		t.Fatalf("binary: %v, want close 1003", err)
+	}
+	// The server still serves a new connection.
+	good := dial()
+	defer good.CloseNow()
+	c := New(good, Options{})
+	go c.Run(ctx)
+	if _, err := c.Call(ctx, "m", json.RawMessage(`{}`)); err != nil {
+		t.Fatalf("server stopped serving after malformed frames: %v", err)
+	}
+	c.CloseNow()
+	<-c.Done()
+	if served.Load() != 2 {
+		t.Fatalf("served %d requests, want 2", served.Load())
+	}
+}
+
+func TestCallTimeoutAndClose(t *testing.T) {
+	var held sync.Map
+	srv, cli := pair(t, Options{Handler: HandlerFunc(func(_ *Conn, r *Request) { held.Store(r, true) })}, Options{CallTimeout: 50 * time.Millisecond})
+	_, err := cli.Call(context.Background(), "slow", json.RawMessage(`{}`))
+	if !errors.Is(err, ErrTimeout) {
+		t.Fatalf("err = %v, want ErrTimeout", err)
+	}
+	done := make(chan error, 1)
+	if err := cli.CallAsync("slow", json.RawMessage(`{}`), time.Hour, func(r Reply) { done <- r.Err }); err != nil {
+		t.Fatal(err)
+	}
+	srv.CloseNow()
+	if err := <-done; !errors.Is(err, ErrClosed) {
+		t.Fatalf("pending call on close: %v, want ErrClosed", err)
+	}
+	<-cli.Done()
+	if err := cli.CallAsync("after", json.RawMessage(`{}`), 0, func(Reply) { t.Error("done called for a refused call") }); !errors.Is(err, ErrClosed) {
+		t.Fatalf("call after close: %v", err)
+	}
+}
+
+// TestQueueFullRefusesInsteadOfBlocking: a peer that never reads fills its queue; the caller gets
+// ErrQueueFull at once and is never blocked.
+func TestQueueFullRefusesInsteadOfBlocking(t *testing.T) {
+	stalled := make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		<-stalled // never reads
+		ws.CloseNow()
+	}))
+	defer hs.Close()
+	defer close(stalled)
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(ws, Options{MaxQueue: 4, MaxQueueBytes: 1 << 20})
+	go c.Run(context.Background())
+	defer func() { c.CloseNow(); <-c.Done() }()
+	big := json.RawMessage(`{"x":"` + strings.Repeat("a", 256<<10) + `"}`)
+	for i := 0; ; i++ {
+		if i > 10_000 {
+			t.Fatal("the queue never filled")
+		}
+		start := time.Now()
+		err := c.CallAsync("m", big, time.Hour, func(Reply) {})
+		if d := time.Since(start); d > time.Second {
+			t.Fatalf("CallAsync blocked for %s", d)
+		}
+		if errors.Is(err, ErrQueueFull) {
+			break
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := c.QueueLen(); n == 0 || n > 4 {
+		t.Fatalf("queue length %d, want 1..4", n)
+	}
+}
+
+// TestSilentPeerIsDropped: a peer that answers no ping is gone after the dead timeout.
+func TestSilentPeerIsDropped(t *testing.T) {
+	release := make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		<-release // no reader: pings are never answered
+		ws.CloseNow()
+	}))
+	defer hs.Close()
+	defer close(release)
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(ws, Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 150 * time.Millisecond})
+	go c.Run(context.Background())
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a silent peer was never dropped")
+	}
+	if err := context.Cause(c.Context()); !strings.Contains(err.Error(), "peer silent") {
+		t.Fatalf("cause = %v", err)
+	}
+}
+
+// TestLivePeerSurvivesPings: a peer that answers pings is kept however quiet it is otherwise.
+func TestLivePeerSurvivesPings(t *testing.T) {
+	opts := Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 150 * time.Millisecond, Handler: echo()}
+	_, cli := pair(t, opts, opts)
+	time.Sleep(500 * time.Millisecond)
+	if _, err := cli.Call(context.Background(), "m", json.RawMessage(`{}`)); err != nil {
+		t.Fatalf("a quiet but live peer was dropped: %v", err)
+	}
+}
+
+func TestInflightLimit(t *testing.T) {
+	var held []*Request
+	var mu sync.Mutex
+	_, cli := pair(t, Options{MaxInflight: 2, Handler: HandlerFunc(func(_ *Conn, r *Request) {
+		mu.Lock()
+		held = append(held, r)
+		mu.Unlock()
+	})}, Options{})
+	results := make(chan error, 3)
+	for i := range 3 {
+		cli.CallAsync("m"+strconv.Itoa(i), json.RawMessage(`{}`), time.Hour, func(r Reply) { results <- r.Err })
+	}
+	if err := <-results; !errors.Is(err, contracts.RelayNodeBusy) {
+		t.Fatalf("third request: %v, want relay-node-busy", err)
+	}
+	mu.Lock()
+	for _, r := range held {
+		r.Respond(json.RawMessage(`{}`))
+		r.Respond(json.RawMessage(`{"twice":true}`)) // a second answer is ignored
+	}
+	mu.Unlock()
+	for range 2 {
+		if err := <-results; err != nil {
+			t.Fatal(err)
+		}
+	}
+}

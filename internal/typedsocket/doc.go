@@ -1,0 +1,11 @@
+// Package typedsocket is the TypedRequest-over-WebSocket framing the relay speaks on every socket
+// (SPEC §2, project-defined framing of the seeds' TypedSocket transport): one JSON envelope per
+// WebSocket text message, requests and answers in both directions, correlated by id.
+//
+// A Conn owns one WebSocket. Its read loop decodes each message and either hands a request to the
+// Handler (on the read loop, so a peer's requests are seen in order) or completes a pending call;
+// its send loop writes frames from a bounded queue and pings. Bodies are never decoded or
+// re-encoded: they travel as the raw bytes the peer sent.
+//
+// The package never logs a body and never judges one beyond the envelope itself.
+package typedsocket
