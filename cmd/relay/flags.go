@@ -1,0 +1,79 @@
+package main
+
+import (
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// usageError is a command line that cannot run: exit status 2 with one line naming what is wrong.
+type usageError struct{ msg string }
+
+func (e *usageError) Error() string { return e.msg }
+
+func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// envName is the environment variable that supplies a flag: SERVEZONE_RELAY_<FLAG_IN_UPPER_SNAKE>.
+func envName(flagName string) string {
+	return "SERVEZONE_RELAY_" + strings.ToUpper(strings.ReplaceAll(flagName, "-", "_"))
+}
+
+// parse parses args into fs, then fills every flag not given on the command line from its
+// environment variable. Errors are one line naming the flag.
+func parse(fs *flag.FlagSet, args []string) error {
+	fs.SetOutput(io.Discard)
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return err
+		}
+		msg := err.Error()
+		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {
+			msg = "unknown flag --" + strings.TrimPrefix(name, "-")
+		}
+		return usagef("%s", msg)
+	}
+	if fs.NArg() > 0 {
+		return usagef("unexpected argument %q", fs.Arg(0))
+	}
+	given := map[string]bool{}
+	fs.Visit(func(f *flag.Flag) { given[f.Name] = true })
+	var err error
+	fs.VisitAll(func(f *flag.Flag) {
+		if err != nil || given[f.Name] {
+			return
+		}
+		if v, ok := os.LookupEnv(envName(f.Name)); ok {
+			if serr := fs.Set(f.Name, v); serr != nil {
+				err = usagef("--%s (from %s): invalid value", f.Name, envName(f.Name))
+			}
+		}
+	})
+	return err
+}
+
+// runFlags defines every flag of `relay run` (SPEC §11) on fs, writing into cfg.
+func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
+	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "the cluster this relay serves")
+	fs.StringVar(&cfg.NodeID, "node-id", "", "the cluster node the relay runs on")
+	fs.StringVar(&cfg.CloudlyURL, "cloudly-url", "", "Cloudly's WebSocket URL (wss://…)")
+	fs.StringVar(&cfg.CloudlyTokenFile, "cloudly-token-file", "", "file holding the relay's machine JWT")
+	fs.StringVar(&cfg.CloudlyCAFile, "cloudly-ca-file", "", "extra CA certificates (PEM) for Cloudly")
+	fs.StringVar(&cfg.Listen, "listen", relay.DefaultListen, "downstream HTTPS/WebSocket listen address")
+	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "IPv4 address nodes reach the relay on")
+	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "downstream TLS certificate (PEM)")
+	fs.StringVar(&cfg.TLSKeyFile, "tls-key-file", "", "downstream TLS private key (PEM)")
+	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow ws:// and plain HTTP (development only)")
+	fs.StringVar(&cfg.HubListen, "hub-listen", "", "VPN hub UDP listen address (empty: hub off)")
+	fs.StringVar(&cfg.HubKeyFile, "hub-key-file", "", "VPN hub static key file (created 0600 when missing)")
+	fs.StringVar(&cfg.RegistryUpstream, "registry-upstream", "", "registry /v2/ is forwarded to (empty: off)")
+	fs.StringVar(&cfg.RegistryCacheDir, "registry-cache-dir", "", "digest cache directory for registry forwarding")
+	fs.StringVar(&cfg.AdminListen, "admin-listen", relay.DefaultAdminListen, "admin listen address (/metrics, /healthz, /readyz)")
+	fs.Int64Var(&cfg.MaxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest WebSocket message after registration")
+	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or console")
+}

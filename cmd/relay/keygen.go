@@ -1,0 +1,38 @@
+package main
+
+import (
+	"flag"
+	"fmt"
+	"io"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub"
+)
+
+// cmdKeygen writes a new hub key file (0600, never overwriting) and prints its public key.
+func cmdKeygen(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)
+	path := fs.String("hub-key-file", "", "where to write the new VPN hub static key")
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if *path == "" {
+		return usagef("--hub-key-file: is required")
+	}
+	k, err := vpnhub.WriteNewKeyFile(*path)
+	if err != nil {
+		return err
+	}
+	fmt.Fprintln(stdout, contracts.EncodeKey32(k.Public))
+	return nil
+}
+
+func cmdVersion(args []string, stdout io.Writer) error {
+	fs := flag.NewFlagSet("version", flag.ContinueOnError)
+	if err := parse(fs, args); err != nil {
+		return err
+	}
+	fmt.Fprintf(stdout, "relay %s (interfaces %s, accepts peers from %s)\n", buildVersion,
+		contracts.InterfacesVersion, contracts.MinimumPeerVersion)
+	return nil
+}

@@ -1,0 +1,79 @@
+// Command relay is the serve.zone cluster relay. It parses flags into a configuration, wires the
+// parts together and runs them; no protocol logic lives here.
+//
+//	relay run      the daemon (flags or SERVEZONE_RELAY_* environment)
+//	relay dev      the relay plus simulated Cloudly, nodes, ingress and Corestore on loopback
+//	relay keygen   write a new VPN hub static key file
+//	relay version  print the build and protocol versions
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// buildVersion is the relay build, set with -ldflags "-X main.buildVersion=…".
+var buildVersion = relay.DefaultBuildVersion
+
+const usage = `usage: relay <command> [flags]
+
+commands:
+  run       run the cluster relay (flags also read SERVEZONE_RELAY_<FLAG>)
+  dev       run the relay with simulated Cloudly, nodes, ingress and Corestore on loopback
+  keygen    write a new VPN hub static key file (--hub-key-file)
+  version   print the build and protocol versions
+
+"relay <command> -h" lists a command's flags.
+`
+
+func main() {
+	os.Exit(realMain(context.Background(), os.Args[1:], os.Stdout, os.Stderr))
+}
+
+// realMain runs one command and returns the exit status: 0 done, 1 failed, 2 bad usage (a bad
+// flag, a missing or unreadable file, a missing required value), with one line naming it.
+func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	cmd, rest := args[0], args[1:]
+	var err error
+	switch cmd {
+	case "run":
+		err = cmdRun(ctx, rest, stderr)
+	case "dev":
+		err = cmdDev(ctx, rest, stdout, stderr)
+	case "keygen":
+		err = cmdKeygen(rest, stdout)
+	case "version":
+		err = cmdVersion(rest, stdout)
+	case "help", "-h", "--help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "relay: unknown command %q (run, dev, keygen, version)\n", cmd)
+		return 2
+	}
+	var ue *usageError
+	var ce *relay.ConfigError
+	switch {
+	case err == nil:
+		return 0
+	case errors.Is(err, flag.ErrHelp):
+		fmt.Fprintf(stdout, "relay %s: see SPEC §11 and docs/operating.md for every flag\n", cmd)
+		return 0
+	case errors.As(err, &ue), errors.As(err, &ce):
+		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
+		return 2
+	default:
+		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)
+		return 1
+	}
+}

@@ -1,0 +1,121 @@
+package relaymodule_test
+
+import (
+	"bytes"
+	"go/format"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+)
+
+const module = "code.foss.global/serve.zone/relay"
+
+// layers says which packages of this module each package may import; "std" is the standard
+// library. Third-party imports are listed per package. Dependencies point inward: contracts at the
+// centre, feature packages beside each other, relay wiring them, cmd/relay on top.
+var layers = map[string]struct{ own, third []string }{
+	"contracts":            {},
+	"internal/typedsocket": {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"escrow":               {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"ingress":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"restore":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"vpnhub":               {own: []string{"contracts"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
+	"relay":                {own: []string{"contracts", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+}
+
+// TestDependencyDirection fails when a package imports what its layer does not allow: contracts
+// anything but the standard library, a feature package another feature package, and so on.
+func TestDependencyDirection(t *testing.T) {
+	out, err := exec.Command("go", "list", "-f", `{{.ImportPath}}{{range .Imports}} {{.}}{{end}}`, "./...").Output()
+	if err != nil {
+		t.Fatalf("go list: %v", err)
+	}
+	seen := map[string]bool{}
+	for _, line := range strings.Split(strings.TrimSpace(string(out)), "\n") {
+		fields := strings.Fields(line)
+		pkg := strings.TrimPrefix(strings.TrimPrefix(fields[0], module), "/")
+		if pkg == "" || strings.HasPrefix(pkg, "bench") {
+			continue
+		}
+		seen[pkg] = true
+		if pkg == "cmd/relay" {
+			continue // the one place everything is wired together
+		}
+		layer, ok := layers[pkg]
+		if !ok {
+			t.Errorf("package %s has no layer in deps_test.go: add it", pkg)
+			continue
+		}
+		for _, imp := range fields[1:] {
+			if own, ok := strings.CutPrefix(imp, module+"/"); ok {
+				if !contains(layer.own, own) {
+					t.Errorf("%s imports %s, which its layer does not allow", pkg, own)
+				}
+				continue
+			}
+			if first := strings.Split(imp, "/")[0]; !strings.Contains(first, ".") {
+				continue // standard library
+			}
+			if !hasPrefixIn(imp, layer.third) {
+				t.Errorf("%s imports third-party %s, which its layer does not allow", pkg, imp)
+			}
+		}
+	}
+	for _, must := range []string{"contracts", "relay", "internal/typedsocket", "internal/sim"} {
+		if !seen[must] {
+			t.Errorf("package %s not found by go list", must)
+		}
+	}
+}
+
+// TestGofmt fails on any Go file gofmt would change.
+func TestGofmt(t *testing.T) {
+	err := filepath.WalkDir(".", func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		if d.IsDir() && (strings.HasPrefix(d.Name(), ".") && path != "." || d.Name() == "testdata") {
+			return filepath.SkipDir
+		}
+		if d.IsDir() || !strings.HasSuffix(path, ".go") {
+			return nil
+		}
+		src, err := os.ReadFile(path)
+		if err != nil {
+			return err
+		}
+		want, err := format.Source(src)
+		if err != nil {
+			t.Errorf("%s: %v", path, err)
+		} else if !bytes.Equal(src, want) {
+			t.Errorf("%s is not gofmt-formatted", path)
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+func hasPrefixIn(s string, prefixes []string) bool {
+	for _, p := range prefixes {
+		if s == p || strings.HasPrefix(s, p+"/") {
+			return true
+		}
+	}
+	return false
+}

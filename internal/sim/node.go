@@ -1,0 +1,202 @@
+package sim
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// Node is a Pallet node stand-in: it dials the relay, registers its runtime session, answers
+// Cloudly's pushes, reports to Cloudly, and registers again when the relay says it re-attached.
+type Node struct {
+	ID         string
+	Bearer     string                  // default "bearer-<ID>", the credential the sim Cloudly accepts
+	Offer      contracts.ProtocolOffer // default: the relay's offer
+	Nonce      string                  // nodeInstanceNonce, one per process start
+	Generation int                     // credential generation
+
+	// AutoReregister registers again when the relay pushes pushRelayUpstreamChanged.
+	AutoReregister bool
+
+	log zerolog.Logger
+
+	mu       sync.Mutex
+	conn     *typedsocket.Conn     // guarded by mu
+	session  json.RawMessage       // guarded by mu: the newest accepted session binding
+	handlers map[string]MethodFunc // guarded by mu
+	received map[string]int        // guarded by mu: requests per method from the relay
+	last     map[string][]byte     // guarded by mu: the newest body per method
+	renewal  *admittedRenewal      // guarded by mu: the newest admitted DNS lease renewal
+
+	registrations atomic.Int64 // accepted registrations
+	Now           func() int64 // Unix ms; default the wall clock
+}
+
+// NewNode returns a node stand-in with a fresh instance nonce.
+func NewNode(id string, log zerolog.Logger) *Node {
+	return &Node{
+		ID: id, Bearer: "bearer-" + id, Offer: contracts.RelayOffer, Nonce: newUUID(), Generation: 1,
+		AutoReregister: true, log: log.With().Str("component", "sim-node").Str("node", id).Logger(),
+		handlers: make(map[string]MethodFunc), received: make(map[string]int), last: make(map[string][]byte),
+		Now: nowMillis,
+	}
+}
+
+// Connect dials the relay's downstream WebSocket.
+func (n *Node) Connect(ctx context.Context, url string) error {
+	ws, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		return fmt.Errorf("node %s dial relay: %w", n.ID, err)
+	}
+	conn := typedsocket.New(ws, typedsocket.Options{Handler: typedsocket.HandlerFunc(n.serve), ReadLimit: 64 << 20, Logger: n.log})
+	n.mu.Lock()
+	n.conn = conn
+	n.mu.Unlock()
+	go conn.Run(context.Background())
+	return nil
+}
+
+// Conn is the node's current connection.
+func (n *Node) Conn() *typedsocket.Conn {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.conn
+}
+
+// Close closes the node's connection.
+func (n *Node) Close() {
+	if c := n.Conn(); c != nil {
+		c.CloseNow()
+		<-c.Done()
+	}
+}
+
+// RegistrationBody is the node's registerPalletRuntimeSession request.
+func (n *Node) RegistrationBody() json.RawMessage {
+	b, _ := json.Marshal(map[string]any{
+		"protocol":             n.Offer,
+		"bearer":               n.Bearer,
+		"credentialGeneration": n.Generation,
+		"nodeInstanceNonce":    n.Nonce,
+		"nodeId":               n.ID,
+		"resolvedAuthorities":  []string{"network", "secrets", "storage"},
+	})
+	return b
+}
+
+// Register sends registerPalletRuntimeSession and keeps the session binding it is answered with.
+func (n *Node) Register(ctx context.Context) (json.RawMessage, error) {
+	c := n.Conn()
+	if c == nil {
+		return nil, errors.New("node not connected")
+	}
+	resp, err := c.Call(ctx, contracts.MethodRegisterPalletRuntimeSession, n.RegistrationBody())
+	if err != nil {
+		return nil, err
+	}
+	session, _, _ := contracts.Lookup(resp, "session")
+	n.mu.Lock()
+	n.session = session
+	n.mu.Unlock()
+	n.registrations.Add(1)
+	return resp, nil
+}
+
+// Registrations is the number of accepted registrations.
+func (n *Node) Registrations() int64 { return n.registrations.Load() }
+
+// Session is the newest session binding.
+func (n *Node) Session() json.RawMessage {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.session
+}
+
+// Call sends a request through the relay.
+func (n *Node) Call(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+	c := n.Conn()
+	if c == nil {
+		return nil, errors.New("node not connected")
+	}
+	return c.Call(ctx, method, body)
+}
+
+// Report sends a node → Cloudly request carrying the node's own session.
+func (n *Node) Report(ctx context.Context, method string, fields map[string]any) (json.RawMessage, error) {
+	body := map[string]any{"session": n.Session()}
+	for k, v := range fields {
+		body[k] = v
+	}
+	b, _ := json.Marshal(body)
+	return n.Call(ctx, method, b)
+}
+
+// Handle answers method with f.
+func (n *Node) Handle(method string, f MethodFunc) {
+	n.mu.Lock()
+	n.handlers[method] = f
+	n.mu.Unlock()
+}
+
+// Received is how many requests of method reached the node.
+func (n *Node) Received(method string) int {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.received[method]
+}
+
+// Last is the newest body of method that reached the node.
+func (n *Node) Last(method string) []byte {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return n.last[method]
+}
+
+func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
+	n.mu.Lock()
+	n.received[req.Method]++
+	n.last[req.Method] = append([]byte(nil), req.Body...)
+	h := n.handlers[req.Method]
+	n.mu.Unlock()
+	if h != nil {
+		body, err := h(req.Body)
+		req.Answer(typedsocket.Reply{Response: body, Err: err})
+		return
+	}
+	switch req.Method {
+	case contracts.MethodPushRelayUpstreamChanged:
+		req.Respond(json.RawMessage(`{}`))
+		if n.AutoReregister {
+			go func() {
+				ctx, cancel := context.WithTimeout(context.Background(), typedsocket.DefaultCallTimeout)
+				defer cancel()
+				if _, err := n.Register(ctx); err != nil {
+					n.log.Debug().Err(err).Msg("re-registration failed")
+				}
+			}()
+		}
+	case contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal:
+		body, err := n.admitRenewal(req.Body)
+		req.Answer(typedsocket.Reply{Response: body, Err: err})
+	default:
+		req.Respond(json.RawMessage(`{"status":"accepted"}`))
+	}
+}
+
+func newUUID() string {
+	var b [16]byte
+	rand.Read(b[:])
+	b[6] = b[6]&0x0f | 0x40
+	b[8] = b[8]&0x3f | 0x80
+	return fmt.Sprintf("%x-%x-%x-%x-%x", b[0:4], b[4:6], b[6:8], b[8:10], b[10:16])
+}
