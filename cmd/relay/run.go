@@ -34,8 +34,12 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	return r.Run(ctx)
 }
 
-// build wires the relay and its features from a completed configuration.
+// build wires the relay and its features from a completed configuration. Features register their
+// metrics in the relay's registry.
 func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
+	if opts.Registry == nil {
+		opts.Registry = relay.NewRegistry()
+	}
 	var feats relay.Features
 	return relay.New(cfg, feats, log, opts)
 }

@@ -44,6 +44,7 @@ type Cloudly struct {
 
 	registrations atomic.Int64 // accepted relay registrations
 	slowness      atomic.Int64 // nanoseconds added before every answer
+	unavailable   atomic.Bool  // refuse the relay's sockets, as an unreachable Cloudly would
 }
 
 // MethodFunc serves one method Cloudly receives.
@@ -99,6 +100,15 @@ func (c *Cloudly) RefuseNextRegistration(err error) {
 	c.mu.Lock()
 	c.refusals = append(c.refusals, err)
 	c.mu.Unlock()
+}
+
+// SetAvailable(false) drops the relay's socket and refuses new ones until SetAvailable(true): a
+// Cloudly outage as the relay sees it.
+func (c *Cloudly) SetAvailable(ok bool) {
+	c.unavailable.Store(!ok)
+	if !ok {
+		c.Drop()
+	}
 }
 
 // SetSlowness delays every answer by d.
@@ -179,6 +189,10 @@ func (c *Cloudly) CallAsync(method string, body json.RawMessage, done func(typed
 }
 
 func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
+	if c.unavailable.Load() {
+		http.Error(w, "unavailable", http.StatusServiceUnavailable)
+		return
+	}
 	ws, err := websocket.Accept(w, r, nil)
 	if err != nil {
 		return
