@@ -1,0 +1,200 @@
+package relay
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Config is everything `relay run` is told. Field comments name the flag; every flag also reads
+// SERVEZONE_RELAY_<FLAG_IN_UPPER_SNAKE>. Secrets are never values here, only files.
+type Config struct {
+	ClusterID         string // --cluster-id
+	NodeID            string // --node-id: the cluster node the relay runs on
+	CloudlyURL        string // --cloudly-url: wss://… (ws:// only with --insecure-plaintext)
+	CloudlyTokenFile  string // --cloudly-token-file: the machine JWT, re-read at every attach
+	CloudlyCAFile     string // --cloudly-ca-file: extra roots for Cloudly's certificate
+	Listen            string // --listen: the downstream listener (default :8443)
+	AdvertiseAddress  string // --advertise-address: the IPv4 literal nodes reach the relay on
+	TLSCertFile       string // --tls-cert-file
+	TLSKeyFile        string // --tls-key-file
+	InsecurePlaintext bool   // --insecure-plaintext: ws:// and http:// everywhere (development only)
+	HubListen         string // --hub-listen: the VPN hub's UDP address; empty: hub off
+	HubKeyFile        string // --hub-key-file: the hub's static Noise key, created 0600 when missing
+	RegistryUpstream  string // --registry-upstream: where /v2/ is forwarded; empty: off
+	RegistryCacheDir  string // --registry-cache-dir: digest cache; empty: no cache
+	AdminListen       string // --admin-listen (default 127.0.0.1:9464)
+	MaxMessageBytes   int64  // --max-message-bytes (default 8 MiB)
+	LogLevel          string // --log-level: debug, info, warn, error (default info)
+	LogFormat         string // --log-format: json or console (default json)
+
+	// BuildVersion is the relay build reported as relay.version; set by the binary.
+	BuildVersion string
+}
+
+// Defaults of SPEC §11 and §14.
+const (
+	DefaultListen          = ":8443"
+	DefaultAdminListen     = "127.0.0.1:9464"
+	DefaultMaxMessageBytes = 8 << 20
+	DefaultBuildVersion    = "0.1.0"
+)
+
+// ConfigError is a configuration value that is wrong; Flag names it as the command line spells it.
+type ConfigError struct {
+	Flag   string
+	Reason string
+}
+
+func (e *ConfigError) Error() string { return "--" + e.Flag + ": " + e.Reason }
+
+// Complete fills defaults and validates the configuration: the one place both happen. The first
+// problem is returned as a *ConfigError naming its flag. Files that must exist are opened to
+// check they are readable; nothing is read from them here.
+func (c *Config) Complete() error {
+	if c.Listen == "" {
+		c.Listen = DefaultListen
+	}
+	if c.AdminListen == "" {
+		c.AdminListen = DefaultAdminListen
+	}
+	if c.MaxMessageBytes == 0 {
+		c.MaxMessageBytes = DefaultMaxMessageBytes
+	}
+	if c.LogLevel == "" {
+		c.LogLevel = "info"
+	}
+	if c.LogFormat == "" {
+		c.LogFormat = "json"
+	}
+	if c.BuildVersion == "" {
+		c.BuildVersion = DefaultBuildVersion
+	}
+	bad := func(flag, format string, args ...any) error {
+		return &ConfigError{Flag: flag, Reason: fmt.Sprintf(format, args...)}
+	}
+	switch {
+	case c.ClusterID == "":
+		return bad("cluster-id", "is required")
+	case !contracts.IsCanonicalID(c.ClusterID):
+		return bad("cluster-id", "must be a canonical identifier")
+	case c.NodeID == "":
+		return bad("node-id", "is required")
+	case !contracts.IsClusterNodeID(c.NodeID):
+		return bad("node-id", "must be a cluster node id (A-Z a-z 0-9 _ -, at most 128)")
+	case c.CloudlyURL == "":
+		return bad("cloudly-url", "is required")
+	case c.CloudlyTokenFile == "":
+		return bad("cloudly-token-file", "is required")
+	case c.AdvertiseAddress == "":
+		return bad("advertise-address", "is required")
+	case !contracts.IsPlausibleUnicastIPv4(c.AdvertiseAddress):
+		return bad("advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
+	case c.MaxMessageBytes < 64<<10 || c.MaxMessageBytes > 1<<30:
+		return bad("max-message-bytes", "must be from 65536 to 1073741824")
+	case !contracts.IsReleaseVersion(c.BuildVersion):
+		return bad("version", "build version %q is not MAJOR.MINOR.PATCH", c.BuildVersion)
+	}
+	u, err := url.Parse(c.CloudlyURL)
+	switch {
+	case err != nil || u.Host == "" || u.User != nil || u.Fragment != "":
+		return bad("cloudly-url", "must be a wss:// URL")
+	case u.Scheme == "ws" && !c.InsecurePlaintext:
+		return bad("cloudly-url", "ws:// needs --insecure-plaintext; use wss://")
+	case u.Scheme != "wss" && u.Scheme != "ws":
+		return bad("cloudly-url", "must be a wss:// URL")
+	}
+	if _, err := listenPort(c.Listen); err != nil {
+		return bad("listen", "%v", err)
+	}
+	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
+		return bad("admin-listen", "must be host:port")
+	}
+	if c.HubListen != "" {
+		if _, err := net.ResolveUDPAddr("udp", c.HubListen); err != nil {
+			return bad("hub-listen", "must be host:port")
+		}
+		if c.HubKeyFile == "" {
+			return bad("hub-key-file", "is required with --hub-listen")
+		}
+	}
+	if c.RegistryUpstream != "" {
+		ru, err := url.Parse(c.RegistryUpstream)
+		if err != nil || ru.Host == "" || !(ru.Scheme == "https" || ru.Scheme == "http" && c.InsecurePlaintext) {
+			return bad("registry-upstream", "must be an https:// URL (http:// only with --insecure-plaintext)")
+		}
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return bad("log-level", "must be debug, info, warn or error")
+	}
+	if c.LogFormat != "json" && c.LogFormat != "console" {
+		return bad("log-format", "must be json or console")
+	}
+	if !c.InsecurePlaintext && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
+		return bad("tls-cert-file", "--tls-cert-file and --tls-key-file are required unless --insecure-plaintext")
+	}
+	for flag, path := range map[string]string{
+		"cloudly-token-file": c.CloudlyTokenFile, "cloudly-ca-file": c.CloudlyCAFile,
+		"tls-cert-file": c.TLSCertFile, "tls-key-file": c.TLSKeyFile,
+	} {
+		if err := readable(path); err != nil {
+			return bad(flag, "%v", err)
+		}
+	}
+	return nil
+}
+
+// ListenPort is the port of the downstream listener, reported as relay.listenPort.
+func (c *Config) ListenPort() int {
+	p, _ := listenPort(c.Listen)
+	return p
+}
+
+func listenPort(addr string) (int, error) {
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return 0, errors.New("must be host:port or :port")
+	}
+	n, err := strconv.Atoi(port)
+	if err != nil || n < 0 || n > 65535 {
+		return 0, errors.New("port must be from 0 (any) to 65535")
+	}
+	return n, nil
+}
+
+func readable(path string) error {
+	if path == "" {
+		return nil
+	}
+	f, err := os.Open(path)
+	if err != nil {
+		var pe *os.PathError
+		if errors.As(err, &pe) {
+			return fmt.Errorf("cannot read %s: %v", path, pe.Err)
+		}
+		return fmt.Errorf("cannot read %s", path)
+	}
+	return f.Close()
+}
+
+// ReadToken reads the machine JWT from the token file, trimmed. Errors name the file, never its
+// content.
+func ReadToken(path string) (contracts.Secret, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return contracts.Secret{}, fmt.Errorf("read cloudly token file %s: %w", path, errors.Unwrap(err))
+	}
+	tok := strings.TrimSpace(string(b))
+	if tok == "" {
+		return contracts.Secret{}, fmt.Errorf("cloudly token file %s is empty", path)
+	}
+	return contracts.NewSecret(tok), nil
+}

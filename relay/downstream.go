@@ -1,0 +1,481 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// Downstream connection limits. A node's queue is small on purpose: a node that stops reading
+// gets relay-node-busy answers instead of holding the relay's memory.
+const (
+	nodeMaxQueue      = 256
+	nodeMaxQueueBytes = 16 << 20
+	nodeMaxInflight   = 256
+)
+
+// closeSuperseded is the WebSocket close status of a connection whose node registered again on
+// another connection (project-defined, in the application range).
+const closeSuperseded websocket.StatusCode = 4001
+
+type role uint8
+
+const (
+	roleNone role = iota
+	roleNode
+	roleIngress
+)
+
+// peer is one downstream WebSocket connection.
+type peer struct {
+	id     uint64            // set at construction
+	conn   *typedsocket.Conn // set at construction
+	remote string            // set at construction
+	r      *Relay            // set at construction
+
+	mu      sync.Mutex
+	role    role                     // guarded by mu
+	session contracts.RuntimeSession // guarded by mu: set once a node registration is accepted
+}
+
+// ID implements Peer.
+func (p *peer) ID() uint64 { return p.id }
+
+// Session implements Node.
+func (p *peer) Session() contracts.RuntimeSession {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.session
+}
+
+func (p *peer) nodeID() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.session.NodeID
+}
+
+// Call implements Peer: a request to the downstream peer, never blocking.
+func (p *peer) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
+	err := p.conn.CallAsync(method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) })
+	if err != nil {
+		done(nil, p.callError(err, method))
+	}
+}
+
+// callError names a local failure of a call to the peer; the peer's own errors pass untouched.
+func (p *peer) callError(err error, method string) error {
+	who := p.nodeID()
+	if who == "" {
+		who = "the peer"
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, typedsocket.ErrQueueFull):
+		return contracts.RelayNodeBusy.Refuse("the send queue of %s is full", who)
+	case errors.Is(err, typedsocket.ErrTimeout):
+		return contracts.RelayCallTimeout.Refuse("%s did not answer %s in time", who, method)
+	case errors.Is(err, typedsocket.ErrMalformedAnswer):
+		return contracts.RelayRequestInvalid.Refuse("the answer of %s to %s was malformed", who, method)
+	case errors.Is(err, typedsocket.ErrClosed):
+		return contracts.RelayNodeNotCarried.Refuse("%s: its connection closed before the answer", who)
+	}
+	return err
+}
+
+// serveDownstream accepts WebSocket upgrades on every path outside /v2/.
+func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/") {
+		if r.feats.Registry == nil {
+			http.Error(w, "registry forwarding is off on this relay", http.StatusNotFound)
+			return
+		}
+		r.feats.Registry.ServeHTTP(w, req)
+		return
+	}
+	ws, err := websocket.Accept(w, req, nil)
+	if err != nil {
+		return // Accept has answered
+	}
+	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, r: r}
+	p.conn = typedsocket.New(ws, typedsocket.Options{
+		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, rq *typedsocket.Request) { r.servePeer(p, rq) }),
+		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
+		MaxQueue:      nodeMaxQueue,
+		MaxQueueBytes: nodeMaxQueueBytes,
+		MaxInflight:   nodeMaxInflight,
+		Logger:        r.log.With().Str("component", "downstream").Logger(),
+		PingInterval:  r.pingInterval,
+		DeadTimeout:   r.deadTimeout,
+	})
+	if !r.peers.add(p) {
+		p.conn.CloseNow() // shutting down
+		return
+	}
+	r.metrics.connections.Inc()
+	p.conn.Run(r.serveCtx)
+	r.metrics.connections.Dec()
+	r.peers.remove(p)
+	r.peerGone(p)
+}
+
+func (r *Relay) peerGone(p *peer) {
+	if id := p.nodeID(); id != "" && r.nodes.unbind(id, p) {
+		r.metrics.nodes.Dec()
+		if e := r.feats.Escrow; e != nil {
+			e.NodeGone(p)
+		}
+	}
+	if in := r.feats.Ingress; in != nil {
+		in.PeerGone(p)
+	}
+}
+
+// servePeer dispatches one request from a downstream connection.
+func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
+	f := r.feats
+	reply := func(body json.RawMessage, err error) { r.answer(req, body, err) }
+	switch m := req.Method; {
+	case m == contracts.MethodRegisterPalletRuntimeSession:
+		r.registerNode(p, req)
+	case m == contracts.MethodRegisterClusterIngress && f.Ingress != nil:
+		if p.roleIs(roleNode) {
+			reply(nil, contracts.RelaySessionForeign.Refuse("this connection carries node %s; one connection carries one peer", p.nodeID()))
+			return
+		}
+		f.Ingress.Register(p, req.Body, func(body json.RawMessage, err error) {
+			if err == nil && f.Ingress.IsIngress(p) {
+				p.setRole(roleIngress)
+				p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
+			}
+			reply(body, err)
+		})
+	case m == contracts.MethodGetClusterIngressRouteTable && f.Ingress != nil:
+		reply(f.Ingress.RouteTable(p, req.Body))
+	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
+		reply(f.Escrow.Hold(false, req.Body))
+	case contracts.IsLocalOnlyMethod(m):
+		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
+	case contracts.IsServedToCloudly(m) || m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
+		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
+	default:
+		r.forwardToCloudly(p, req)
+	}
+}
+
+func (p *peer) roleIs(want role) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.role == want
+}
+
+func (p *peer) setRole(ro role) {
+	p.mu.Lock()
+	p.role = ro
+	p.mu.Unlock()
+}
+
+// registerNode judges a node registration in the seed's server order — the bounded body (the
+// connection's 64 KiB read limit), the protocol key read once as data, negotiation — and only
+// then forwards it to Cloudly untouched. A refused registration changes nothing.
+func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
+	outcome := func(body json.RawMessage, err error) {
+		label := "accepted"
+		if err != nil {
+			label = refusalLabel(err)
+		}
+		r.metrics.nodeRegs.WithLabelValues(label).Inc()
+		r.answer(req, body, err)
+	}
+	offer, err := contracts.ReadProtocolOffer(req.Body)
+	if err != nil {
+		outcome(nil, contracts.RelayRequestInvalid.Refuse("%v", err))
+		return
+	}
+	if refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer); refusal != nil {
+		outcome(nil, refusal)
+		return
+	}
+	if p.roleIs(roleIngress) {
+		outcome(nil, contracts.RelaySessionForeign.Refuse("this connection is the cluster ingress; one connection carries one peer"))
+		return
+	}
+	if name := r.up.custodyEnded(); name != "" {
+		outcome(nil, name.Refuse("Cloudly does not dispatch to this relay"))
+		return
+	}
+	r.up.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+		if err != nil {
+			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
+			return
+		}
+		session, serr := contracts.ReadRegisterPalletRuntimeSessionResponse(body)
+		if serr != nil {
+			r.log.Warn().Str("component", "downstream").Str("outcome", "malformed").Msg("Cloudly accepted a node registration with an unreadable session")
+			outcome(nil, contracts.RelayRequestInvalid.Refuse("Cloudly's registration answer carries no readable session"))
+			return
+		}
+		if err := r.bindNode(p, session); err != nil {
+			outcome(nil, err)
+			return
+		}
+		outcome(body, nil)
+	})
+}
+
+// bindNode binds p to its node session. A later accepted registration of the same node on
+// another connection supersedes the old one, which is closed; a rotation on the same connection
+// only replaces the binding.
+func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
+	p.mu.Lock()
+	if p.session.NodeID != "" && p.session.NodeID != s.NodeID {
+		carried := p.session.NodeID
+		p.mu.Unlock()
+		return contracts.RelaySessionForeign.Refuse("this connection carries node %s; one connection carries one node", carried)
+	}
+	first := p.session.NodeID == ""
+	p.session, p.role = s, roleNode
+	p.mu.Unlock()
+	old := r.nodes.bind(s.NodeID, p)
+	if first {
+		p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
+	}
+	if old != nil && old != p {
+		r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "superseded").Msg("node registered on a newer connection")
+		go old.conn.Close(closeSuperseded, "superseded by a newer registration of this node")
+	} else if old == nil {
+		r.metrics.nodes.Inc()
+	}
+	r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "accepted").Msg("node registered")
+	if e := r.feats.Escrow; e != nil {
+		e.NodeBound(p)
+	}
+	return nil
+}
+
+// forwardToCloudly forwards a node's request, only from that node's own connection.
+func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
+	node := p.nodeID()
+	if node == "" {
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s from a connection with no node session; register first", req.Method))
+		return
+	}
+	switch claimed, present, err := contracts.ReadSessionNodeID(req.Body); {
+	case err != nil:
+		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%v", err))
+		return
+	case present && claimed != node:
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
+		return
+	}
+	start := time.Now()
+	r.up.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+		r.forwarded("to_cloudly", err)
+		r.logForward(req.Method, node, len(req.Body), err, start)
+		r.answer(req, body, err)
+	})
+}
+
+// routeToNode routes a Cloudly → node request by request.session.nodeId, else request.nodeId.
+func (r *Relay) routeToNode(req *typedsocket.Request) {
+	node, ok, err := contracts.ReadRouteNodeID(req.Body)
+	switch {
+	case err != nil:
+		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%s: body is not a readable JSON object", req.Method))
+		return
+	case !ok || !contracts.IsClusterNodeID(node):
+		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%s names no node (session.nodeId or nodeId)", req.Method))
+		return
+	}
+	p := r.nodes.get(node)
+	if p == nil {
+		r.answer(req, nil, contracts.RelayNodeNotCarried.Refuse("%s", node))
+		return
+	}
+	start := time.Now()
+	p.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+		r.forwarded("to_node", err)
+		r.logForward(req.Method, node, len(req.Body), err, start)
+		r.answer(req, body, err)
+	})
+}
+
+// answer sends the outcome of a request and counts the relay's own refusals.
+func (r *Relay) answer(req *typedsocket.Request, body json.RawMessage, err error) {
+	if err != nil {
+		r.metrics.refused(err)
+	}
+	req.Answer(typedsocket.Reply{Response: body, Err: err})
+}
+
+func (r *Relay) forwarded(direction string, err error) {
+	outcome := "answered"
+	var remote *typedsocket.Error
+	switch {
+	case errors.As(err, &remote):
+		outcome = "error"
+	case err != nil:
+		outcome = "refused"
+	}
+	r.metrics.forwarded.WithLabelValues(direction, outcome).Inc()
+}
+
+// logForward logs a forwarded request at debug level: method, node, size, outcome, never a body.
+func (r *Relay) logForward(method, node string, size int, err error, start time.Time) {
+	if !r.log.Debug().Enabled() {
+		return
+	}
+	var ev *zerolog.Event
+	if err != nil {
+		ev = r.log.Debug().Str("outcome", refusalLabel(err))
+	} else {
+		ev = r.log.Debug().Str("outcome", "answered")
+	}
+	ev.Str("component", "downstream").Str("method", method).Str("node", node).Int("bytes", size).
+		Dur("latency", time.Since(start)).Msg("forwarded")
+}
+
+// refusalLabel is the refusal name an error carries, for metrics and logs (never its text).
+func refusalLabel(err error) string {
+	var r *contracts.Refusal
+	var pr *contracts.ProtocolRefusal
+	var remote *typedsocket.Error
+	switch {
+	case errors.As(err, &r):
+		return string(r.Name)
+	case errors.As(err, &pr):
+		return contracts.ProtocolIncompatibleCode
+	case errors.As(err, &remote):
+		if n := remote.Name(); n != "" {
+			return string(n)
+		}
+		if _, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
+			return contracts.ProtocolIncompatibleCode
+		}
+		return "remote-error"
+	}
+	return "failed"
+}
+
+// announceAttached tells every node and ingress connection the relay is attached again, after
+// which nodes register again themselves. A peer whose queue is full misses the hint (counted);
+// it learns the state from its next request.
+func (r *Relay) announceAttached() {
+	body := json.RawMessage(`{"attached":true}`)
+	for _, p := range r.peers.snapshot() {
+		if p.roleIs(roleNone) {
+			continue
+		}
+		p.Call(contracts.MethodPushRelayUpstreamChanged, body, func(_ json.RawMessage, err error) {
+			if err != nil && errors.Is(err, contracts.RelayNodeBusy) {
+				r.metrics.dropped.WithLabelValues("upstream-changed-queue-full").Inc()
+			}
+		})
+	}
+}
+
+// nodeTable maps node ids to the connection carrying them.
+type nodeTable struct {
+	mu   sync.Mutex
+	byID map[string]*peer // guarded by mu
+}
+
+// bind makes p the carrier of id and returns the previous carrier, if any.
+func (t *nodeTable) bind(id string, p *peer) *peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	old := t.byID[id]
+	t.byID[id] = p
+	return old
+}
+
+// unbind removes id if p still carries it.
+func (t *nodeTable) unbind(id string, p *peer) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	if t.byID[id] != p {
+		return false
+	}
+	delete(t.byID, id)
+	return true
+}
+
+func (t *nodeTable) get(id string) *peer {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return t.byID[id]
+}
+
+// peerSet is every open downstream connection.
+type peerSet struct {
+	mu     sync.Mutex
+	byID   map[uint64]*peer // guarded by mu
+	closed bool             // guarded by mu: shutting down, no new peers
+	wg     sync.WaitGroup
+}
+
+func (s *peerSet) add(p *peer) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return false
+	}
+	s.byID[p.id] = p
+	s.wg.Add(1)
+	return true
+}
+
+func (s *peerSet) remove(p *peer) {
+	s.mu.Lock()
+	delete(s.byID, p.id)
+	s.mu.Unlock()
+	s.wg.Done()
+}
+
+func (s *peerSet) snapshot() []*peer {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]*peer, 0, len(s.byID))
+	for _, p := range s.byID {
+		out = append(out, p)
+	}
+	return out
+}
+
+// closeAll stops new peers and closes every open one with 1001, waiting at most until ctx ends.
+func (s *peerSet) closeAll(ctx context.Context) {
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
+	for _, p := range s.snapshot() {
+		go p.conn.Close(websocket.StatusGoingAway, "relay shutting down")
+	}
+	done := make(chan struct{})
+	go func() { s.wg.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-ctx.Done():
+		for _, p := range s.snapshot() {
+			p.conn.CloseNow()
+		}
+		<-done
+	}
+}
+
+func (s *peerSet) queued() float64 {
+	n := 0
+	for _, p := range s.snapshot() {
+		n += p.conn.QueueLen()
+	}
+	return float64(n)
+}

@@ -1,0 +1,187 @@
+package relay
+
+import (
+	"context"
+	"crypto/tls"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"github.com/rs/zerolog"
+	"golang.org/x/sync/errgroup"
+)
+
+// ShutdownTimeout bounds a graceful shutdown: open connections get a close handshake until then.
+const ShutdownTimeout = 5 * time.Second
+
+// Relay is one cluster relay: the upstream Cloudly session, the downstream listener carrying the
+// cluster's nodes and ingress, and the admin listener.
+type Relay struct {
+	cfg      Config         // set at construction
+	feats    Features       // set at construction
+	log      zerolog.Logger // set at construction
+	registry *prometheus.Registry
+	metrics  *metrics
+
+	up      *upstream
+	nodes   nodeTable
+	peers   peerSet
+	peerIDs atomic.Uint64
+
+	downLn, adminLn net.Listener // set by Listen
+	serveCtx        context.Context
+
+	// Timings of every socket; zero means the SPEC §2 defaults. Tests shorten them.
+	pingInterval, deadTimeout time.Duration
+}
+
+// Options adjust a Relay beyond its Config, for tests and `relay dev`.
+type Options struct {
+	Registry     *prometheus.Registry // nil: a new one
+	PingInterval time.Duration
+	DeadTimeout  time.Duration
+}
+
+// New builds a relay. cfg must have been completed (Config.Complete).
+func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, error) {
+	r := &Relay{cfg: cfg, feats: feats, log: log, registry: opts.Registry,
+		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout}
+	if r.registry == nil {
+		r.registry = NewRegistry()
+	}
+	r.nodes.byID = make(map[string]*peer)
+	r.peers.byID = make(map[uint64]*peer)
+	up, err := newUpstream(r)
+	if err != nil {
+		return nil, err
+	}
+	r.up = up
+	r.metrics = newMetrics(r.registry, func() float64 {
+		if c := up.current.Load(); c != nil {
+			return float64(c.QueueLen())
+		}
+		return 0
+	}, r.peers.queued)
+	return r, nil
+}
+
+// NewRegistry is a metrics registry with the Go runtime and process collectors.
+func NewRegistry() *prometheus.Registry {
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	return reg
+}
+
+// Registry is the relay's metrics registry; features register their own metrics in it.
+func (r *Relay) Registry() *prometheus.Registry { return r.registry }
+
+// Upstream is the Cloudly session as features see it.
+func (r *Relay) Upstream() Upstream { return r.up }
+
+// Listen binds the downstream and admin listeners.
+func (r *Relay) Listen() error {
+	var err error
+	if r.downLn, err = net.Listen("tcp", r.cfg.Listen); err != nil {
+		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
+	}
+	if r.adminLn, err = net.Listen("tcp", r.cfg.AdminListen); err != nil {
+		r.downLn.Close()
+		return fmt.Errorf("admin listen %s: %w", r.cfg.AdminListen, err)
+	}
+	return nil
+}
+
+// DownstreamAddr and AdminAddr are the bound addresses (after Listen).
+func (r *Relay) DownstreamAddr() net.Addr { return r.downLn.Addr() }
+func (r *Relay) AdminAddr() net.Addr      { return r.adminLn.Addr() }
+
+func (r *Relay) listenPort() int { return r.downLn.Addr().(*net.TCPAddr).Port }
+
+// Serve runs the relay until ctx ends, then shuts down within ShutdownTimeout: downstream
+// connections get a close handshake (1001), the Cloudly session is closed, listeners stop.
+func (r *Relay) Serve(ctx context.Context) error {
+	serveCtx, cancelServe := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancelServe()
+	r.serveCtx = serveCtx
+
+	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: 10 * time.Second,
+		ErrorLog: newStdLogger(r.log, "downstream")}
+	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLogger(r.log, "admin")}
+	downLn := r.downLn
+	if !r.cfg.InsecurePlaintext {
+		certs, err := newCertReloader(r.cfg.TLSCertFile, r.cfg.TLSKeyFile)
+		if err != nil {
+			return err
+		}
+		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.get,
+			NextProtos: []string{"http/1.1"}})
+	}
+
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return ignoreClosed(down.Serve(downLn)) })
+	g.Go(func() error { return ignoreClosed(admin.Serve(r.adminLn)) })
+	upDone := make(chan struct{})
+	upCtx, cancelUp := context.WithCancel(serveCtx)
+	go func() { r.up.run(upCtx); close(upDone) }()
+	if e := r.feats.Escrow; e != nil {
+		g.Go(func() error { e.Run(gctx); return nil })
+	}
+	if h := r.feats.Hub; h != nil {
+		g.Go(func() error { return h.Run(gctx) })
+	}
+	r.log.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
+		Str("cloudly", r.cfg.CloudlyURL).Msg("relay serving")
+
+	<-gctx.Done()
+	r.log.Info().Msg("relay shutting down")
+	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
+	defer cancel()
+	down.Shutdown(deadline)
+	r.peers.closeAll(deadline)
+	r.up.stopping.Store(true)
+	if c := r.up.current.Load(); c != nil {
+		c.Close(websocket.StatusGoingAway, "relay shutting down")
+	}
+	cancelUp()
+	<-upDone
+	admin.Shutdown(deadline)
+	cancelServe()
+	return g.Wait()
+}
+
+// Run is Listen then Serve.
+func (r *Relay) Run(ctx context.Context) error {
+	if err := r.Listen(); err != nil {
+		return err
+	}
+	return r.Serve(ctx)
+}
+
+func ignoreClosed(err error) error {
+	if errors.Is(err, http.ErrServerClosed) || errors.Is(err, net.ErrClosed) {
+		return nil
+	}
+	return err
+}
+
+// adminHandler serves /healthz (the process is alive), /readyz (attached to Cloudly) and /metrics.
+func (r *Relay) adminHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
+		if !r.up.Attached() {
+			http.Error(w, "not ready: upstream detached", http.StatusServiceUnavailable)
+			return
+		}
+		fmt.Fprintln(w, "ready")
+	})
+	mux.Handle("GET /metrics", promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{}))
+	return mux
+}

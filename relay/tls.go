@@ -1,0 +1,74 @@
+package relay
+
+import (
+	"crypto/tls"
+	"fmt"
+	"log"
+	"os"
+	"sync"
+	"time"
+
+	"github.com/rs/zerolog"
+)
+
+// certReloader serves the downstream certificate and picks up a renewed one from its files
+// without a restart (Cloudly re-issues the relay certificate; OQ-8 leaves delivery to the
+// operator, who replaces the files).
+type certReloader struct {
+	certFile, keyFile string
+
+	mu      sync.Mutex
+	cert    *tls.Certificate // guarded by mu
+	modTime time.Time        // guarded by mu: of the certificate file when loaded
+	checked time.Time        // guarded by mu: last stat
+}
+
+func newCertReloader(certFile, keyFile string) (*certReloader, error) {
+	c := &certReloader{certFile: certFile, keyFile: keyFile}
+	if err := c.load(); err != nil {
+		return nil, err
+	}
+	return c, nil
+}
+
+func (c *certReloader) load() error {
+	st, err := os.Stat(c.certFile)
+	if err != nil {
+		return fmt.Errorf("tls certificate: %w", err)
+	}
+	cert, err := tls.LoadX509KeyPair(c.certFile, c.keyFile)
+	if err != nil {
+		return fmt.Errorf("tls certificate %s: %w", c.certFile, err)
+	}
+	c.cert, c.modTime = &cert, st.ModTime()
+	return nil
+}
+
+func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if now := time.Now(); now.Sub(c.checked) > 10*time.Second {
+		c.checked = now
+		if st, err := os.Stat(c.certFile); err == nil && !st.ModTime().Equal(c.modTime) {
+			_ = c.load() // on a half-written pair keep serving the old certificate
+		}
+	}
+	return c.cert, nil
+}
+
+// newStdLogger routes net/http's internal log lines (TLS handshake errors and the like) to the
+// component logger at debug level.
+func newStdLogger(l zerolog.Logger, component string) *log.Logger {
+	return log.New(levelWriter{l.With().Str("component", component).Logger()}, "", 0)
+}
+
+type levelWriter struct{ l zerolog.Logger }
+
+func (w levelWriter) Write(p []byte) (int, error) {
+	n := len(p)
+	for n > 0 && p[n-1] == '\n' {
+		n--
+	}
+	w.l.Debug().Msg(string(p[:n]))
+	return len(p), nil
+}
