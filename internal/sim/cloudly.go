@@ -36,6 +36,8 @@ type Cloudly struct {
 	attachedTo  *typedsocket.Conn     // guarded by mu: the socket whose registration was accepted
 	sequences   []int64               // guarded by mu: registrationSequence of every registration
 	refusals    []error               // guarded by mu: answers for the next registrations
+	refuseAll   error                 // guarded by mu: the answer to every registration while set
+	last        map[string][]byte     // guarded by mu: the newest request body per method
 	handlers    map[string]MethodFunc // guarded by mu
 	received    map[string]int        // guarded by mu: requests per method from the relay
 	nodes       map[string]int        // guarded by mu: accepted registrations per node
@@ -61,6 +63,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		Origin: "https://relay.cluster-sim.serve.zone:8443",
 		log:    log.With().Str("component", "sim-cloudly").Logger(), ln: ln,
 		handlers: make(map[string]MethodFunc), received: make(map[string]int), nodes: make(map[string]int),
+		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
 	}
 	c.srv = &http.Server{Handler: http.HandlerFunc(c.accept), ReadHeaderTimeout: 5 * time.Second}
@@ -100,6 +103,20 @@ func (c *Cloudly) RefuseNextRegistration(err error) {
 	c.mu.Lock()
 	c.refusals = append(c.refusals, err)
 	c.mu.Unlock()
+}
+
+// SetRegistrationRefusal answers every registerClusterRelay with err until it is set to nil.
+func (c *Cloudly) SetRegistrationRefusal(err error) {
+	c.mu.Lock()
+	c.refuseAll = err
+	c.mu.Unlock()
+}
+
+// Last is the newest request body of method Cloudly received.
+func (c *Cloudly) Last(method string) []byte {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.last[method]
 }
 
 // SetAvailable(false) drops the relay's socket and refuses new ones until SetAvailable(true): a
@@ -222,6 +239,9 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 	}
 	c.mu.Lock()
 	c.received[req.Method]++
+	if req.Method != contracts.MethodRegisterCloudlyClientSession { // never keep the machine JWT
+		c.last[req.Method] = append([]byte(nil), req.Body...)
+	}
 	h := c.handlers[req.Method]
 	c.mu.Unlock()
 	if h != nil {
@@ -278,8 +298,8 @@ func (c *Cloudly) registerRelay(body json.RawMessage) (json.RawMessage, error) {
 	_ = json.Unmarshal(body, &reg)
 	c.mu.Lock()
 	c.sequences = append(c.sequences, reg.RegistrationSequence)
-	var refusal error
-	if len(c.refusals) > 0 {
+	refusal := c.refuseAll
+	if refusal == nil && len(c.refusals) > 0 {
 		refusal, c.refusals = c.refusals[0], c.refusals[1:]
 	}
 	c.mu.Unlock()

@@ -193,6 +193,8 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	}
 }
 
+var nopLog = zerolog.Nop()
+
 func newUUID() string {
 	var b [16]byte
 	rand.Read(b[:])

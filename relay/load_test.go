@@ -1,0 +1,234 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"regexp"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+	"golang.org/x/sync/errgroup"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// TestStalledNodeDoesNotSlowOthers: one node stops reading while Cloudly keeps sending to it; the
+// other 50 nodes' traffic in both directions completes, and the stalled node's requests are
+// refused relay-node-busy instead of piling up.
+func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
+	e := start(t, relay.Features{})
+	stalled, err := sim.DialStalled(ctx5(t), e.url, "node-stalled")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer stalled.Close()
+	nodes := make([]*sim.Node, 50)
+	for i := range nodes {
+		nodes[i] = e.node(fmt.Sprintf("node-%02d", i))
+	}
+
+	// Send to the stalled node at 1 000 requests/s until the relay refuses, and keep on during the
+	// test. (Faster than that, Cloudly's own socket would carry mostly this flood and delay every
+	// other answer on it: head-of-line blocking Cloudly causes, not the relay.)
+	big := json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"` + strings.Repeat("x", 32<<10) + `"}`)
+	var busy atomic.Int64
+	var flood sync.WaitGroup
+	stopFlood := make(chan struct{})
+	flood.Add(1)
+	go func() {
+		defer flood.Done()
+		for {
+			select {
+			case <-stopFlood:
+				return
+			default:
+			}
+			e.cloudly.CallAsync("applyRuntimeAssignment", big, func(r typedsocket.Reply) {
+				if errors.Is(r.Err, contracts.RelayNodeBusy) {
+					busy.Add(1)
+				}
+			})
+			time.Sleep(time.Millisecond)
+		}
+	}()
+	e.eventually("the stalled node's queue full", func() bool { return busy.Load() > 0 })
+
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	var g errgroup.Group
+	for _, n := range nodes {
+		g.Go(func() error {
+			for i := range 20 {
+				if _, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i}); err != nil {
+					return fmt.Errorf("%s → Cloudly: %w", n.ID, err)
+				}
+				body := json.RawMessage(fmt.Sprintf(`{"session":{"nodeId":%q},"i":%d}`, n.ID, i))
+				if _, err := e.cloudly.Call(ctx, "readRuntimeAssignmentStats", body); err != nil {
+					return fmt.Errorf("Cloudly → %s: %w", n.ID, err)
+				}
+			}
+			return nil
+		})
+	}
+	err = g.Wait()
+	close(stopFlood)
+	flood.Wait()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if n.Received("readRuntimeAssignmentStats") != 20 {
+			t.Fatalf("%s received %d of 20 requests", n.ID, n.Received("readRuntimeAssignmentStats"))
+		}
+	}
+}
+
+// TestFlappingCloudly: Cloudly drops the socket 20 times while 200 nodes send. No node socket is
+// dropped, and every request is answered or refused by name. (Goroutine leaks are checked by
+// TestMain once every test has ended.)
+func TestFlappingCloudly(t *testing.T) {
+	if testing.Short() {
+		t.Skip("200 nodes and 20 reconnects")
+	}
+	e := start(t, relay.Features{})
+	nodes := make([]*sim.Node, 200)
+	var g errgroup.Group
+	g.SetLimit(32)
+	for i := range nodes {
+		g.Go(func() error {
+			n := newNode(t, e, fmt.Sprintf("node-%03d", i))
+			nodes[i] = n
+			_, err := n.Register(context.Background())
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+
+	var answered, refused atomic.Int64
+	var mu sync.Mutex
+	unnamed := map[string]int{}
+	stop := make(chan struct{})
+	var senders sync.WaitGroup
+	for _, n := range nodes {
+		senders.Add(1)
+		go func() {
+			defer senders.Done()
+			for i := 0; ; i++ {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+				_, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i})
+				cancel()
+				var remote *typedsocket.Error
+				switch {
+				case err == nil:
+					answered.Add(1)
+				case errors.As(err, &remote) && (errors.Is(err, contracts.RelayUpstreamDetached) || errors.Is(err, contracts.RelayUpstreamBusy)):
+					refused.Add(1)
+				default:
+					mu.Lock()
+					unnamed[err.Error()]++
+					mu.Unlock()
+				}
+				time.Sleep(5 * time.Millisecond)
+			}
+		}()
+	}
+	for i := range 20 {
+		time.Sleep(100 * time.Millisecond)
+		e.cloudly.Drop()
+		e.eventually(fmt.Sprintf("re-attach %d", i+1), func() bool { return e.cloudly.Registrations() == int64(i+2) })
+	}
+	time.Sleep(200 * time.Millisecond)
+	close(stop)
+	senders.Wait()
+
+	if len(unnamed) > 0 {
+		t.Fatalf("requests lost without an answer or a named refusal: %v", unnamed)
+	}
+	for _, n := range nodes {
+		select {
+		case <-n.Conn().Done():
+			t.Fatalf("node socket %s was dropped: %v", n.ID, context.Cause(n.Conn().Context()))
+		default:
+		}
+	}
+	if answered.Load() == 0 || refused.Load() == 0 {
+		t.Fatalf("answered %d, refused %d: the test did not exercise both", answered.Load(), refused.Load())
+	}
+	t.Logf("answered %d, refused by name %d, node sockets dropped 0", answered.Load(), refused.Load())
+}
+
+func TestShutdownClosesDownstreamWithGoingAway(t *testing.T) {
+	e := start(t, relay.Features{})
+	n := e.node("node-a")
+	start := time.Now()
+	e.shutdown()
+	if d := time.Since(start); d > relay.ShutdownTimeout {
+		t.Fatalf("shutdown took %s", d)
+	}
+	select {
+	case <-n.Conn().Done():
+	case <-time.After(relay.ShutdownTimeout + time.Second):
+		t.Fatal("the node's connection outlived the relay")
+	}
+	if code := websocket.CloseStatus(context.Cause(n.Conn().Context())); code != websocket.StatusGoingAway {
+		t.Fatalf("close status %d, want 1001", code)
+	}
+}
+
+var metricName = regexp.MustCompile(`^relay_(upstream|downstream)_[a-z_]+$`)
+
+var wantMetrics = []string{
+	"relay_upstream_attached", "relay_upstream_attaches_total", "relay_upstream_detaches_total",
+	"relay_upstream_registrations_total", "relay_upstream_queued_frames", "relay_downstream_connections",
+	"relay_downstream_nodes", "relay_downstream_registrations_total", "relay_downstream_queued_frames",
+	"relay_downstream_forwarded_requests_total", "relay_downstream_refusals_total",
+}
+
+func TestMetricNames(t *testing.T) {
+	e := start(t, relay.Features{})
+	n := e.node("node-a")
+	n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
+	n.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`))
+	families, err := e.relay.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := map[string]bool{}
+	for _, f := range families {
+		name := f.GetName()
+		if strings.HasPrefix(name, "go_") || strings.HasPrefix(name, "process_") {
+			continue
+		}
+		seen[name] = true
+		if !metricName.MatchString(name) {
+			t.Errorf("metric %s is not relay_<subsystem>_<name>", name)
+		}
+		if f.GetType().String() == "COUNTER" && !strings.HasSuffix(name, "_total") {
+			t.Errorf("counter %s does not end in _total", name)
+		}
+		if f.GetType().String() != "COUNTER" && strings.HasSuffix(name, "_total") {
+			t.Errorf("%s ends in _total but is a %s", name, f.GetType())
+		}
+	}
+	for _, want := range wantMetrics {
+		if !seen[want] {
+			t.Errorf("metric %s missing", want)
+		}
+	}
+}

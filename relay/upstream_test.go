@@ -1,0 +1,190 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"net"
+	"os"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+func TestAttachCountsSequencesAcrossReconnects(t *testing.T) {
+	e := start(t, relay.Features{})
+	if code, _ := e.admin("/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d while attached", code)
+	}
+	if code, _ := e.admin("/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d", code)
+	}
+	for i := int64(2); i <= 3; i++ {
+		e.cloudly.Drop()
+		e.eventually("re-attached", func() bool { return e.cloudly.Registrations() == i && e.relay.Upstream().Attached() })
+	}
+	if got := e.cloudly.Sequences(); !slices.Equal(got, []int64{0, 1, 2}) {
+		t.Fatalf("registrationSequence = %v, want [0 1 2]", got)
+	}
+	// The registration the sim Cloudly accepted is checked there with the seed validator; check
+	// what the relay reports about itself too.
+	var reg contracts.RegisterClusterRelayRequest
+	if err := json.Unmarshal(e.cloudly.Last(contracts.MethodRegisterClusterRelay), &reg); err != nil {
+		t.Fatal(err)
+	}
+	if reg.Relay.NodeID != "relay-node" || reg.Relay.ListenAddress != "192.0.2.1" || reg.Relay.VPNHub != nil ||
+		reg.Relay.ListenPort != e.relay.DownstreamAddr().(*net.TCPAddr).Port || reg.Relay.Version != relay.DefaultBuildVersion {
+		t.Fatalf("registration = %+v", reg)
+	}
+	if !strings.Contains(string(e.cloudly.Last(contracts.MethodRegisterClusterRelay)), `"vpnHub":null`) {
+		t.Fatal("a relay without a hub must report vpnHub: null")
+	}
+}
+
+func TestReadyzFollowsAttachment(t *testing.T) {
+	e := start(t, relay.Features{})
+	e.cloudly.SetAvailable(false)
+	e.eventually("detached", func() bool { return !e.relay.Upstream().Attached() })
+	if code, body := e.admin("/readyz"); code != 503 || !strings.Contains(body, "detached") {
+		t.Fatalf("/readyz = %d %q while detached", code, body)
+	}
+	if code, _ := e.admin("/healthz"); code != 200 {
+		t.Fatalf("/healthz = %d while detached: liveness must not follow Cloudly", code)
+	}
+	e.cloudly.SetAvailable(true)
+	e.waitAttached()
+	if code, _ := e.admin("/readyz"); code != 200 {
+		t.Fatalf("/readyz = %d after re-attaching", code)
+	}
+}
+
+func TestJWTIsReReadAtEveryAttachAndNeverLogged(t *testing.T) {
+	e := start(t, relay.Features{})
+	e.cloudly.Token = "rotated-machine-jwt-value"
+	if err := os.WriteFile(e.cfg.CloudlyTokenFile, []byte("rotated-machine-jwt-value\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.cloudly.Drop()
+	e.eventually("re-attached with the rotated JWT", func() bool { return e.cloudly.Registrations() == 2 })
+	for _, secret := range []string{"sim-machine-jwt", "rotated-machine-jwt-value"} {
+		if strings.Contains(e.logs.String(), secret) {
+			t.Fatalf("the machine JWT reached the log")
+		}
+	}
+}
+
+func TestUndispatchedRefusalEndsCustody(t *testing.T) {
+	esc := &recordingEscrow{}
+	e := start(t, relay.Features{Escrow: esc})
+	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
+	e.cloudly.Drop()
+	e.eventually("custody ended", func() bool { return esc.custodyEnded() > 0 })
+	n := newNode(t, e, "node-a")
+	_, err := n.Register(ctx5(t))
+	wantRefusal(t, err, contracts.RelayNodeForeign)
+	if got := e.cloudly.NodeRegistrations("node-a"); got != 0 {
+		t.Fatalf("Cloudly saw %d registrations of node-a while custody had ended", got)
+	}
+	e.cloudly.SetRegistrationRefusal(nil)
+	e.waitAttached()
+	if _, err := n.Register(ctx5(t)); err != nil {
+		t.Fatalf("registration after custody resumed: %v", err)
+	}
+}
+
+func TestOtherRefusalKeepsCustody(t *testing.T) {
+	esc := &recordingEscrow{}
+	e := start(t, relay.Features{Escrow: esc})
+	e.cloudly.SetRegistrationRefusal(&contracts.Refusal{Name: "relay-unverified", Reason: "could not verify the relay"})
+	e.cloudly.Drop()
+	e.eventually("refused again", func() bool { return len(e.cloudly.Sequences()) >= 3 })
+	if esc.custodyEnded() != 0 {
+		t.Fatal("a refusal outside clusterRelayUndispatchedRefusals ended custody")
+	}
+	n := newNode(t, e, "node-a")
+	_, err := n.Register(ctx5(t))
+	wantRefusal(t, err, contracts.RelayUpstreamDetached) // not attached, but custody is kept
+	e.cloudly.SetRegistrationRefusal(nil)
+}
+
+func TestProtocolRefusalFromCloudlyWaitsTheSeedInterval(t *testing.T) {
+	e := start(t, relay.Features{})
+	e.cloudly.Offer = contracts.ProtocolOffer{InterfacesVersion: "33.1.0", MinimumPeerVersion: "33.0.0"}
+	e.cloudly.Drop()
+	e.eventually("the refusal described and a 300 s wait", func() bool {
+		logs := e.logs.String()
+		return strings.Contains(logs, "protocol-incompatible: major-mismatch") && strings.Contains(logs, `"wait":300000`)
+	})
+	if n := len(e.cloudly.Sequences()); n != 1 {
+		t.Fatalf("a refused client session still sent a registration (%d registrations)", n)
+	}
+}
+
+func TestConfigPush(t *testing.T) {
+	esc := &recordingEscrow{}
+	e := start(t, relay.Features{Escrow: esc})
+	ctx := ctx5(t)
+	push := func(relayBlock any, cluster string) error {
+		_, err := e.cloudly.Call(ctx, contracts.MethodPushClusterRelayConfig, mustJSON(map[string]any{
+			"config": map[string]any{"clusterId": cluster, "relay": relayBlock, "corestores": []any{}}}))
+		return err
+	}
+	wantRefusal(t, push(nil, "another-cluster"), contracts.RelayRequestInvalid)
+	if err := push(nil, e.cloudly.ClusterID); err != nil {
+		t.Fatal(err)
+	}
+	if esc.custodyEnded() == 0 {
+		t.Fatal("relay: null did not end custody")
+	}
+	n := newNode(t, e, "node-a")
+	_, err := n.Register(ctx)
+	wantRefusal(t, err, contracts.RelayClusterNotEnabled)
+	if err := push(map[string]any{"origin": e.cloudly.Origin}, e.cloudly.ClusterID); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := n.Register(ctx); err != nil {
+		t.Fatalf("registration after the relay was enabled again: %v", err)
+	}
+	wantRefusal(t, push(map[string]any{"origin": "https://relay.example:443"}, e.cloudly.ClusterID), contracts.RelayRequestInvalid)
+}
+
+// recordingEscrow is a port fake: it records what the relay tells escrow.
+type recordingEscrow struct {
+	mu       sync.Mutex
+	ended    int
+	attached []bool
+	bound    []string
+	gone     []string
+}
+
+func (r *recordingEscrow) Hold(fromCloudly bool, _ json.RawMessage) (json.RawMessage, error) {
+	if !fromCloudly {
+		return nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session")
+	}
+	return json.RawMessage(`{"held":0}`), nil
+}
+func (r *recordingEscrow) SetAttached(a bool) {
+	r.mu.Lock()
+	r.attached = append(r.attached, a)
+	r.mu.Unlock()
+}
+func (r *recordingEscrow) EndCustody() { r.mu.Lock(); r.ended++; r.mu.Unlock() }
+func (r *recordingEscrow) NodeBound(n relay.Node) {
+	r.mu.Lock()
+	r.bound = append(r.bound, n.Session().NodeID)
+	r.mu.Unlock()
+}
+func (r *recordingEscrow) NodeGone(n relay.Node) {
+	r.mu.Lock()
+	r.gone = append(r.gone, n.Session().NodeID)
+	r.mu.Unlock()
+}
+func (r *recordingEscrow) Run(ctx context.Context) { <-ctx.Done() }
+func (r *recordingEscrow) custodyEnded() int {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.ended
+}
