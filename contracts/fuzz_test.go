@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
+	"unicode/utf8"
 	"testing"
 )
 
@@ -126,3 +127,45 @@ func FuzzReadProtocolOffer(f *testing.F) {
 		}
 	})
 }
+
+// FuzzRelayReaders runs every reader the relay applies to a peer's body before forwarding or
+// acting on it: the session node id of a node → Cloudly request, the route of a Cloudly → node
+// request, a registration answer, a configuration push and a relay registration.
+func FuzzRelayReaders(f *testing.F) {
+	for _, s := range []string{
+		`{"session":{"nodeId":"node-a","controller":{"kind":"cloudly"},"runtimeNamespace":"rt-1"},"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
+		`{"session":{"nodeId":"-b"},"nodeId":"c"}`, `{"nodeId":"n"}`, `{"session":"x"}`, `{"session":{"nodeId":7}}`,
+		`{"config":{"clusterId":"c","relay":{"origin":"https://r.example"},"corestores":[{"nodeId":"n","origin":"https://c.example:7443"}]}}`,
+		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"1.0.0","nodeId":"n","listenAddress":"192.0.2.1","listenPort":1,"vpnHub":null},"registrationSequence":0}`,
+		`{"session":{"nodeId":"a","nodeId":"b"}}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if node, present, err := ReadSessionNodeID(body); err == nil && present && !utf8.ValidString(node) {
+			t.Fatalf("session node id is not valid UTF-8: %q", node)
+		}
+		if node, ok, err := ReadRouteNodeID(body); err == nil && ok {
+			if Valid(body) != nil {
+				t.Fatalf("routed by a body that is not valid JSON: %q", body)
+			}
+			_ = IsClusterNodeID(node)
+		}
+		if s, err := ReadRegisterPalletRuntimeSessionResponse(body); err == nil {
+			if !IsClusterNodeID(s.NodeID) || !IsCanonicalID(s.RuntimeNamespace) || KindOf(s.Controller) != KindObject {
+				t.Fatalf("accepted a session the rules refuse: %+v", s)
+			}
+		}
+		for _, allowHTTP := range []bool{false, true} {
+			if cfg, err := ReadClusterRelayConfigPush(body, allowHTTP); err == nil {
+				for _, c := range cfg.Corestores {
+					if !IsClusterNodeID(c.NodeID) || !(IsCanonicalOrigin(c.Origin, "https") || allowHTTP && IsCanonicalOrigin(c.Origin, "http")) {
+						t.Fatalf("accepted a corestore the rules refuse: %+v", c)
+					}
+				}
+			}
+		}
+		_ = ValidateRegisterClusterRelayRequest(body, "")
+	})
+}
+
