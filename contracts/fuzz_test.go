@@ -7,8 +7,8 @@ import (
 	"path/filepath"
 	"reflect"
 	"strconv"
-	"unicode/utf8"
 	"testing"
+	"unicode/utf8"
 )
 
 func addGoldenInputs(f *testing.F) {
@@ -168,4 +168,3 @@ func FuzzRelayReaders(f *testing.F) {
 		_ = ValidateRegisterClusterRelayRequest(body, "")
 	})
 }
-
