@@ -1,6 +1,7 @@
 package contracts
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -100,13 +101,13 @@ func Valid(raw []byte) error {
 // ErrDuplicateKey.
 func ReadObject(raw []byte) ([]Member, error) {
 	var members []Member
-	err := eachMember(raw, func(key string, value []byte) error {
+	err := ForEachMember(raw, func(key, value []byte) error {
 		for _, m := range members {
-			if m.Key == key {
-				return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(key))
+			if m.Key == string(key) {
+				return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(string(key)))
 			}
 		}
-		members = append(members, Member{key, value})
+		members = append(members, Member{string(key), value})
 		return nil
 	})
 	if err != nil {
@@ -119,12 +120,12 @@ func ReadObject(raw []byte) ([]Member, error) {
 // has no such key. It validates the whole object and refuses repeated keys, like ReadObject, but
 // allocates nothing for the members it skips.
 func Lookup(raw []byte, key string) (value json.RawMessage, ok bool, err error) {
-	err = eachMember(raw, func(k string, v []byte) error {
-		if k != key {
+	err = ForEachMember(raw, func(k, v []byte) error {
+		if string(k) != key {
 			return nil
 		}
 		if ok {
-			return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(k))
+			return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(key))
 		}
 		value, ok = v, true
 		return nil
@@ -231,8 +232,11 @@ func ReadCounter(raw []byte) (int64, bool) {
 	return n, ok && n >= 0
 }
 
-// eachMember scans the object raw and calls fn for each member in order.
-func eachMember(raw []byte, fn func(key string, value []byte) error) error {
+// ForEachMember validates the JSON object raw and calls fn for each member in order. key is the
+// decoded key: a sub-slice of raw when the key has no escapes, so it allocates nothing; fn must
+// not keep it. ForEachMember does not refuse repeated keys: a caller that reads a key must, as
+// ReadObject and Lookup do.
+func ForEachMember(raw []byte, fn func(key, value []byte) error) error {
 	i := skipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return &SyntaxError{i, "not an object"}
@@ -246,7 +250,7 @@ func eachMember(raw []byte, fn func(key string, value []byte) error) error {
 		if err != nil {
 			return err
 		}
-		key := decodeString(raw[i:keyEnd])
+		key := decodeStringBytes(raw[i:keyEnd])
 		i = skipSpace(raw, keyEnd)
 		if i >= len(raw) || raw[i] != ':' {
 			return &SyntaxError{i, "expected : after object key"}
@@ -487,17 +491,13 @@ func hex4(b []byte, i int) (rune, bool) {
 }
 
 // decodeString decodes a string scanString already validated, quotes included.
-func decodeString(q []byte) string {
+func decodeString(q []byte) string { return string(decodeStringBytes(q)) }
+
+// decodeStringBytes is decodeString without a copy when the string has no escapes.
+func decodeStringBytes(q []byte) []byte {
 	s := q[1 : len(q)-1]
-	plain := true
-	for _, c := range s {
-		if c == '\\' {
-			plain = false
-			break
-		}
-	}
-	if plain {
-		return string(s)
+	if bytes.IndexByte(s, '\\') < 0 {
+		return s
 	}
 	out := make([]byte, 0, len(s))
 	for i := 0; i < len(s); {
@@ -532,7 +532,7 @@ func decodeString(q []byte) string {
 		}
 		i += 2
 	}
-	return string(out)
+	return out
 }
 
 // AppendString appends s as a JSON string in the canonical form of RFC 8785: only '"', '\\' and

@@ -155,6 +155,11 @@ func (c *Conn) QueueLen() int { return c.sendq.len() }
 func (c *Conn) Run(ctx context.Context) error {
 	stop := context.AfterFunc(ctx, func() { c.cancel(context.Cause(ctx)) })
 	defer stop()
+	// Reads and writes run under context.Background(): a per-call context costs a registration on
+	// the parent and a timer for every message. Cancelling the connection closes the socket
+	// instead, which ends a blocked read or write just the same.
+	closeOnCancel := context.AfterFunc(c.ctx, func() { c.ws.CloseNow() })
+	defer closeOnCancel()
 
 	sendErr := make(chan error, 1)
 	go func() {
@@ -186,7 +191,7 @@ func (c *Conn) CloseNow() {
 
 func (c *Conn) readLoop() error {
 	for {
-		typ, frame, err := c.ws.Read(c.ctx)
+		typ, frame, err := c.ws.Read(context.Background())
 		if err != nil {
 			return err
 		}
@@ -255,6 +260,12 @@ func (c *Conn) resolve(env Envelope) {
 func (c *Conn) sendLoop() error {
 	ticker := time.NewTicker(c.opts.PingInterval)
 	defer ticker.Stop()
+	// One write may block at most DeadTimeout: a peer that drains nothing for that long is gone.
+	stalled := time.AfterFunc(time.Hour, func() {
+		c.cancel(fmt.Errorf("%w: a write blocked for %s", ErrClosed, c.opts.DeadTimeout))
+	})
+	stalled.Stop()
+	defer stalled.Stop()
 	var batch [][]byte
 	for {
 		select {
@@ -263,9 +274,9 @@ func (c *Conn) sendLoop() error {
 		case <-c.sendq.wake:
 			batch = c.sendq.take(batch[:0])
 			for i, frame := range batch {
-				wctx, cancel := context.WithTimeout(c.ctx, c.opts.DeadTimeout)
-				err := c.ws.Write(wctx, websocket.MessageText, frame)
-				cancel()
+				stalled.Reset(c.opts.DeadTimeout)
+				err := c.ws.Write(context.Background(), websocket.MessageText, frame)
+				stalled.Stop()
 				batch[i] = nil
 				if err != nil {
 					return fmt.Errorf("write: %w", err)

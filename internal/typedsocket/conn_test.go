@@ -370,3 +370,39 @@ func TestInflightLimit(t *testing.T) {
 		}
 	}
 }
+
+// TestStalledWriteEndsTheConnection: a peer that drains nothing is gone once one write has been
+// blocked for the dead timeout, even when pings would not notice yet.
+func TestStalledWriteEndsTheConnection(t *testing.T) {
+	release := make(chan struct{})
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		<-release // never reads
+		ws.CloseNow()
+	}))
+	defer hs.Close()
+	defer close(release)
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(ws, Options{PingInterval: time.Hour, DeadTimeout: 300 * time.Millisecond, MaxQueue: 1 << 20, MaxQueueBytes: 1 << 30})
+	go c.Run(context.Background())
+	big := json.RawMessage(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
+	for i := 0; i < 64; i++ {
+		if err := c.CallAsync("m", big, time.Hour, func(Reply) {}); err != nil {
+			break
+		}
+	}
+	select {
+	case <-c.Done():
+	case <-time.After(10 * time.Second):
+		t.Fatal("a write blocked forever")
+	}
+	if cause := context.Cause(c.Context()); !strings.Contains(cause.Error(), "a write blocked") {
+		t.Fatalf("cause = %v", cause)
+	}
+}

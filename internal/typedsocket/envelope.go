@@ -92,42 +92,62 @@ type DecodeError struct {
 func (e *DecodeError) Error() string { return "malformed envelope: " + e.Reason }
 
 // Decode reads one envelope. Unknown envelope keys (authInfo, localData, serverData, …) are
-// ignored and never forwarded; a repeated key anywhere in the envelope's own members is refused.
+// ignored and never forwarded; a repeated key among the envelope's own members is refused. Decode
+// allocates only the method and id strings: bodies are sub-slices of frame.
 func Decode(frame []byte) (Envelope, error) {
-	members, err := contracts.ReadObject(frame)
-	if err != nil {
-		return Envelope{}, &DecodeError{Reason: "not a JSON object: " + err.Error()}
-	}
 	var env Envelope
-	var method, correlation, request, response, errRaw, retry json.RawMessage
-	for _, m := range members {
-		switch m.Key {
+	var method, correlation, request, response, errRaw, retry []byte
+	var seen uint8
+	err := contracts.ForEachMember(frame, func(key, value []byte) error {
+		var bit uint8
+		switch string(key) {
 		case "method":
-			method = m.Value
+			method, bit = value, 1
 		case "correlation":
-			correlation = m.Value
+			correlation, bit = value, 2
 		case "request":
-			request = m.Value
+			request, bit = value, 4
 		case "response":
-			response = m.Value
+			response, bit = value, 8
 		case "error":
-			errRaw = m.Value
+			errRaw, bit = value, 16
 		case "retry":
-			retry = m.Value
+			retry, bit = value, 32
+		default:
+			return nil
 		}
+		if seen&bit != 0 {
+			return contracts.ErrDuplicateKey
+		}
+		seen |= bit
+		return nil
+	})
+	if err != nil {
+		return Envelope{}, &DecodeError{Reason: "not a JSON object with distinct keys: " + err.Error()}
 	}
 	if env.Method, err = contracts.ReadString(method); err != nil || !isMethod(env.Method) {
 		return Envelope{}, &DecodeError{Reason: "method must be a method name"}
 	}
-	cm, err := contracts.ReadObject(correlation)
-	if err != nil || !contracts.HasExactKeys(cm, "id", "phase") {
+	var id, phase []byte
+	var ids, phases, others int
+	err = contracts.ForEachMember(correlation, func(key, value []byte) error {
+		switch string(key) {
+		case "id":
+			id, ids = value, ids+1
+		case "phase":
+			phase, phases = value, phases+1
+		default:
+			others++
+		}
+		return nil
+	})
+	if err != nil || ids != 1 || phases != 1 || others != 0 {
 		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation must be { id, phase }"}
 	}
-	c := contracts.MembersByKey(cm)
-	if env.ID, err = contracts.ReadString(c["id"]); err != nil || env.ID == "" || len(env.ID) > MaxIDLen {
+	if env.ID, err = contracts.ReadString(id); err != nil || env.ID == "" || len(env.ID) > MaxIDLen {
 		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation id must be a string of 1 to 128 bytes"}
 	}
-	switch phase, _ := contracts.ReadString(c["phase"]); phase {
+	switch p, _ := contracts.ReadString(phase); p {
 	case "request":
 		env.Phase = PhaseRequest
 	case "response":
