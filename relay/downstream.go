@@ -169,6 +169,8 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 		reply(f.Ingress.RouteTable(p, req.Body))
 	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
 		reply(f.Escrow.Hold(false, req.Body))
+	case m == contracts.MethodGetClusterTrafficStatistics && f.Ingress != nil:
+		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
 	case contracts.IsLocalOnlyMethod(m):
 		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
 	case contracts.IsServedToCloudly(m) || m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:

@@ -17,7 +17,8 @@ import (
 // "<name>: <reason>", a *contracts.ProtocolRefusal as the protocol refusal, and an error a Peer
 // or Upstream call returned (the remote peer's own error) untouched.
 
-// Features are the relay's optional parts.
+// Features are the relay's optional parts. A feature that is an io.Closer is closed when the
+// relay has shut its connections down.
 type Features struct {
 	Escrow   Escrow
 	Ingress  Ingress
@@ -26,29 +27,36 @@ type Features struct {
 	Registry http.Handler // serves /v2/ on the downstream listener
 }
 
+// Peer, Node and Upstream are aliases of interface literals rather than named types, so that a
+// feature package can declare the same literal and implement Escrow or Ingress with its own
+// names: interface types with one method set are identical, named ones are not.
+
 // Peer is one downstream connection as a feature sees it.
-type Peer interface {
-	// ID is unique per connection for the life of the process.
+//
+//   - ID is unique per connection for the life of the process.
+//   - Call sends a request to the peer; done gets its answer body or an error: the peer's own
+//     error, or a refusal (relay-node-busy when its send queue is full, relay-node-not-carried
+//     when the connection is gone, relay-call-timeout).
+type Peer = interface {
 	ID() uint64
-	// Call sends a request to the peer; done gets its answer body or an error: the peer's own
-	// error, or a refusal (relay-node-busy when its send queue is full, relay-node-not-carried when
-	// the connection is gone, relay-call-timeout).
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 }
 
-// Node is a downstream connection bound to a node session.
-type Node interface {
-	Peer
-	// Session is the binding Cloudly answered the node's latest accepted registration with.
+// Node is a downstream connection bound to a node session. Session is the binding Cloudly
+// answered the node's latest accepted registration with.
+type Node = interface {
+	ID() uint64
+	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 	Session() contracts.RuntimeSession
 }
 
 // Upstream is the relay's Cloudly session as a feature sees it.
-type Upstream interface {
-	// Attached reports whether the relay has an accepted registration with Cloudly now.
+//
+//   - Attached reports whether the relay has an accepted registration with Cloudly now.
+//   - Call sends a request to Cloudly; done gets Cloudly's answer or error untouched, or a
+//     refusal (relay-upstream-detached, relay-upstream-busy, relay-call-timeout).
+type Upstream = interface {
 	Attached() bool
-	// Call sends a request to Cloudly; done gets Cloudly's answer or error untouched, or a
-	// refusal (relay-upstream-detached, relay-upstream-busy, relay-call-timeout).
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 }
 

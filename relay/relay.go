@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"sync/atomic"
@@ -153,6 +154,11 @@ func (r *Relay) Serve(ctx context.Context) error {
 	}
 	cancelUp()
 	<-upDone
+	for _, f := range []any{r.feats.Escrow, r.feats.Ingress, r.feats.Restore, r.feats.Hub, r.feats.Registry} {
+		if c, ok := f.(io.Closer); ok && c != nil {
+			c.Close()
+		}
+	}
 	admin.Shutdown(deadline)
 	cancelServe()
 	return g.Wait()
