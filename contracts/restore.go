@@ -28,6 +28,12 @@ const (
 // CorestoreIsolatedRestorePathPrefix is the path every Corestore operation lives under.
 const CorestoreIsolatedRestorePathPrefix = "/isolated-restore/"
 
+// CorestoreRefusalBody is the answer Corestore refuses a control with, beside a non-2xx status:
+// { reason } (project-defined). The relay passes the reason on as restore-node-refused: <reason>.
+func CorestoreRefusalBody(reason string) []byte {
+	return append(AppendString([]byte(`{"reason":`), reason), '}')
+}
+
 // IsolatedRestoreCorestoreOp maps one of the five methods to its Corestore operation.
 func IsolatedRestoreCorestoreOp(method string) (string, bool) {
 	switch method {
