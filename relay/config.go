@@ -20,6 +20,7 @@ type Config struct {
 	CloudlyURL        string // --cloudly-url: wss://… (ws:// only with --insecure-plaintext)
 	CloudlyTokenFile  string // --cloudly-token-file: the machine JWT, re-read at every attach
 	CloudlyCAFile     string // --cloudly-ca-file: extra roots for Cloudly's certificate
+	CorestoreCAFile   string // --corestore-ca-file: extra roots for node Corestores' certificates
 	Listen            string // --listen: the downstream listener (default :8443)
 	AdvertiseAddress  string // --advertise-address: the IPv4 literal nodes reach the relay on
 	TLSCertFile       string // --tls-cert-file
@@ -142,7 +143,7 @@ func (c *Config) Complete() error {
 		return bad("tls-cert-file", "--tls-cert-file and --tls-key-file are required unless --insecure-plaintext")
 	}
 	for flag, path := range map[string]string{
-		"cloudly-token-file": c.CloudlyTokenFile, "cloudly-ca-file": c.CloudlyCAFile,
+		"cloudly-token-file": c.CloudlyTokenFile, "cloudly-ca-file": c.CloudlyCAFile, "corestore-ca-file": c.CorestoreCAFile,
 		"tls-cert-file": c.TLSCertFile, "tls-key-file": c.TLSKeyFile,
 	} {
 		if err := readable(path); err != nil {

@@ -63,6 +63,7 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.StringVar(&cfg.CloudlyURL, "cloudly-url", "", "Cloudly's WebSocket URL (wss://…)")
 	fs.StringVar(&cfg.CloudlyTokenFile, "cloudly-token-file", "", "file holding the relay's machine JWT")
 	fs.StringVar(&cfg.CloudlyCAFile, "cloudly-ca-file", "", "extra CA certificates (PEM) for Cloudly")
+	fs.StringVar(&cfg.CorestoreCAFile, "corestore-ca-file", "", "extra CA certificates (PEM) for node Corestores")
 	fs.StringVar(&cfg.Listen, "listen", relay.DefaultListen, "downstream HTTPS/WebSocket listen address")
 	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "IPv4 address nodes reach the relay on")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "downstream TLS certificate (PEM)")

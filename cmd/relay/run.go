@@ -41,6 +41,11 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		opts.Registry = relay.NewRegistry()
 	}
 	var feats relay.Features
+	rs, err := buildRestore(cfg, log, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	feats.Restore = rs
 	return relay.New(cfg, feats, log, opts)
 }
 

@@ -1,0 +1,176 @@
+package corestore
+
+import (
+	"bytes"
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Defaults; zero Options fields mean these.
+const (
+	DefaultConnectTimeout    = 5 * time.Second
+	DefaultTimeout           = 30 * time.Second
+	DefaultMaxResponseBytes  = 1 << 20
+	DefaultMaxConnsPerOrigin = 4
+)
+
+// maxRefusalBytes bounds what is read of a non-2xx answer to find its reason.
+const maxRefusalBytes = 64 << 10
+
+// Options configure a Client. The zero value is a client that trusts the system roots.
+type Options struct {
+	// CAFile names PEM CA certificates trusted beside the system roots (--corestore-ca-file).
+	CAFile string
+	// RootCAs, when set, is used instead of the system roots and CAFile (tests).
+	RootCAs *x509.CertPool
+	// AllowHTTP permits http: origins (--insecure-plaintext).
+	AllowHTTP bool
+	// ConnectTimeout bounds the TCP connect and the TLS handshake, each.
+	ConnectTimeout time.Duration
+	// Timeout bounds a whole call: connect, request, and the answer read to its end.
+	Timeout time.Duration
+	// MaxResponseBytes bounds a 2xx answer; a longer one is refused.
+	MaxResponseBytes int64
+	// MaxConnsPerOrigin bounds the connections open to one Corestore.
+	MaxConnsPerOrigin int
+	// Registerer receives the corestore metrics; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     zerolog.Logger
+}
+
+// Client calls node Corestores. It is safe for concurrent use.
+type Client struct {
+	http    *http.Client   // set at construction
+	opts    Options        // set at construction, defaults filled
+	log     zerolog.Logger // set at construction
+	metrics *metrics       // set at construction
+}
+
+// New builds a client. It reads CAFile once; an unreadable file or one without a certificate is
+// an error naming the file.
+func New(opts Options) (*Client, error) {
+	if opts.ConnectTimeout <= 0 {
+		opts.ConnectTimeout = DefaultConnectTimeout
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = DefaultTimeout
+	}
+	if opts.MaxResponseBytes <= 0 {
+		opts.MaxResponseBytes = DefaultMaxResponseBytes
+	}
+	if opts.MaxConnsPerOrigin <= 0 {
+		opts.MaxConnsPerOrigin = DefaultMaxConnsPerOrigin
+	}
+	roots := opts.RootCAs
+	if roots == nil && opts.CAFile != "" {
+		pool, err := x509.SystemCertPool()
+		if err != nil {
+			pool = x509.NewCertPool()
+		}
+		pem, err := os.ReadFile(opts.CAFile)
+		if err != nil {
+			return nil, fmt.Errorf("read corestore CA file: %w", err)
+		}
+		if !pool.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("corestore CA file %s holds no PEM certificate", opts.CAFile)
+		}
+		roots = pool
+	}
+	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}
+	transport := &http.Transport{
+		// Corestores are inside the cluster: no proxy from the environment.
+		Proxy:                 nil,
+		DialContext:           dialer.DialContext,
+		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		TLSHandshakeTimeout:   opts.ConnectTimeout,
+		ResponseHeaderTimeout: opts.Timeout,
+		ForceAttemptHTTP2:     true,
+		DisableCompression:    true,
+		MaxConnsPerHost:       opts.MaxConnsPerOrigin,
+		MaxIdleConnsPerHost:   opts.MaxConnsPerOrigin,
+		IdleConnTimeout:       90 * time.Second,
+	}
+	c := &Client{
+		http: &http.Client{
+			Transport: transport,
+			// A Corestore that redirects is answered as it answered: a 3xx is not a 2xx.
+			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
+		},
+		opts: opts,
+		log:  opts.Logger.With().Str("component", "corestore").Logger(),
+	}
+	c.metrics = newMetrics(opts.Registerer)
+	return c, nil
+}
+
+// Close drops idle connections. Calls in flight end by their own timeout.
+func (c *Client) Close() { c.http.CloseIdleConnections() }
+
+// Call posts control to <origin>/isolated-restore/<op> and returns the 2xx answer's body. The
+// error is a *contracts.Refusal: restore-node-unreachable (dial, TLS, timeout, a broken
+// connection) or restore-node-refused (a non-2xx answer with Corestore's reason, or a 2xx answer
+// larger than MaxResponseBytes). control is sent byte for byte and never logged.
+func (c *Client) Call(ctx context.Context, origin, op string, control json.RawMessage) (json.RawMessage, error) {
+	start := time.Now()
+	body, outcome, err := c.call(ctx, origin, op, control)
+	c.metrics.observe(op, outcome, len(control), len(body), time.Since(start))
+	ev := c.log.Debug()
+	if outcome == outcomeUnreachable {
+		ev = c.log.Info()
+	}
+	ev.Str("op", op).Str("origin", origin).Int("bytes", len(control)).Int("answer_bytes", len(body)).
+		Str("outcome", outcome).Dur("latency", time.Since(start)).Msg("corestore call")
+	return body, err
+}
+
+func (c *Client) call(ctx context.Context, origin, op string, control json.RawMessage) (json.RawMessage, string, error) {
+	if !contracts.IsCanonicalOrigin(origin, "https") && !(c.opts.AllowHTTP && contracts.IsCanonicalOrigin(origin, "http")) {
+		return nil, outcomeUnreachable, contracts.RestoreNodeUnreachable.Refuse("Corestore origin %s is not a canonical https origin", origin)
+	}
+	ctx, cancel := context.WithTimeout(ctx, c.opts.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, origin+contracts.CorestoreIsolatedRestorePathPrefix+op, bytes.NewReader(control))
+	if err != nil {
+		return nil, outcomeUnreachable, contracts.RestoreNodeUnreachable.Refuse("cannot build a request to Corestore at %s", origin)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := c.http.Do(req)
+	if err != nil {
+		return nil, outcomeUnreachable, unreachable(origin, err, c.opts.Timeout.String())
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, err := io.ReadAll(io.LimitReader(resp.Body, maxRefusalBytes))
+		if err != nil && !errors.Is(err, io.ErrUnexpectedEOF) {
+			return nil, outcomeUnreachable, unreachable(origin, err, c.opts.Timeout.String())
+		}
+		return nil, outcomeRefused, refused(resp.StatusCode, resp.Header.Get("Content-Type"), b)
+	}
+	if resp.ContentLength > c.opts.MaxResponseBytes {
+		return nil, outcomeOversized, contracts.RestoreNodeRefused.Refuse("Corestore's answer is %d bytes, over the relay's limit of %d",
+			resp.ContentLength, c.opts.MaxResponseBytes)
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
+	if err != nil {
+		return nil, outcomeUnreachable, unreachable(origin, err, c.opts.Timeout.String())
+	}
+	if int64(len(b)) > c.opts.MaxResponseBytes {
+		return nil, outcomeOversized, contracts.RestoreNodeRefused.Refuse("Corestore's answer is over the relay's limit of %d bytes",
+			c.opts.MaxResponseBytes)
+	}
+	return b, outcomeAnswered, nil
+}

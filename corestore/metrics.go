@@ -1,0 +1,40 @@
+package corestore
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of the Corestore client. Namespace relay, subsystem corestore.
+type metrics struct {
+	requests      *prometheus.CounterVec   // op, outcome
+	duration      *prometheus.HistogramVec // op
+	sentBytes     *prometheus.CounterVec   // op
+	receivedBytes *prometheus.CounterVec   // op
+}
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "requests_total",
+			Help: "Calls to node Corestores by operation and outcome: answered, refused, oversized, unreachable."}, []string{"op", "outcome"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "relay", Subsystem: "corestore", Name: "request_duration_seconds",
+			Help:    "Time from sending a control to Corestore to the end of its answer, by operation.",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"op"}),
+		sentBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "sent_bytes_total",
+			Help: "Control bytes sent to Corestores, by operation."}, []string{"op"}),
+		receivedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "received_bytes_total",
+			Help: "2xx answer bytes received from Corestores, by operation."}, []string{"op"}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.requests, m.duration, m.sentBytes, m.receivedBytes)
+	}
+	return m
+}
+
+func (m *metrics) observe(op, outcome string, sent, received int, d time.Duration) {
+	m.requests.WithLabelValues(op, outcome).Inc()
+	m.duration.WithLabelValues(op).Observe(d.Seconds())
+	m.sentBytes.WithLabelValues(op).Add(float64(sent))
+	m.receivedBytes.WithLabelValues(op).Add(float64(received))
+}

@@ -1,0 +1,209 @@
+package restore
+
+import (
+	"context"
+	"encoding/json"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Corestore is the port a Restore calls node Corestores through; cmd/relay wires the corestore
+// package's client into it. Call posts control to <origin>/isolated-restore/<op> untouched and
+// returns the 2xx answer's body; its errors should be *contracts.Refusal named
+// restore-node-unreachable or restore-node-refused (anything else is answered as unreachable).
+type Corestore interface {
+	Call(ctx context.Context, origin, op string, control json.RawMessage) (json.RawMessage, error)
+}
+
+// Defaults of Options.
+const (
+	DefaultMaxInflightPerNode = 4
+	DefaultMaxInflight        = 64
+)
+
+// Options configure a Restore; zero values mean the defaults.
+type Options struct {
+	// MaxInflightPerNode bounds the calls in flight to one node's Corestore; one more is refused
+	// relay-node-busy at once.
+	MaxInflightPerNode int
+	// MaxInflight bounds the calls in flight to all Corestores together.
+	MaxInflight int
+	// Registerer receives the restore metrics; nil registers none.
+	Registerer prometheus.Registerer
+	Logger     zerolog.Logger
+}
+
+// Restore serves the five isolated-restore methods. It implements relay.Restore.
+type Restore struct {
+	cs      Corestore       // set at construction
+	opts    Options         // set at construction, defaults filled
+	log     zerolog.Logger  // set at construction
+	metrics *metrics        // set at construction
+	ctx     context.Context // set at construction; cancelled by Close
+	cancel  context.CancelFunc
+	wg      sync.WaitGroup // calls in flight
+
+	mu       sync.Mutex
+	origins  map[string]string // guarded by mu: node id → Corestore origin, from the newest push
+	inflight map[string]int    // guarded by mu: calls in flight per node
+	total    int               // guarded by mu: calls in flight
+	closed   bool              // guarded by mu
+}
+
+// New returns a Restore that reaches Corestores through cs.
+func New(cs Corestore, opts Options) *Restore {
+	if opts.MaxInflightPerNode <= 0 {
+		opts.MaxInflightPerNode = DefaultMaxInflightPerNode
+	}
+	if opts.MaxInflight <= 0 {
+		opts.MaxInflight = DefaultMaxInflight
+	}
+	r := &Restore{cs: cs, opts: opts, log: opts.Logger.With().Str("component", "restore").Logger(),
+		origins: make(map[string]string), inflight: make(map[string]int)}
+	r.ctx, r.cancel = context.WithCancel(context.Background())
+	r.metrics = newMetrics(opts.Registerer, r.inflightNow)
+	return r
+}
+
+// Close abandons the calls in flight (each is answered restore-node-unreachable), refuses new
+// ones, and waits until every call has been answered.
+func (r *Restore) Close() {
+	r.mu.Lock()
+	r.closed = true
+	r.mu.Unlock()
+	r.cancel()
+	r.wg.Wait()
+}
+
+// SetCorestores replaces the Corestore origins (pushClusterRelayConfig's corestores). Calls in
+// flight keep the origin they started with.
+func (r *Restore) SetCorestores(origins []contracts.CorestoreOrigin) {
+	m := make(map[string]string, len(origins))
+	for _, o := range origins {
+		m[o.NodeID] = o.Origin
+	}
+	r.mu.Lock()
+	r.origins = m
+	r.mu.Unlock()
+	r.metrics.corestores.Set(float64(len(m)))
+	r.log.Info().Int("corestores", len(m)).Msg("Corestore origins replaced")
+}
+
+// Carried reports whether the relay knows node's Corestore origin.
+func (r *Restore) Carried(node string) bool {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	_, ok := r.origins[node]
+	return ok
+}
+
+func (r *Restore) inflightNow() float64 {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return float64(r.total)
+}
+
+// Serve serves one of the five methods. It never blocks: everything up to the Corestore call is
+// judged here, the call runs on its own goroutine, and reply is called exactly once.
+func (r *Restore) Serve(method string, body json.RawMessage, reply func(json.RawMessage, error)) {
+	start := time.Now()
+	var node string
+	var staged int64
+	done := func(answer json.RawMessage, err error) {
+		r.finish(method, node, len(body), len(answer), staged, err, start)
+		reply(answer, err)
+	}
+	op, ok := contracts.IsolatedRestoreCorestoreOp(method)
+	if !ok {
+		done(nil, contracts.RelayMethodUnknown.Refuse("%s is not an isolated-restore method", method))
+		return
+	}
+	req, err := contracts.ReadIsolatedRestoreNodeControl(body)
+	if err != nil {
+		done(nil, invalidRequest(method, err))
+		return
+	}
+	node = req.NodeID
+	if op == contracts.CorestoreOpWrite {
+		chunk, err := contracts.ReadIsolatedRestoreWriteChunk(req.Control)
+		if err != nil {
+			done(nil, overLimit(err))
+			return
+		}
+		staged = chunk.DecodedBytes
+	}
+	origin, err := r.acquire(node)
+	if err != nil {
+		done(nil, err)
+		return
+	}
+	go func() {
+		defer r.release(node)
+		answer, err := r.cs.Call(r.ctx, origin, op, req.Control)
+		if err != nil {
+			done(nil, corestoreFailure(err))
+			return
+		}
+		progress, _, err := contracts.ProjectIsolatedRestoreProgress(node, answer)
+		if err != nil {
+			done(nil, badSummary(err))
+			return
+		}
+		out := make([]byte, 0, len(progress)+14)
+		out = append(out, `{"progress":`...)
+		out = append(out, progress...)
+		done(append(out, '}'), nil)
+	}()
+}
+
+// acquire finds node's origin and takes a call slot, or says why not.
+func (r *Restore) acquire(node string) (string, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	origin, ok := r.origins[node]
+	switch {
+	case r.closed:
+		return "", closing()
+	case !ok:
+		return "", notCarried(node)
+	case r.inflight[node] >= r.opts.MaxInflightPerNode:
+		return "", nodeBusy(node, r.inflight[node])
+	case r.total >= r.opts.MaxInflight:
+		return "", relayBusy(r.total)
+	}
+	r.inflight[node]++
+	r.total++
+	r.wg.Add(1)
+	return origin, nil
+}
+
+func (r *Restore) release(node string) {
+	r.mu.Lock()
+	if r.inflight[node]--; r.inflight[node] == 0 {
+		delete(r.inflight, node)
+	}
+	r.total--
+	r.mu.Unlock()
+	r.wg.Done()
+}
+
+// finish counts and logs one answered call: node, method, sizes and outcome, never a body or a
+// reason.
+func (r *Restore) finish(method, node string, size, answerSize int, staged int64, err error, start time.Time) {
+	out := outcome(err)
+	r.metrics.requests.WithLabelValues(method, out).Inc()
+	if err == nil && staged > 0 {
+		r.metrics.stagedBytes.Add(float64(staged))
+	}
+	ev := r.log.Debug()
+	if err != nil {
+		ev = r.log.Info()
+	}
+	ev.Str("method", method).Str("node", node).Int("bytes", size).Int("answer_bytes", answerSize).
+		Str("outcome", out).Dur("latency", time.Since(start)).Msg("isolated restore call")
+}
