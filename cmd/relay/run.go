@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -41,6 +42,11 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		opts.Registry = relay.NewRegistry()
 	}
 	var feats relay.Features
+	in, err := ingress.New(ingress.Config{Registry: opts.Registry, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	feats.Ingress = ingressFeature{in}
 	return relay.New(cfg, feats, log, opts)
 }
 
