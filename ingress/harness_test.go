@@ -58,7 +58,7 @@ func (s *syncBuffer) String() string {
 }
 
 type harness struct {
-	t        *testing.T
+	t        testing.TB
 	log      zerolog.Logger
 	logs     *syncBuffer
 	cloudly  *sim.Cloudly
@@ -77,7 +77,7 @@ type harnessOptions struct {
 // newHarness starts a sim Cloudly with Cloudly's ingress handlers and a relay with the ingress
 // feature (relay.Config with InsecurePlaintext, loopback listeners, a token file, as `relay dev`),
 // and waits until the relay is attached. Everything stops at the end of the test.
-func newHarness(t *testing.T, opts harnessOptions) *harness {
+func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Helper()
 	logs := &syncBuffer{}
 	log := zerolog.New(logs).Level(opts.logLevel)

@@ -32,6 +32,8 @@ type Ingress struct {
 	AutoPull bool
 	// AutoReregister registers again when the relay pushes pushRelayUpstreamChanged (default true).
 	AutoReregister bool
+	// OnHint, when set before Connect, is called with every hinted revision (it must not block).
+	OnHint func(revision int64)
 
 	log zerolog.Logger
 
@@ -211,6 +213,9 @@ func (in *Ingress) serve(c *typedsocket.Conn, req *typedsocket.Request) {
 		newer := rev > in.revision
 		in.mu.Unlock()
 		req.Respond(json.RawMessage(`{}`))
+		if in.OnHint != nil {
+			in.OnHint(rev)
+		}
 		if newer && in.AutoPull {
 			in.background(c, func(ctx context.Context) error { _, err := in.Pull(ctx); return err })
 		}
