@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strconv"
 	"testing"
 	"unicode/utf8"
@@ -166,5 +167,63 @@ func FuzzRelayReaders(f *testing.F) {
 			}
 		}
 		_ = ValidateRegisterClusterRelayRequest(body, "")
+	})
+}
+
+// registrationMessages are every reason ValidateClusterIngressRegistration may give with its
+// default path: fixed texts, so no reason can carry a value from the body (the bearer above all).
+var registrationMessages = map[string]bool{
+	"cluster ingress registration must use its exact schema":                                                          true,
+	"cluster ingress registration bearer must be a non-empty string":                                                  true,
+	"cluster ingress registration version must be a release version":                                                  true,
+	"cluster ingress registration nodeId must be a cluster node id":                                                   true,
+	"cluster ingress registration capabilities must be a sorted, duplicate-free array of at most 32 capability names": true,
+	"cluster ingress registration protocol must use its exact schema":                                                 true,
+	"cluster ingress registration protocol interfacesVersion must be a release version":                               true,
+	"cluster ingress registration protocol minimumPeerVersion must be a release version":                              true,
+	"cluster ingress registration protocol minimumPeerVersion must be in the major of interfacesVersion":              true,
+	"cluster ingress registration protocol minimumPeerVersion must not be above interfacesVersion":                    true,
+}
+
+// FuzzReadClusterIngressRegistration reads arbitrary bodies the way the relay reads an ingress
+// registration: the reader and the validator agree, every reason is a fixed text, and an accepted
+// registration re-encodes to the same JSON value.
+func FuzzReadClusterIngressRegistration(f *testing.F) {
+	for _, s := range []string{
+		`{"bearer":"b","version":"3.0.0","nodeId":"node-a","protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
+		`{"bearer":"b\u00e9","version":"3.0.0","nodeId":"_a","capabilities":["a","b-1"],"protocol":{"interfacesVersion":"32.0.0","minimumPeerVersion":"32.0.0"}}`,
+		`{"bearer":"","version":"03.0.0","nodeId":"a b","capabilities":["b","a"],"protocol":{"interfacesVersion":"33.0.0","minimumPeerVersion":"34.0.0"}}`,
+		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
+		`{"bearer":"b","version":"3.0.0","nodeId":"n","protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"protocol":{}}`,
+		`{"bearer":"b","version":"3.0.0","nodeId":"n","capabilities":null,"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
+		`[]`, `null`, `{"bearer":"\ud800"}`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r, err := ReadClusterIngressRegistration(body)
+		reasons := ValidateClusterIngressRegistration(body, "")
+		if (err == nil) != (len(reasons) == 0) {
+			t.Fatalf("reader and validator disagree on %q: %v / %q", body, err, reasons)
+		}
+		for _, reason := range reasons {
+			if !registrationMessages[reason] {
+				t.Fatalf("reason %q is not a fixed message", reason)
+			}
+		}
+		if err != nil {
+			return
+		}
+		if !IsClusterNodeID(r.NodeID) || !IsReleaseVersion(r.Version) || r.Bearer.IsZero() {
+			t.Fatalf("accepted an invalid registration: %q", body)
+		}
+		enc := EncodeClusterIngressRegistration(r)
+		if !EqualJSON(enc, body) {
+			t.Fatalf("re-encoding changed the value: %q -> %q", body, enc)
+		}
+		if r2, err := ReadClusterIngressRegistration(enc); err != nil || r2.Bearer.Reveal() != r.Bearer.Reveal() ||
+			r2.NodeID != r.NodeID || r2.Protocol != r.Protocol || !slices.Equal(r2.Capabilities, r.Capabilities) {
+			t.Fatalf("does not round-trip: %q -> %q (%v)", body, enc, err)
+		}
 	})
 }

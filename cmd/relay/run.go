@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -46,6 +47,11 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		return nil, err
 	}
 	feats.Restore = rs
+	in, err := ingress.New(ingress.Config{Registry: opts.Registry, Log: log})
+	if err != nil {
+		return nil, err
+	}
+	feats.Ingress = in
 	return relay.New(cfg, feats, log, opts)
 }
 

@@ -1,0 +1,309 @@
+package contracts
+
+import (
+	"encoding/json"
+	"fmt"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+const offer32 = `{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}`
+
+func TestClusterIngressEnvironmentNamesAreTheSeeds(t *testing.T) {
+	want := ClusterIngressEnvironment{"SERVEZONE_CLUSTER_INGRESS_BEARER", "SERVEZONE_CLUSTER_RELAY_ORIGIN", "SERVEZONE_CLUSTER_NODE_ID"}
+	if got := ClusterIngressEnvironmentNames(); got != want {
+		t.Fatalf("names = %+v", got)
+	}
+	n := ClusterIngressEnvironmentNames()
+	n.Bearer = "changed"
+	if ClusterIngressEnvironmentNames().Bearer != want.Bearer {
+		t.Fatal("the names are not frozen")
+	}
+}
+
+func TestValidateClusterIngressRegistration(t *testing.T) {
+	const secret = "bearer-TOPSECRET-value"
+	cases := []struct {
+		name, body string
+		want       []string
+	}{
+		{"the seed's example", `{"bearer":"` + secret + `","version":"3.0.0","nodeId":"node-a","protocol":` + offer32 + `}`, nil},
+		{"capabilities", `{"bearer":"b","version":"3.0.0","nodeId":"_node","capabilities":["h2","websocket"],"protocol":` + offer32 + `}`, nil},
+		{"empty capabilities", `{"bearer":"b","version":"3.0.0","nodeId":"-n","capabilities":[],"protocol":` + offer32 + `}`, nil},
+		{"not an object", `[]`, []string{"cluster ingress registration must use its exact schema"}},
+		{"unknown key", `{"bearer":"b","version":"3.0.0","nodeId":"n","protocol":` + offer32 + `,"schemaVersion":1}`,
+			[]string{"cluster ingress registration must use its exact schema"}},
+		{"missing protocol", `{"bearer":"b","version":"3.0.0","nodeId":"n"}`, []string{"cluster ingress registration must use its exact schema"}},
+		{"repeated key", `{"bearer":"b","bearer":"c","version":"3.0.0","nodeId":"n","protocol":` + offer32 + `}`,
+			[]string{"cluster ingress registration must use its exact schema"}},
+		{"one reason per violation", `{"bearer":"","version":"v3.0.0","nodeId":"node a","capabilities":["b","a"],"protocol":{"interfacesVersion":"32.x","minimumPeerVersion":"32.0.0"}}`,
+			[]string{
+				"cluster ingress registration bearer must be a non-empty string",
+				"cluster ingress registration version must be a release version",
+				"cluster ingress registration nodeId must be a cluster node id",
+				"cluster ingress registration capabilities must be a sorted, duplicate-free array of at most 32 capability names",
+				"cluster ingress registration protocol interfacesVersion must be a release version",
+			}},
+		{"bearer not a string", `{"bearer":7,"version":"3.0.0","nodeId":"n","protocol":` + offer32 + `}`,
+			[]string{"cluster ingress registration bearer must be a non-empty string"}},
+		{"duplicate capability", `{"bearer":"b","version":"3.0.0","nodeId":"n","capabilities":["a","a"],"protocol":` + offer32 + `}`,
+			[]string{"cluster ingress registration capabilities must be a sorted, duplicate-free array of at most 32 capability names"}},
+		{"capability grammar", `{"bearer":"b","version":"3.0.0","nodeId":"n","capabilities":["H2"],"protocol":` + offer32 + `}`,
+			[]string{"cluster ingress registration capabilities must be a sorted, duplicate-free array of at most 32 capability names"}},
+		{"node id too long", `{"bearer":"b","version":"3.0.0","nodeId":"` + strings.Repeat("n", 129) + `","protocol":` + offer32 + `}`,
+			[]string{"cluster ingress registration nodeId must be a cluster node id"}},
+		{"offer not plain data", `{"bearer":"` + secret + `","version":"3.0.0","nodeId":"n","protocol":"32.0.0"}`,
+			[]string{"cluster ingress registration protocol must use its exact schema"}},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			got := ValidateClusterIngressRegistration([]byte(c.body), "")
+			if !reflect.DeepEqual(got, c.want) && !(len(got) == 0 && len(c.want) == 0) {
+				t.Fatalf("reasons = %q\nwant      %q", got, c.want)
+			}
+			for _, r := range got {
+				if strings.Contains(r, secret) || strings.Contains(r, "TOPSECRET") {
+					t.Fatalf("a reason quotes the bearer: %q", r)
+				}
+			}
+		})
+	}
+	if got := ValidateClusterIngressRegistration([]byte(`1`), "ingress"); !reflect.DeepEqual(got, []string{"ingress must use its exact schema"}) {
+		t.Fatalf("custom path: %q", got)
+	}
+}
+
+func TestCapabilityBounds(t *testing.T) {
+	caps := make([]string, 33)
+	for i := range caps {
+		caps[i] = fmt.Sprintf("c%02d", i)
+	}
+	for n, wantOK := range map[int]bool{32: true, 33: false} {
+		b, _ := json.Marshal(caps[:n])
+		if _, ok := readCapabilities(b); ok != wantOK {
+			t.Errorf("%d capabilities: ok = %v", n, ok)
+		}
+	}
+	if _, ok := readCapabilities([]byte(`["` + strings.Repeat("a", 64) + `"]`)); !ok {
+		t.Error("a 64-character name is a capability")
+	}
+	if _, ok := readCapabilities([]byte(`["` + strings.Repeat("a", 65) + `"]`)); ok {
+		t.Error("a 65-character name is not")
+	}
+}
+
+func TestReadClusterIngressRegistration(t *testing.T) {
+	body := []byte(`{"bearer":"s3cret","version":"3.0.0","nodeId":"-node","capabilities":["a"],"protocol":` + offer32 + `}`)
+	r, err := ReadClusterIngressRegistration(body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Bearer.Reveal() != "s3cret" || r.Version != "3.0.0" || r.NodeID != "-node" || !reflect.DeepEqual(r.Capabilities, []string{"a"}) || r.Protocol != RelayOffer {
+		t.Fatalf("read %+v", r)
+	}
+	if s := fmt.Sprintf("%v %+v %#v", r, r, r); strings.Contains(s, "s3cret") {
+		t.Fatalf("a printed registration reveals the bearer: %s", s)
+	}
+	if got := EncodeClusterIngressRegistration(r); string(got) != string(body) {
+		t.Fatalf("encode = %s", got)
+	}
+	r.Capabilities = nil
+	if got := string(EncodeClusterIngressRegistration(r)); strings.Contains(got, "capabilities") {
+		t.Fatalf("absent capabilities encoded: %s", got)
+	}
+	// The offer is read first: an unreadable offer is refused before the rest is judged.
+	_, err = ReadClusterIngressRegistration([]byte(`{"bearer":"s3cret","protocol":{"interfacesVersion":1}}`))
+	var inv *InvalidError
+	if !errorsAs(err, &inv) || inv.Reasons[0] != "body protocol must use its exact schema" {
+		t.Fatalf("unreadable offer: %v", err)
+	}
+}
+
+func errorsAs(err error, target **InvalidError) bool {
+	e, ok := err.(*InvalidError)
+	*target = e
+	return ok
+}
+
+// TestValidateClusterIngressRegistrationRefusalSeedMessages pins the seed's exact messages.
+func TestValidateClusterIngressRegistrationRefusalSeedMessages(t *testing.T) {
+	cases := []struct {
+		body string
+		want []string
+	}{
+		{`{"code":"cluster-ingress-registration-refused","reason":"bearer-refused","retryAfterMs":1000}`, nil},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict","retryAfterMs":300000}`, nil},
+		{`{"code":"cluster-ingress-registration-refused","reason":"not-ready","retryAfterMs":1e3}`, nil},
+		{`null`, []string{"cluster ingress registration refusal must use its exact schema"}},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict"}`, []string{"cluster ingress registration refusal must use its exact schema"}},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict","retryAfterMs":1000,"bearer":"x"}`,
+			[]string{"cluster ingress registration refusal must use its exact schema"}},
+		{`{"code":"protocol-incompatible","reason":"major-mismatch","retryAfterMs":999}`, []string{
+			"cluster ingress registration refusal code must be cluster-ingress-registration-refused",
+			"cluster ingress registration refusal reason must be a cluster ingress registration refusal reason",
+			"cluster ingress registration refusal retryAfterMs must be an integer from 1000 to 300000",
+		}},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict","retryAfterMs":300001}`,
+			[]string{"cluster ingress registration refusal retryAfterMs must be an integer from 1000 to 300000"}},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict","retryAfterMs":1000.5}`,
+			[]string{"cluster ingress registration refusal retryAfterMs must be an integer from 1000 to 300000"}},
+		{`{"code":"cluster-ingress-registration-refused","reason":"conflict","retryAfterMs":"1000"}`,
+			[]string{"cluster ingress registration refusal retryAfterMs must be an integer from 1000 to 300000"}},
+	}
+	for _, c := range cases {
+		got := ValidateClusterIngressRegistrationRefusal([]byte(c.body), "")
+		if !reflect.DeepEqual(got, c.want) {
+			t.Errorf("%s:\n got %q\nwant %q", c.body, got, c.want)
+		}
+		_, ok := ReadClusterIngressRegistrationRefusal([]byte(c.body))
+		if ok != (len(c.want) == 0) {
+			t.Errorf("%s: read ok = %v", c.body, ok)
+		}
+	}
+	for _, reason := range ClusterIngressRegistrationRefusalReasons() {
+		r := ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode, Reason: reason, RetryAfterMs: 5000}
+		back, ok := ReadClusterIngressRegistrationRefusal(r.Data())
+		if !ok || back != r {
+			t.Errorf("%s does not round-trip: %s", reason, r.Data())
+		}
+		if r.Text() != "cluster-ingress-registration-refused: "+reason {
+			t.Errorf("text %q", r.Text())
+		}
+		if ReadRefusalName(r.Text(), r.Data()) != ClusterIngressRegistrationRefusedCode {
+			t.Errorf("name of %s not readable", reason)
+		}
+	}
+	if got := ValidateClusterIngressRegistrationRefusal([]byte(`{}`), "errorData"); got[0] != "errorData must use its exact schema" {
+		t.Errorf("custom path: %q", got)
+	}
+}
+
+func TestValidateClusterIngressRouteTableChangeSeedMessages(t *testing.T) {
+	cases := map[string][]string{
+		`{"revision":0}`:                nil,
+		`{"revision":9007199254740991}`: nil,
+		`{"revision":9007199254740992}`: {"cluster ingress route table change revision must be a non-negative safe integer"},
+		`{"revision":-1}`:               {"cluster ingress route table change revision must be a non-negative safe integer"},
+		`{"revision":null}`:             {"cluster ingress route table change revision must be a non-negative safe integer"},
+		`{"revision":1,"table":{}}`:     {"cluster ingress route table change must use its exact schema"},
+		`{}`:                            {"cluster ingress route table change must use its exact schema"},
+		`[1]`:                           {"cluster ingress route table change must use its exact schema"},
+		`{"revision":1,"revision":2}`:   {"cluster ingress route table change must use its exact schema"},
+		`{"revision":1.5}`:              {"cluster ingress route table change revision must be a non-negative safe integer"},
+		`{"revision":"1"}`:              {"cluster ingress route table change revision must be a non-negative safe integer"},
+		string(EncodeClusterIngressRouteTableChange(42)): nil,
+	}
+	for body, want := range cases {
+		if got := ValidateClusterIngressRouteTableChange([]byte(body), ""); !reflect.DeepEqual(got, want) {
+			t.Errorf("%s: got %q want %q", body, got, want)
+		}
+	}
+	if rev, ok := ReadClusterIngressRouteTableChange(EncodeClusterIngressRouteTableChange(42)); !ok || rev != 42 {
+		t.Errorf("read %d %v", rev, ok)
+	}
+}
+
+func TestRouteTableReaders(t *testing.T) {
+	big := `{"revision":7,"routes":[{"id":12345678901234567890}],"key":"-----BEGIN PRIVATE KEY-----"}`
+	tbl, err := ReadPushClusterRouteTableRequest([]byte(`{"table": ` + big + ` }`))
+	if err != nil || tbl.Revision != 7 || string(tbl.Raw) != big {
+		t.Fatalf("push: %+v %v", tbl, err)
+	}
+	if got := EncodeRouteTableAnswer(tbl); string(got) != `{"table":`+big+`}` {
+		t.Fatalf("answer %s", got)
+	}
+	if got := EncodeAppliedRevision(tbl); string(got) != `{"appliedRevision":7}` {
+		t.Fatalf("applied %s", got)
+	}
+	null, err := ReadGetClusterRouteTableResponse([]byte(`{"table":null}`))
+	if err != nil || !null.IsNull() || string(EncodeRouteTableAnswer(null)) != `{"table":null}` || string(EncodeAppliedRevision(null)) != `{"appliedRevision":null}` {
+		t.Fatalf("null: %+v %v", null, err)
+	}
+	bad := map[string]string{
+		`{}`:                                    "cluster route table push must use its exact schema",
+		`{"table":[]}`:                          "cluster route table push table must be null or an object",
+		`{"table":{}}`:                          "cluster route table push table revision must be a non-negative safe integer",
+		`{"table":{"revision":-3}}`:             "cluster route table push table revision must be a non-negative safe integer",
+		`{"table":{"revision":1,"revision":2}}`: "cluster route table push table must be null or an object",
+		`{"table":{"revision":1},"extra":1}`:    "cluster route table push must use its exact schema",
+	}
+	for body, want := range bad {
+		_, err := ReadPushClusterRouteTableRequest([]byte(body))
+		if inv, ok := err.(*InvalidError); !ok || inv.Reasons[0] != want {
+			t.Errorf("%s: %v, want %q", body, err, want)
+		}
+	}
+	for body, want := range map[string]int64{`{"knownRevision":null}`: -1, `{"knownRevision":12}`: 12} {
+		if got, err := ReadGetClusterIngressRouteTableRequest([]byte(body)); err != nil || got != want {
+			t.Errorf("%s: %d %v", body, got, err)
+		}
+		if got := string(EncodeGetClusterIngressRouteTableRequest(want)); got != body {
+			t.Errorf("encode %d = %s", want, got)
+		}
+	}
+	for _, body := range []string{`{}`, `{"knownRevision":-1}`, `{"knownRevision":"1"}`, `{"knownRevision":1,"x":1}`} {
+		if _, err := ReadGetClusterIngressRouteTableRequest([]byte(body)); err == nil {
+			t.Errorf("%s read", body)
+		}
+	}
+	if !ReadClusterIngressRegistrationAcceptance([]byte(`{"accepted":true,"revision":null,"protocol":`+offer32+`}`)) ||
+		ReadClusterIngressRegistrationAcceptance([]byte(`{"accepted":"true"}`)) || ReadClusterIngressRegistrationAcceptance([]byte(`{}`)) {
+		t.Error("acceptance reader")
+	}
+}
+
+func TestTrafficStatisticsReaders(t *testing.T) {
+	req, err := ReadGetClusterTrafficStatisticsRequest([]byte(`{"fromDayUtc":"2024-02-28","toDayUtc":"2024-03-01","cursor":"abc","limit":10}`))
+	if err != nil || req != (TrafficStatisticsRequest{"2024-02-28", "2024-03-01", "abc", 10}) {
+		t.Fatalf("%+v %v", req, err)
+	}
+	if got := string(req.Encode()); got != `{"fromDayUtc":"2024-02-28","toDayUtc":"2024-03-01","cursor":"abc","limit":10}` {
+		t.Fatalf("encode %s", got)
+	}
+	got := ValidateGetClusterTrafficStatisticsRequest([]byte(`{"fromDayUtc":"2023-02-29","toDayUtc":"2024-13-01","cursor":"a b","limit":1001}`), "")
+	want := []string{
+		"cluster traffic statistics request fromDayUtc must be a UTC calendar day YYYY-MM-DD",
+		"cluster traffic statistics request toDayUtc must be a UTC calendar day YYYY-MM-DD",
+		"cluster traffic statistics request cursor must be 1 to 1048576 printable ASCII characters",
+		"cluster traffic statistics request limit must be an integer from 1 to 1000",
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("reasons %q", got)
+	}
+	if got := ValidateGetClusterTrafficStatisticsRequest([]byte(`{"fromDayUtc":"2024-02-02","toDayUtc":"2024-02-01","limit":1}`), ""); !reflect.DeepEqual(got,
+		[]string{"cluster traffic statistics request toDayUtc must not be before fromDayUtc"}) {
+		t.Fatalf("order: %q", got)
+	}
+	day := func(d string) string {
+		b, _ := json.Marshal(ClusterTrafficStatistics{DayUTC: d, NodeID: "n", Hostname: "a.example", Requests: 1})
+		return string(b)
+	}
+	page, err := ReadGetClusterTrafficStatisticsResponse([]byte(`{"statistics":[`+day("2024-02-28")+`,`+day("2024-03-01")+`],"nextCursor":"p2"}`), req)
+	if err != nil || len(page.Statistics) != 2 || page.Days[1] != "2024-03-01" || page.NextCursor != "p2" || string(page.Statistics[0]) != day("2024-02-28") {
+		t.Fatalf("page %+v %v", page, err)
+	}
+	for _, body := range []string{
+		`{"statistics":[` + day("2024-03-02") + `]}`, // outside the range
+		`{"statistics":[1]}`, `{"statistics":{}}`, `{"statistics":[],"nextCursor":""}`, `{"statistics":[],"more":1}`,
+	} {
+		if _, err := ReadGetClusterTrafficStatisticsResponse([]byte(body), req); err == nil {
+			t.Errorf("%s read", body)
+		}
+	}
+	req.Limit = 1
+	if _, err := ReadGetClusterTrafficStatisticsResponse([]byte(`{"statistics":[`+day("2024-02-28")+`,`+day("2024-02-28")+`]}`), req); err == nil {
+		t.Error("a page above its limit was read")
+	}
+	if r := ValidateClusterTrafficStatistics([]byte(day("2024-02-28")), ""); len(r) != 0 {
+		t.Errorf("bucket: %q", r)
+	}
+	if r := ValidateClusterTrafficStatistics([]byte(`{"dayUtc":"2024-02-28"}`), ""); r[0] != "cluster traffic statistics must use its exact schema" {
+		t.Errorf("bucket: %q", r)
+	}
+	for s, want := range map[string]bool{"2024-02-29": true, "2023-02-29": false, "2024-1-01": false, "20240101": false, "0001-01-01": true} {
+		if IsUTCCalendarDay(s) != want {
+			t.Errorf("IsUTCCalendarDay(%q) != %v", s, want)
+		}
+	}
+}
