@@ -217,6 +217,10 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, contracts.RelaySessionForeign.Refuse("this connection is the cluster ingress; one connection carries one peer"))
 		return
 	}
+	if r.draining.Load() {
+		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
+		return
+	}
 	if name := r.up.custodyEnded(); name != "" {
 		outcome(nil, name.Refuse("Cloudly does not dispatch to this relay"))
 		return
@@ -285,6 +289,10 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
 		return
 	}
+	if r.draining.Load() {
+		r.answer(req, nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
+		return
+	}
 	start := time.Now()
 	r.up.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
 		r.forwarded("to_cloudly", err)
@@ -305,6 +313,9 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		return
 	}
 	p := r.nodes.get(node)
+	if r.draining.Load() {
+		p = nil // the relay is shutting down: its nodes are about to be carried by no one
+	}
 	if p == nil {
 		r.answer(req, nil, contracts.RelayNodeNotCarried.Refuse("%s", node))
 		return

@@ -232,3 +232,58 @@ func TestMetricNames(t *testing.T) {
 		}
 	}
 }
+
+// TestShutdownMidTrafficLosesNothing: with nodes sending and Cloudly answering slowly, a shutdown
+// answers every request already sent — Cloudly's answer, or a refusal by name — before it closes.
+func TestShutdownMidTrafficLosesNothing(t *testing.T) {
+	e := start(t, relay.Features{})
+	e.cloudly.SetSlowness(50 * time.Millisecond)
+	nodes := make([]*sim.Node, 20)
+	for i := range nodes {
+		nodes[i] = e.node(fmt.Sprintf("node-%02d", i))
+	}
+	var answered, refused, lost atomic.Int64
+	var lostMu sync.Mutex
+	lostErrs := map[string]int{}
+	var wg sync.WaitGroup
+	for _, n := range nodes {
+		for range 4 { // several requests in flight per node
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				for i := 0; ; i++ {
+					select {
+					case <-n.Conn().Done():
+						return // closed: nothing more is sent
+					default:
+					}
+					_, err := n.Report(context.Background(), "reportRuntimeAssignmentObservation", map[string]any{"i": i})
+					var remote *typedsocket.Error
+					switch {
+					case err == nil:
+						answered.Add(1)
+					case errors.As(err, &remote) && remote.Name() != "":
+						refused.Add(1)
+					case err == typedsocket.ErrClosed || errors.Is(err, sim.ErrRelayDetaching):
+						return // not sent: the relay said it is detaching, or the connection had closed
+					default:
+						lost.Add(1) // sent, and the connection closed before any answer
+						lostMu.Lock()
+						lostErrs[err.Error()]++
+						lostMu.Unlock()
+					}
+				}
+			}()
+		}
+	}
+	time.Sleep(300 * time.Millisecond)
+	e.shutdown()
+	wg.Wait()
+	t.Logf("answered %d, refused by name %d, lost %d", answered.Load(), refused.Load(), lost.Load())
+	if lost.Load() != 0 {
+		t.Fatalf("%d requests lost without an answer or a named refusal: %v", lost.Load(), lostErrs)
+	}
+	if answered.Load() == 0 {
+		t.Fatal("no request was answered: the test exercised nothing")
+	}
+}

@@ -3,11 +3,13 @@ package relay
 import (
 	"context"
 	"crypto/tls"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -17,6 +19,8 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // ShutdownTimeout bounds a graceful shutdown: open connections get a close handshake until then.
@@ -39,6 +43,7 @@ type Relay struct {
 
 	downLn, adminLn net.Listener // set by Listen
 	serveCtx        context.Context
+	draining        atomic.Bool // shutting down: new requests are refused, those in flight finish
 
 	// Timings of every socket; zero means the SPEC §2 defaults. Tests shorten them.
 	pingInterval, deadTimeout time.Duration
@@ -147,6 +152,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	down.Shutdown(deadline)
+	r.drain(ShutdownTimeout / 2)
 	r.peers.closeAll(deadline)
 	r.up.stopping.Store(true)
 	if c := r.up.current.Load(); c != nil {
@@ -170,6 +176,45 @@ func (r *Relay) Run(ctx context.Context) error {
 		return err
 	}
 	return r.Serve(ctx)
+}
+
+// drain refuses new requests, tells every node and ingress connection the relay is detaching
+// (pushRelayUpstreamChanged { attached: false }), and waits, at most max, for their answers and
+// for every request in flight in either direction to be answered. A peer's requests sent before
+// its answer to the push are read, and answered, before the connection closes; a peer that honours
+// the push sends nothing after it. So a shutdown loses no request without an answer.
+func (r *Relay) drain(max time.Duration) {
+	r.draining.Store(true)
+	deadline := time.Now().Add(max)
+	var acks sync.WaitGroup
+	body := json.RawMessage(`{"attached":false}`)
+	for _, p := range r.peers.snapshot() {
+		if p.roleIs(roleNone) {
+			continue
+		}
+		acks.Add(1)
+		p.Call(contracts.MethodPushRelayUpstreamChanged, body, func(json.RawMessage, error) { acks.Done() })
+	}
+	acked := make(chan struct{})
+	go func() { acks.Wait(); close(acked) }()
+	select {
+	case <-acked:
+	case <-time.After(time.Until(deadline)):
+	}
+	for time.Now().Before(deadline) {
+		busy := int64(0)
+		if c := r.up.current.Load(); c != nil {
+			busy += c.Inflight()
+		}
+		for _, p := range r.peers.snapshot() {
+			busy += p.conn.Inflight()
+		}
+		if busy == 0 {
+			return
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+	r.log.Warn().Msg("shutdown: requests still in flight after the drain time")
 }
 
 func ignoreClosed(err error) error {

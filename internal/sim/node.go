@@ -39,6 +39,7 @@ type Node struct {
 	renewal  *admittedRenewal      // guarded by mu: the newest admitted DNS lease renewal
 
 	registrations atomic.Int64 // accepted registrations
+	detached      atomic.Bool  // the relay said it is detaching: send nothing but registrations
 	Now           func() int64 // Unix ms; default the wall clock
 }
 
@@ -122,11 +123,18 @@ func (n *Node) Session() json.RawMessage {
 	return n.session
 }
 
+// ErrRelayDetaching is a request the node did not send: the relay said it is detaching, as a
+// Pallet node honours pushRelayUpstreamChanged { attached: false }.
+var ErrRelayDetaching = errors.New("sim node: the relay is detaching; request not sent")
+
 // Call sends a request through the relay.
 func (n *Node) Call(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
 	c := n.Conn()
 	if c == nil {
 		return nil, errors.New("node not connected")
+	}
+	if n.detached.Load() && method != contracts.MethodRegisterPalletRuntimeSession {
+		return nil, ErrRelayDetaching
 	}
 	return c.Call(ctx, method, body)
 }
@@ -175,6 +183,13 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	}
 	switch req.Method {
 	case contracts.MethodPushRelayUpstreamChanged:
+		attached, _, _ := contracts.Lookup(req.Body, "attached")
+		if v, _ := contracts.ReadBool(attached); !v {
+			n.detached.Store(true) // before the answer: nothing is sent after it
+			req.Respond(json.RawMessage(`{}`))
+			return
+		}
+		n.detached.Store(false)
 		req.Respond(json.RawMessage(`{}`))
 		if n.AutoReregister {
 			go func() {

@@ -114,7 +114,7 @@ type Conn struct {
 	nextID  uint64           // guarded by mu
 	closed  bool             // guarded by mu: no new calls
 
-	inflight  atomic.Int64 // peer requests not yet answered
+	inflight  atomic.Int64 // peer requests whose answer is not yet written
 	lastHeard atomic.Int64 // unix nanos of the last message or pong
 	pinging   atomic.Bool  // a ping is outstanding
 	pingWG    sync.WaitGroup
@@ -147,6 +147,9 @@ func (c *Conn) Context() context.Context { return c.ctx }
 // Done is closed when Run has returned and every pending call has been answered.
 func (c *Conn) Done() <-chan struct{} { return c.done }
 
+// Inflight is the number of the peer's requests whose answer has not been written yet.
+func (c *Conn) Inflight() int64 { return c.inflight.Load() }
+
 // QueueLen is the number of frames waiting to be written.
 func (c *Conn) QueueLen() int { return c.sendq.len() }
 
@@ -176,8 +179,12 @@ func (c *Conn) Run(ctx context.Context) error {
 	return context.Cause(c.ctx) // whichever loop ended first says why
 }
 
-// Close ends the connection with a close handshake.
+// Close ends the connection with a close handshake, after writing what is queued (waiting at
+// most a second for it), so answers already given are not lost to the close.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
+	for deadline := time.Now().Add(time.Second); c.sendq.len() > 0 && time.Now().Before(deadline) && c.ctx.Err() == nil; {
+		time.Sleep(5 * time.Millisecond)
+	}
 	err := c.ws.Close(code, reason)
 	c.cancel(fmt.Errorf("%w: closed locally (%d %s)", ErrClosed, code, reason))
 	return err
@@ -194,6 +201,9 @@ func (c *Conn) readLoop() error {
 		typ, frame, err := c.ws.Read(context.Background())
 		if err != nil {
 			return err
+		}
+		if c.ctx.Err() != nil { // ending: serve nothing more that was already buffered
+			return context.Cause(c.ctx)
 		}
 		c.lastHeard.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
@@ -229,7 +239,15 @@ func (c *Conn) readLoop() error {
 
 func (c *Conn) dispatch(env Envelope) {
 	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
-	if c.inflight.Add(1) > int64(c.opts.MaxInflight) {
+	switch n := c.inflight.Add(1); {
+	case n > 2*int64(c.opts.MaxInflight):
+		// As many busy answers as the limit itself are unread: the peer sends and never reads.
+		// Closing is the only bound left on what it can make us hold.
+		c.opts.Logger.Warn().Str("outcome", "flooding").Msg("peer sends requests and reads no answers: closing")
+		c.cancel(fmt.Errorf("%w: the peer reads no answers", ErrClosed))
+		go c.ws.Close(websocket.StatusPolicyViolation, "too many unanswered requests")
+		return
+	case n > int64(c.opts.MaxInflight):
 		r.Fail(c.opts.BusyError)
 		return
 	}
@@ -266,20 +284,23 @@ func (c *Conn) sendLoop() error {
 	})
 	stalled.Stop()
 	defer stalled.Stop()
-	var batch [][]byte
+	var batch []frame
 	for {
 		select {
 		case <-c.ctx.Done():
 			return context.Cause(c.ctx)
 		case <-c.sendq.wake:
 			batch = c.sendq.take(batch[:0])
-			for i, frame := range batch {
+			for i, f := range batch {
 				stalled.Reset(c.opts.DeadTimeout)
-				err := c.ws.Write(context.Background(), websocket.MessageText, frame)
+				err := c.ws.Write(context.Background(), websocket.MessageText, f.b)
 				stalled.Stop()
-				batch[i] = nil
+				batch[i] = frame{}
 				if err != nil {
 					return fmt.Errorf("write: %w", err)
+				}
+				if f.answer {
+					c.inflight.Add(-1)
 				}
 			}
 		case now := <-ticker.C:
@@ -386,8 +407,8 @@ func (c *Conn) Call(ctx context.Context, method string, body json.RawMessage) (j
 	}
 }
 
-// answer sends a response; responses are never refused for queue space, because their number is
-// bounded by MaxInflight.
+// answer queues a response. Responses are never refused for queue space: the request stays in
+// flight until its answer is written, so their number is bounded by MaxInflight.
 func (c *Conn) answer(method, id string, rep Reply) {
 	env := Envelope{Method: method, ID: id, Phase: PhaseResponse, Response: rep.Response, Retry: rep.Retry}
 	if rep.Err != nil {
@@ -415,7 +436,6 @@ func (r *Request) Answer(rep Reply) {
 	if r.answered.Swap(true) {
 		return
 	}
-	r.conn.inflight.Add(-1)
 	r.conn.answer(r.Method, r.id, rep)
 }
 

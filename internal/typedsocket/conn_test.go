@@ -406,3 +406,45 @@ func TestStalledWriteEndsTheConnection(t *testing.T) {
 		t.Fatalf("cause = %v", cause)
 	}
 }
+
+// TestPeerThatReadsNoAnswersIsBounded: answers count as in flight until written, so a peer that
+// floods requests and never reads is first answered busy and then disconnected, never buffered
+// without bound.
+func TestPeerThatReadsNoAnswersIsBounded(t *testing.T) {
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		c := New(ws, Options{MaxInflight: 8, Handler: echo()})
+		accepted <- c
+		c.Run(context.Background())
+	}))
+	defer hs.Close()
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	srv := <-accepted
+	big := `{"pad":"` + strings.Repeat("x", 16<<10) + `"}`
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	for i := 0; ; i++ {
+		env := Envelope{Method: "m", ID: strconv.Itoa(i), Phase: PhaseRequest, Request: json.RawMessage(big)}
+		if err := ws.Write(ctx, websocket.MessageText, env.Append(nil)); err != nil {
+			break // the server closed us
+		}
+		if i > 100_000 {
+			t.Fatal("the server kept accepting requests whose answers are never read")
+		}
+	}
+	<-srv.Done()
+	if n := srv.Inflight(); n > 2*8+1 {
+		t.Fatalf("inflight %d beyond twice the limit", n)
+	}
+	if !strings.Contains(context.Cause(srv.Context()).Error(), "reads no answers") {
+		t.Fatalf("cause = %v", context.Cause(srv.Context()))
+	}
+}

@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Lints the chart and compares `helm template` with the golden files in testdata/.
+# Usage: charts/relay/test.sh [helm binary] [--update]
+set -euo pipefail
+cd "$(dirname "$0")"
+helm=${1:-helm}
+update=${2:-}
+"$helm" lint --strict . -f testdata/ci-values.yaml
+render() { "$helm" template relay . --namespace relay-system "$@"; }
+check() {
+  local name=$1; shift
+  if [ "$update" = "--update" ]; then
+    render "$@" > "testdata/$name.golden.yaml"
+  elif ! diff -u "testdata/$name.golden.yaml" <(render "$@"); then
+    echo "helm template differs from testdata/$name.golden.yaml (run charts/relay/test.sh helm --update if intended)"
+    exit 1
+  fi
+}
+check full -f testdata/ci-values.yaml
+check minimal -f testdata/ci-values.yaml --set hub.enabled=false --set registry.upstream= --set serviceMonitor.enabled=false
+check privileged-port -f testdata/ci-values.yaml --set downstream.port=443
+# A missing required value fails, naming it.
+if out=$(render 2>&1); then echo "rendering without values succeeded"; exit 1; fi
+grep -q "clusterId is required" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
+echo "chart: lint and golden templates ok"
