@@ -6,7 +6,7 @@ cd "$(dirname "$0")"
 helm=${1:-helm}
 update=${2:-}
 "$helm" lint --strict . -f testdata/ci-values.yaml
-render() { "$helm" template relay . --namespace relay-system "$@"; }
+render() { "$helm" template relay . --namespace relay-system --kube-version 1.31.0 "$@"; }
 check() {
   local name=$1; shift
   if [ "$update" = "--update" ]; then
