@@ -4,8 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"os"
-	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -15,8 +13,9 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
-	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
 // BenchmarkNodeToCloudly measures node → Cloudly request round trips with 64 concurrent nodes,
@@ -83,36 +82,13 @@ func BenchmarkNodeToCloudly(b *testing.B) {
 
 // benchTarget returns the URL nodes dial: the Cloudly stand-in itself, or a relay attached to it.
 func benchTarget(b *testing.B, via string) (string, func()) {
-	c, err := sim.NewCloudly(zerolog.Nop())
-	if err != nil {
-		b.Fatal(err)
-	}
 	if via == "direct" {
+		c, err := sim.NewCloudly(zerolog.Nop())
+		if err != nil {
+			b.Fatal(err)
+		}
 		return c.URL(), c.Close
 	}
-	token := filepath.Join(b.TempDir(), "jwt")
-	if err := os.WriteFile(token, []byte(c.Token), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg := relay.Config{ClusterID: c.ClusterID, NodeID: "relay-node", CloudlyURL: c.URL(), CloudlyTokenFile: token,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0"}
-	if err := cfg.Complete(); err != nil {
-		b.Fatal(err)
-	}
-	r, err := relay.New(cfg, relay.Features{}, zerolog.Nop(), relay.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
-	for deadline := time.Now().Add(10 * time.Second); !c.Attached(); time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			b.Fatal("relay did not attach")
-		}
-	}
-	return "ws://" + r.DownstreamAddr().String() + "/", func() { cancel(); <-done; c.Close() }
+	e := relaytest.Start(b, relaytest.Options{Quiet: true, PingInterval: typedsocket.DefaultPingInterval, DeadTimeout: typedsocket.DefaultDeadTimeout})
+	return e.URL, e.Shutdown
 }

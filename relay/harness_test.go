@@ -1,24 +1,20 @@
 package relay_test
 
 import (
-	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
@@ -26,130 +22,33 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// env is one relay under test with its simulated Cloudly.
+// env is one relay under test with its simulated Cloudly (internal/relaytest), with the short
+// names these tests use.
 type env struct {
+	*relaytest.Env
 	t       *testing.T
 	cloudly *sim.Cloudly
 	relay   *relay.Relay
 	cfg     relay.Config
-	logs    *syncBuffer
-	url     string // the relay's downstream ws:// URL
-
-	stopOnce sync.Once
-	stop     func()
-}
-
-// shutdown stops the relay (as SIGTERM would) and waits for Serve to return.
-func (e *env) shutdown() { e.stopOnce.Do(e.stop) }
-
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs    *relaytest.Buffer
+	url     string
 }
 
 // start runs a relay against a fresh Cloudly stand-in and waits until it is attached. Logs are
 // captured at debug level so tests can check nothing secret reaches them.
 func start(t *testing.T, feats relay.Features) *env {
 	t.Helper()
-	e := &env{t: t, logs: &syncBuffer{}}
-	log := zerolog.New(e.logs).Level(zerolog.DebugLevel)
-	c, err := sim.NewCloudly(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	e.cloudly = c
-	token := filepath.Join(t.TempDir(), "cloudly.jwt")
-	if err := os.WriteFile(token, []byte("  "+c.Token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	e.cfg = relay.Config{
-		ClusterID: c.ClusterID, NodeID: "relay-node", CloudlyURL: c.URL(), CloudlyTokenFile: token,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-	}
-	if err := e.cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(e.cfg, feats, log, relay.Options{PingInterval: 200 * time.Millisecond, DeadTimeout: 2 * time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	e.relay = r
-	e.url = "ws://" + r.DownstreamAddr().String() + "/"
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
-	e.stop = func() {
-		cancel()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("Serve: %v", err)
-			}
-		case <-time.After(relay.ShutdownTimeout + 2*time.Second):
-			t.Error("relay did not shut down within its timeout")
-		}
-	}
-	t.Cleanup(func() {
-		e.shutdown()
-		c.Close()
-	})
-	e.waitAttached()
-	return e
+	x := relaytest.Start(t, relaytest.Options{Features: feats})
+	return &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 }
 
-func (e *env) waitAttached() {
-	e.t.Helper()
-	e.eventually("relay attached", func() bool { return e.cloudly.Attached() && e.relay.Upstream().Attached() })
-}
-
-func (e *env) eventually(what string, cond func() bool) {
-	e.t.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.t.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
+func (e *env) shutdown()                             { e.Shutdown() }
+func (e *env) waitAttached()                         { e.t.Helper(); e.WaitAttached() }
+func (e *env) eventually(what string, c func() bool) { e.t.Helper(); e.Eventually(what, c) }
+func (e *env) node(id string) *sim.Node              { e.t.Helper(); return e.Node(id) }
 
 // newNode connects a simulated node without registering it.
-func newNode(t *testing.T, e *env, id string) *sim.Node {
-	t.Helper()
-	n := sim.NewNode(id, zerolog.Nop())
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if err := n.Connect(ctx, e.url); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(n.Close)
-	return n
-}
-
-// node connects and registers a simulated node.
-func (e *env) node(id string) *sim.Node {
-	e.t.Helper()
-	n := newNode(e.t, e, id)
-	if _, err := n.Register(ctx5(e.t)); err != nil {
-		e.t.Fatalf("register %s: %v", id, err)
-	}
-	return n
-}
+func newNode(t *testing.T, e *env, id string) *sim.Node { t.Helper(); return e.Dial(id) }
 
 func (e *env) admin(path string) (int, string) {
 	e.t.Helper()

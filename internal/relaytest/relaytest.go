@@ -1,0 +1,174 @@
+// Package relaytest runs a real relay against the simulated Cloudly on loopback, the way
+// cmd/relay builds one, for tests in any package: the fault suite, feature tests and the relay's
+// own. Nothing here mocks the relay.
+package relaytest
+
+import (
+	"bytes"
+	"context"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// Env is one relay under test with its simulated Cloudly.
+type Env struct {
+	T       testing.TB
+	Cloudly *sim.Cloudly
+	Relay   *relay.Relay
+	Config  relay.Config
+	Logs    *Buffer // every log line, at debug level
+	URL     string  // the relay's downstream ws:// URL
+
+	stopOnce sync.Once
+	stop     func()
+}
+
+// Options adjust Start.
+type Options struct {
+	Features     relay.Features
+	PingInterval time.Duration // default 200 ms
+	DeadTimeout  time.Duration // default 2 s
+	Configure    func(*relay.Config)
+	Quiet        bool               // log nothing (benchmarks): debug logging costs per request
+	Cloudly      func(*sim.Cloudly) // runs before the relay dials
+}
+
+// Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
+// both when the test ends.
+func Start(t testing.TB, o Options) *Env {
+	t.Helper()
+	e := &Env{T: t, Logs: &Buffer{}}
+	log := zerolog.New(e.Logs).Level(zerolog.DebugLevel)
+	if o.Quiet {
+		log = zerolog.Nop()
+	}
+	c, err := sim.NewCloudly(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Cloudly = c
+	if o.Cloudly != nil {
+		o.Cloudly(c)
+	}
+	token := filepath.Join(t.TempDir(), "cloudly.jwt")
+	if err := os.WriteFile(token, []byte(c.Token+"\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	e.Config = relay.Config{
+		ClusterID: c.ClusterID, NodeID: "relay-node", CloudlyURL: c.URL(), CloudlyTokenFile: token,
+		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
+	}
+	if o.Configure != nil {
+		o.Configure(&e.Config)
+	}
+	if err := e.Config.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	if o.PingInterval == 0 {
+		o.PingInterval = 200 * time.Millisecond
+	}
+	if o.DeadTimeout == 0 {
+		o.DeadTimeout = 2 * time.Second
+	}
+	r, err := relay.New(e.Config, o.Features, log, relay.Options{PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	e.Relay = r
+	e.URL = "ws://" + r.DownstreamAddr().String() + "/"
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx) }()
+	e.stop = func() {
+		cancel()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("Serve: %v", err)
+			}
+		case <-time.After(relay.ShutdownTimeout + 2*time.Second):
+			t.Error("relay did not shut down within its timeout")
+		}
+	}
+	t.Cleanup(func() {
+		e.Shutdown()
+		c.Close()
+	})
+	e.WaitAttached()
+	return e
+}
+
+// Shutdown stops the relay as SIGTERM would and waits for Serve to return.
+func (e *Env) Shutdown() { e.stopOnce.Do(e.stop) }
+
+// WaitAttached waits until the relay and Cloudly both see an accepted registration.
+func (e *Env) WaitAttached() {
+	e.T.Helper()
+	e.Eventually("relay attached", func() bool { return e.Cloudly.Attached() && e.Relay.Upstream().Attached() })
+}
+
+// Eventually polls cond for up to 15 s.
+func (e *Env) Eventually(what string, cond func() bool) {
+	e.T.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			e.T.Fatalf("timed out waiting for: %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+// Dial connects a simulated node without registering it; it is closed when the test ends.
+func (e *Env) Dial(id string) *sim.Node {
+	e.T.Helper()
+	n := sim.NewNode(id, zerolog.Nop())
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if err := n.Connect(ctx, e.URL); err != nil {
+		e.T.Fatal(err)
+	}
+	e.T.Cleanup(n.Close)
+	return n
+}
+
+// Node connects and registers a simulated node.
+func (e *Env) Node(id string) *sim.Node {
+	e.T.Helper()
+	n := e.Dial(id)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.Register(ctx); err != nil {
+		e.T.Fatalf("register %s: %v", id, err)
+	}
+	return n
+}
+
+// Buffer collects log lines safely across goroutines.
+type Buffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *Buffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *Buffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
