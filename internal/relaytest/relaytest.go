@@ -27,15 +27,16 @@ type Env struct {
 	Logs    *Buffer // every log line, at debug level
 	URL     string  // the relay's downstream ws:// URL
 
-	stopOnce sync.Once
-	stop     func()
+	stopOnce  sync.Once
+	closeOnce sync.Once
+	stop      func()
 }
 
 // Options adjust Start.
 type Options struct {
 	Features     relay.Features
-	PingInterval time.Duration // default 200 ms
-	DeadTimeout  time.Duration // default 2 s
+	PingInterval time.Duration // zero: the relay's default (15 s)
+	DeadTimeout  time.Duration // zero: the relay's default (45 s)
 	Configure    func(*relay.Config)
 	Quiet        bool               // log nothing (benchmarks): debug logging costs per request
 	Cloudly      func(*sim.Cloudly) // runs before the relay dials
@@ -72,12 +73,6 @@ func Start(t testing.TB, o Options) *Env {
 	if err := e.Config.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	if o.PingInterval == 0 {
-		o.PingInterval = 200 * time.Millisecond
-	}
-	if o.DeadTimeout == 0 {
-		o.DeadTimeout = 2 * time.Second
-	}
 	r, err := relay.New(e.Config, o.Features, log, relay.Options{PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout})
 	if err != nil {
 		t.Fatal(err)
@@ -101,16 +96,20 @@ func Start(t testing.TB, o Options) *Env {
 			t.Error("relay did not shut down within its timeout")
 		}
 	}
-	t.Cleanup(func() {
-		e.Shutdown()
-		c.Close()
-	})
+	t.Cleanup(e.Close)
 	e.WaitAttached()
 	return e
 }
 
 // Shutdown stops the relay as SIGTERM would and waits for Serve to return.
 func (e *Env) Shutdown() { e.stopOnce.Do(e.stop) }
+
+// Close shuts the relay down and stops the Cloudly stand-in. It runs when the test ends; call it
+// earlier to count what outlives them.
+func (e *Env) Close() {
+	e.Shutdown()
+	e.closeOnce.Do(e.Cloudly.Close)
+}
 
 // WaitAttached waits until the relay and Cloudly both see an accepted registration.
 func (e *Env) WaitAttached() {

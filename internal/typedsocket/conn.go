@@ -117,6 +117,7 @@ type Conn struct {
 	inflight  atomic.Int64 // peer requests whose answer is not yet written
 	lastHeard atomic.Int64 // unix nanos of the last message or pong
 	pinging   atomic.Bool  // a ping is outstanding
+	writing   atomic.Bool  // the send loop is inside a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
 }
@@ -182,8 +183,15 @@ func (c *Conn) Run(ctx context.Context) error {
 // Close ends the connection with a close handshake, after writing what is queued (waiting at
 // most a second for it), so answers already given are not lost to the close.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
-	for deadline := time.Now().Add(time.Second); c.sendq.len() > 0 && time.Now().Before(deadline) && c.ctx.Err() == nil; {
+	pending := func() bool { return c.sendq.len() > 0 || c.writing.Load() }
+	for deadline := time.Now().Add(time.Second); pending() && time.Now().Before(deadline) && c.ctx.Err() == nil; {
 		time.Sleep(5 * time.Millisecond)
+	}
+	if pending() {
+		// The peer drains nothing: it would not read a close frame either, and a handshake with it
+		// would hold the close for the library's own timeouts.
+		c.CloseNow()
+		return nil
 	}
 	err := c.ws.Close(code, reason)
 	c.cancel(fmt.Errorf("%w: closed locally (%d %s)", ErrClosed, code, reason))
@@ -240,8 +248,8 @@ func (c *Conn) readLoop() error {
 func (c *Conn) dispatch(env Envelope) {
 	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
 	switch n := c.inflight.Add(1); {
-	case n > 2*int64(c.opts.MaxInflight):
-		// As many busy answers as the limit itself are unread: the peer sends and never reads.
+	case n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
+		// More answers wait unwritten than the queue may hold: the peer sends and does not read.
 		// Closing is the only bound left on what it can make us hold.
 		c.opts.Logger.Warn().Str("outcome", "flooding").Msg("peer sends requests and reads no answers: closing")
 		c.cancel(fmt.Errorf("%w: the peer reads no answers", ErrClosed))
@@ -293,7 +301,9 @@ func (c *Conn) sendLoop() error {
 			batch = c.sendq.take(batch[:0])
 			for i, f := range batch {
 				stalled.Reset(c.opts.DeadTimeout)
+				c.writing.Store(true)
 				err := c.ws.Write(context.Background(), websocket.MessageText, f.b)
+				c.writing.Store(false)
 				stalled.Stop()
 				batch[i] = frame{}
 				if err != nil {

@@ -408,8 +408,8 @@ func TestStalledWriteEndsTheConnection(t *testing.T) {
 }
 
 // TestPeerThatReadsNoAnswersIsBounded: answers count as in flight until written, so a peer that
-// floods requests and never reads is first answered busy and then disconnected, never buffered
-// without bound.
+// floods requests and never reads is first answered busy and then, once unwritten answers exceed
+// the queue's byte bound, disconnected — never buffered without bound.
 func TestPeerThatReadsNoAnswersIsBounded(t *testing.T) {
 	accepted := make(chan *Conn, 1)
 	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -417,7 +417,7 @@ func TestPeerThatReadsNoAnswersIsBounded(t *testing.T) {
 		if err != nil {
 			return
 		}
-		c := New(ws, Options{MaxInflight: 8, Handler: echo()})
+		c := New(ws, Options{MaxInflight: 8, MaxQueueBytes: 256 << 10, Handler: echo()})
 		accepted <- c
 		c.Run(context.Background())
 	}))
@@ -441,8 +441,8 @@ func TestPeerThatReadsNoAnswersIsBounded(t *testing.T) {
 		}
 	}
 	<-srv.Done()
-	if n := srv.Inflight(); n > 2*8+1 {
-		t.Fatalf("inflight %d beyond twice the limit", n)
+	if n := srv.Inflight(); n > 8+(256<<10)/100 {
+		t.Fatalf("inflight %d: unwritten answers beyond the byte bound", n)
 	}
 	if !strings.Contains(context.Cause(srv.Context()).Error(), "reads no answers") {
 		t.Fatalf("cause = %v", context.Cause(srv.Context()))

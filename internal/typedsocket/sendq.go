@@ -11,6 +11,7 @@ type sendQueue struct {
 	mu       sync.Mutex
 	frames   []frame // guarded by mu
 	bytes    int     // guarded by mu
+	answers  int     // guarded by mu: bytes of the queued answers
 	closed   bool    // guarded by mu
 	maxCount int     // set at construction
 	maxBytes int     // set at construction
@@ -42,6 +43,9 @@ func (q *sendQueue) push(b []byte, bounded bool) error {
 	}
 	q.frames = append(q.frames, frame{b: b, answer: !bounded})
 	q.bytes += len(b)
+	if !bounded {
+		q.answers += len(b)
+	}
 	q.mu.Unlock()
 	select {
 	case q.wake <- struct{}{}:
@@ -56,9 +60,16 @@ func (q *sendQueue) take(dst []frame) []frame {
 	dst = append(dst, q.frames...)
 	clear(q.frames)
 	q.frames = q.frames[:0]
-	q.bytes = 0
+	q.bytes, q.answers = 0, 0
 	q.mu.Unlock()
 	return dst
+}
+
+// answerBytes is what queued answers hold.
+func (q *sendQueue) answerBytes() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.answers
 }
 
 func (q *sendQueue) len() int {
