@@ -34,6 +34,10 @@ type Config struct {
 	LogLevel          string // --log-level: debug, info, warn, error (default info)
 	LogFormat         string // --log-format: json or console (default json)
 
+	// RegistryCacheMaxBytes is --registry-cache-max-bytes: the bound of the registry digest
+	// cache, least recently used objects evicted beyond it (default 10 GiB).
+	RegistryCacheMaxBytes int64
+
 	// BuildVersion is the relay build reported as relay.version; set by the binary.
 	BuildVersion string
 }
@@ -44,6 +48,8 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9464"
 	DefaultMaxMessageBytes = 8 << 20
 	DefaultBuildVersion    = "0.1.0"
+
+	DefaultRegistryCacheMaxBytes = 10 << 30 // --registry-cache-max-bytes
 )
 
 // ConfigError is a configuration value that is wrong; Flag names it as the command line spells it.
@@ -76,6 +82,9 @@ func (c *Config) Complete() error {
 	if c.BuildVersion == "" {
 		c.BuildVersion = DefaultBuildVersion
 	}
+	if c.RegistryCacheMaxBytes == 0 {
+		c.RegistryCacheMaxBytes = DefaultRegistryCacheMaxBytes
+	}
 	bad := func(flag, format string, args ...any) error {
 		return &ConfigError{Flag: flag, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -98,6 +107,8 @@ func (c *Config) Complete() error {
 		return bad("advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
 	case c.MaxMessageBytes < 64<<10 || c.MaxMessageBytes > 1<<30:
 		return bad("max-message-bytes", "must be from 65536 to 1073741824")
+	case c.RegistryCacheMaxBytes < 1<<20:
+		return bad("registry-cache-max-bytes", "must be at least 1048576 (1 MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):
 		return bad("version", "build version %q is not MAJOR.MINOR.PATCH", c.BuildVersion)
 	}
