@@ -10,6 +10,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -41,6 +42,16 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		opts.Registry = relay.NewRegistry()
 	}
 	var feats relay.Features
+	if cfg.RegistryUpstream != "" {
+		reg, err := registry.New(registry.Options{
+			Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir, CacheMaxBytes: cfg.RegistryCacheMaxBytes,
+			Metrics: opts.Registry, Log: log.With().Str("component", "registry").Logger(),
+		})
+		if err != nil {
+			return nil, usagef("--registry-upstream: %v", err)
+		}
+		feats.Registry = reg
+	}
 	return relay.New(cfg, feats, log, opts)
 }
 
