@@ -58,6 +58,7 @@ type relayEnv struct {
 	prom     *prometheus.Registry
 	reg      *registry.Registry
 	logs     *syncBuffer
+	stop     func() // stops the relay and closes the registry; also run at cleanup
 }
 
 // startRelay starts a relay forwarding to up. cacheDir "" makes a fresh one; tune may change the
@@ -106,13 +107,17 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- r.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		reg.Close()
-		cloudly.Close()
-	})
-	return &relayEnv{addr: r.DownstreamAddr().String(), cacheDir: cacheDir, prom: prom, reg: reg, logs: logs}
+	var once sync.Once
+	stop := func() {
+		once.Do(func() {
+			cancel()
+			<-done
+			reg.Close()
+			cloudly.Close()
+		})
+	}
+	t.Cleanup(stop)
+	return &relayEnv{addr: r.DownstreamAddr().String(), cacheDir: cacheDir, prom: prom, reg: reg, logs: logs, stop: stop}
 }
 
 // metric reads one series from the relay's metrics registry; 0 when absent.

@@ -64,10 +64,14 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		fillsInFlight: gauge("cache_fills_in_flight", "Fetches into the cache in progress."),
 	}
 	if reg != nil {
-		reg.MustRegister(m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
-			m.bypass, m.fillFailures, m.cacheBytes, m.cacheObjects, m.fillsInFlight)
+		reg.MustRegister(m.collectors()...)
 	}
 	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
+		m.bypass, m.fillFailures, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
 }
 
 // fillFailureReason is the metric label of a fill's error.
