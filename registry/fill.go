@@ -26,16 +26,17 @@ type fill struct {
 	hex string // set at construction
 	c   *cache // set at construction
 
-	mu      sync.Mutex
-	state   fillState      // guarded by mu
-	size    int64          // guarded by mu: set when streaming starts
-	written int64          // guarded by mu: bytes in the file
-	path    string         // guarded by mu: the temporary file, then the published one
-	header  http.Header    // guarded by mu: the upstream's answer headers, for the leader
-	resp    *http.Response // guarded by mu: abandoned: the upstream's answer, the leader's to write
-	stop    func()         // guarded by mu: abandoned: ends resp's context once the leader is done
-	err     error          // guarded by mu: abandoned without an answer, or failed: why
-	changed chan struct{}  // guarded by mu: closed and replaced at every change
+	mu       sync.Mutex
+	state    fillState      // guarded by mu
+	size     int64          // guarded by mu: set when streaming starts
+	written  int64          // guarded by mu: bytes in the file
+	notified int64          // guarded by mu: written when callers were last woken
+	path     string         // guarded by mu: the temporary file, then the published one
+	header   http.Header    // guarded by mu: the upstream's answer headers, for the leader
+	resp     *http.Response // guarded by mu: abandoned: the upstream's answer, the leader's to write
+	stop     func()         // guarded by mu: abandoned: ends resp's context once the leader is done
+	err      error          // guarded by mu: abandoned without an answer, or failed: why
+	changed  chan struct{}  // guarded by mu: closed and replaced at every change
 }
 
 type fillState uint8
@@ -70,10 +71,18 @@ func (f *fill) start(size int64, path string, header http.Header) {
 	f.mu.Unlock()
 }
 
+// notifyEvery batches progress: callers tailing a fill wake once per this many new bytes (and at
+// the end), not once per read from the upstream, so ten tailers cost ten wake-ups and ten
+// sendfile calls per 256 KiB rather than per socket read.
+const notifyEvery = 256 << 10
+
 func (f *fill) progress(written int64) {
 	f.mu.Lock()
 	f.written = written
-	f.updateLocked()
+	if written-f.notified >= notifyEvery {
+		f.notified = written
+		f.updateLocked()
+	}
 	f.mu.Unlock()
 }
 
