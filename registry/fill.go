@@ -232,16 +232,8 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 	defer resp.Body.Close()
 	f.start(size, tmp.Name(), resp.Header.Clone())
 
-	err = r.copyFill(out.Context(), cancel, f, resp.Body, tmp, size)
-	if err == nil {
-		if err = tmp.Sync(); err != nil {
-			err = errDisk
-		}
-	}
-	if cerr := tmp.Close(); err == nil && cerr != nil {
-		err = errDisk
-	}
-	if err != nil {
+	if err := r.copyFill(out.Context(), cancel, f, resp.Body, tmp, size); err != nil {
+		tmp.Close()
 		f.c.release(size)
 		r.m.fillFailures.WithLabelValues(fillFailureReason(err)).Inc()
 		r.log.Warn().Str("digest", "sha256:"+f.hex).Int64("bytes", size).Str("outcome", fillFailureReason(err)).
@@ -251,13 +243,21 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 		os.Remove(tmp.Name()) // after finish: nobody opens it now; callers reading it keep their files
 		return
 	}
-	// Callers may release the last byte once the bytes are verified; publishing (rename) does
-	// not change what they read.
+	// Verified: callers may have their last byte now. Syncing and publishing (fsync, rename)
+	// change nothing they read, so they do not wait for the disk.
 	f.finish(nil)
-	if err := f.c.publish(f, size); err != nil {
+	serr := tmp.Sync()
+	if cerr := tmp.Close(); serr == nil {
+		serr = cerr
+	}
+	if serr == nil {
+		serr = f.c.publish(f, size)
+	}
+	if serr != nil {
+		f.c.done(f) // a caller arriving now starts a new fill rather than open a removed file
 		os.Remove(tmp.Name())
 		f.c.release(size)
-		f.c.suspend(err)
+		f.c.suspend(serr)
 		r.m.fillFailures.WithLabelValues("disk").Inc()
 		return
 	}
