@@ -135,6 +135,9 @@ func (f *fill) open() (*os.File, int64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if f.state == fillFailed || f.state == fillAbandoned {
+		if f.err == nil {
+			return nil, 0, errFillFailed
+		}
 		return nil, 0, f.err
 	}
 	file, err := os.Open(f.path)

@@ -340,3 +340,29 @@ func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
 		t.Fatal("the signed storage URL appears in the log")
 	}
 }
+
+// An empty object cannot have a last byte held back: it is verified before its head is sent.
+func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
+	empty := sha256Of(nil)
+	wrong := "sha256:" + strings.Repeat("0", 64)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "0") // the same empty body for every digest
+	}))
+	defer up.Close()
+	e := startRelay(t, up.URL, "", nil)
+	resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+empty, "", nil)
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) != 0 {
+		t.Fatalf("empty blob: %v %v", resp.StatusCode, err)
+	}
+	resp, body, err = rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+wrong, "", nil)
+	if err != nil || resp.StatusCode != http.StatusBadGateway || !bytes.Contains(body, []byte("registry-digest-mismatch")) {
+		t.Fatalf("empty body for a non-empty digest: %v %v %q", resp.StatusCode, err, body)
+	}
+	e.settle(t)
+	if _, err := os.Stat(blobPath(e.cacheDir, empty)); err != nil {
+		t.Fatalf("empty blob not published: %v", err)
+	}
+	if _, err := os.Stat(blobPath(e.cacheDir, wrong)); !os.IsNotExist(err) {
+		t.Fatal("an empty body published under a non-empty digest")
+	}
+}

@@ -380,8 +380,8 @@ func (r *Registry) join(x *exchange, f *fill, attempt int) {
 		r.rejoin(x, attempt)
 		return
 	}
-	x.route = "join" // a failed fill: serveFill refuses bad content; on anything else, start over
-	if !r.serveFill(x, f, hdr) {
+	x.route = "join"
+	if !r.serveFill(x, f, hdr) { // it failed before this caller had a byte, not on bad content
 		r.rejoin(x, attempt)
 	}
 }
@@ -432,8 +432,15 @@ func (r *Registry) serveFill(x *exchange, f *fill, hdr http.Header) bool {
 			st, ch := f.state, f.changed
 			f.mu.Unlock()
 			if st == fillFailed {
-				writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
-					RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+				f.mu.Lock()
+				err := f.err
+				f.mu.Unlock()
+				if badContent(err) {
+					writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
+						RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+				} else {
+					r.unreachable(x, err)
+				}
 				return true
 			}
 			if st == fillVerified {
