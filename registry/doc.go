@@ -1,4 +1,29 @@
 // Package registry forwards the OCI distribution API (/v2/) from nodes to the registry upstream
 // (SPEC §10), streaming, with a digest-verified disk cache that serves content only after the
-// upstream authorized the same request.
+// upstream authorized the same request. It holds no credential of its own and never reads,
+// stores or logs a caller's: Authorization goes upstream untouched, the registry's challenge and
+// errors come back untouched.
+//
+// A request under /v2/ is judged once (ServeHTTP):
+//
+//	not a clean /v2 path                          → 400 registry-path-invalid, nothing forwarded
+//	HEAD, a tag, an upload, a query, sha512, …    → forwarded as it is (forward.go)
+//	GET blob|manifest by sha256 with Range        → stored: authorize, then serve the range
+//	                                                 from the file; else forwarded
+//	GET blob|manifest by sha256                   → one of (cache.acquire):
+//	    stored object   authorize (HEAD, caller's credentials) → 2xx: serve the file
+//	                                                            → else: forward the caller's request
+//	    fill running    authorize → join: tail the fill's file as it grows
+//	    nothing         lead: a new fill sends the caller's GET upstream; a cacheable 200 is
+//	                    written to a temporary file that the leader and later joiners tail,
+//	                    hashed, and published by rename once it verifies (fill.go)
+//
+// Every caller of a fill gets the object's last byte only after the whole object hashed to its
+// digest; a fill that fails cuts its callers' answers short of Content-Length, so a client sees
+// a broken transfer, never a complete wrong one. The cache is bounded (LRU, cache.go); a
+// directory that cannot be written is served around, uncached and counted.
+//
+// It never caches tags, partial answers or anything but sha256, never serves a stored byte to a
+// caller the upstream did not answer with a 2xx for that very request, and never follows a
+// redirect from https to plain http.
 package registry

@@ -21,6 +21,7 @@ type Config struct {
 	CloudlyTokenFile  string // --cloudly-token-file: the machine JWT, re-read at every attach
 	CloudlyCAFile     string // --cloudly-ca-file: extra roots for Cloudly's certificate
 	CorestoreCAFile   string // --corestore-ca-file: extra roots for node Corestores' certificates
+	RegistryCAFile    string // --registry-ca-file: extra roots for the registry upstream's certificate
 	Listen            string // --listen: the downstream listener (default :8443)
 	AdvertiseAddress  string // --advertise-address: the IPv4 literal nodes reach the relay on
 	TLSCertFile       string // --tls-cert-file
@@ -35,6 +36,10 @@ type Config struct {
 	LogLevel          string // --log-level: debug, info, warn, error (default info)
 	LogFormat         string // --log-format: json or console (default json)
 
+	// RegistryCacheMaxBytes is --registry-cache-max-bytes: the bound of the registry digest
+	// cache, least recently used objects evicted beyond it (default 10 GiB).
+	RegistryCacheMaxBytes int64
+
 	// BuildVersion is the relay build reported as relay.version; set by the binary.
 	BuildVersion string
 }
@@ -45,6 +50,8 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9464"
 	DefaultMaxMessageBytes = 8 << 20
 	DefaultBuildVersion    = "0.1.0"
+
+	DefaultRegistryCacheMaxBytes = 10 << 30 // --registry-cache-max-bytes
 )
 
 // ConfigError is a configuration value that is wrong; Flag names it as the command line spells it.
@@ -77,6 +84,9 @@ func (c *Config) Complete() error {
 	if c.BuildVersion == "" {
 		c.BuildVersion = DefaultBuildVersion
 	}
+	if c.RegistryCacheMaxBytes == 0 {
+		c.RegistryCacheMaxBytes = DefaultRegistryCacheMaxBytes
+	}
 	bad := func(flag, format string, args ...any) error {
 		return &ConfigError{Flag: flag, Reason: fmt.Sprintf(format, args...)}
 	}
@@ -99,6 +109,8 @@ func (c *Config) Complete() error {
 		return bad("advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
 	case c.MaxMessageBytes < 64<<10 || c.MaxMessageBytes > 1<<30:
 		return bad("max-message-bytes", "must be from 65536 to 1073741824")
+	case c.RegistryCacheMaxBytes < 1<<20:
+		return bad("registry-cache-max-bytes", "must be at least 1048576 (1 MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):
 		return bad("version", "build version %q is not MAJOR.MINOR.PATCH", c.BuildVersion)
 	}
@@ -130,6 +142,10 @@ func (c *Config) Complete() error {
 		if err != nil || ru.Host == "" || !(ru.Scheme == "https" || ru.Scheme == "http" && c.InsecurePlaintext) {
 			return bad("registry-upstream", "must be an https:// URL (http:// only with --insecure-plaintext)")
 		}
+		if ru.User != nil || ru.RawQuery != "" || ru.Fragment != "" {
+			// Credentials in the URL would be sent for every caller, anonymous ones included.
+			return bad("registry-upstream", "must carry no credentials, query or fragment")
+		}
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":
@@ -144,7 +160,8 @@ func (c *Config) Complete() error {
 	}
 	for flag, path := range map[string]string{
 		"cloudly-token-file": c.CloudlyTokenFile, "cloudly-ca-file": c.CloudlyCAFile, "corestore-ca-file": c.CorestoreCAFile,
-		"tls-cert-file": c.TLSCertFile, "tls-key-file": c.TLSKeyFile,
+		"registry-ca-file": c.RegistryCAFile,
+		"tls-cert-file":    c.TLSCertFile, "tls-key-file": c.TLSKeyFile,
 	} {
 		if err := readable(path); err != nil {
 			return bad(flag, "%v", err)

@@ -64,6 +64,7 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.StringVar(&cfg.CloudlyTokenFile, "cloudly-token-file", "", "file holding the relay's machine JWT")
 	fs.StringVar(&cfg.CloudlyCAFile, "cloudly-ca-file", "", "extra CA certificates (PEM) for Cloudly")
 	fs.StringVar(&cfg.CorestoreCAFile, "corestore-ca-file", "", "extra CA certificates (PEM) for node Corestores")
+	fs.StringVar(&cfg.RegistryCAFile, "registry-ca-file", "", "extra CA certificates (PEM) for the registry upstream")
 	fs.StringVar(&cfg.Listen, "listen", relay.DefaultListen, "downstream HTTPS/WebSocket listen address")
 	fs.StringVar(&cfg.AdvertiseAddress, "advertise-address", "", "IPv4 address nodes reach the relay on")
 	fs.StringVar(&cfg.TLSCertFile, "tls-cert-file", "", "downstream TLS certificate (PEM)")
@@ -73,6 +74,8 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.StringVar(&cfg.HubKeyFile, "hub-key-file", "", "VPN hub static key file (created 0600 when missing)")
 	fs.StringVar(&cfg.RegistryUpstream, "registry-upstream", "", "registry /v2/ is forwarded to (empty: off)")
 	fs.StringVar(&cfg.RegistryCacheDir, "registry-cache-dir", "", "digest cache directory for registry forwarding")
+	fs.Int64Var(&cfg.RegistryCacheMaxBytes, "registry-cache-max-bytes", relay.DefaultRegistryCacheMaxBytes,
+		"bound of the registry digest cache; least recently used objects are evicted beyond it")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", relay.DefaultAdminListen, "admin listen address (/metrics, /healthz, /readyz)")
 	fs.Int64Var(&cfg.MaxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest WebSocket message after registration")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/x509"
 	"flag"
 	"io"
 	"os"
@@ -11,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/ingress"
+	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -52,6 +54,20 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		return nil, err
 	}
 	feats.Ingress = in
+	if cfg.RegistryUpstream != "" {
+		roots, err := caPool(cfg.RegistryCAFile, "registry-ca-file")
+		if err != nil {
+			return nil, err
+		}
+		reg, err := registry.New(registry.Options{
+			Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir, CacheMaxBytes: cfg.RegistryCacheMaxBytes,
+			Metrics: opts.Registry, Log: log.With().Str("component", "registry").Logger(), RootCAs: roots,
+		})
+		if err != nil {
+			return nil, usagef("--registry-upstream: %v", err)
+		}
+		feats.Registry = reg
+	}
 	return relay.New(cfg, feats, log, opts)
 }
 
@@ -64,4 +80,24 @@ func newLogger(level, format string, w io.Writer) zerolog.Logger {
 		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
+}
+
+// caPool is the system roots plus the PEM certificates in file; nil (the system roots) when file
+// is empty. A file without a certificate is a usage error naming its flag.
+func caPool(file, flag string) (*x509.CertPool, error) {
+	if file == "" {
+		return nil, nil
+	}
+	pem, err := os.ReadFile(file)
+	if err != nil {
+		return nil, usagef("--%s: cannot read %s", flag, file)
+	}
+	pool, err := x509.SystemCertPool()
+	if err != nil {
+		pool = x509.NewCertPool()
+	}
+	if !pool.AppendCertsFromPEM(pem) {
+		return nil, usagef("--%s: %s holds no PEM certificate", flag, file)
+	}
+	return pool, nil
 }

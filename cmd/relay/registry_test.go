@@ -1,0 +1,86 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// TestBuildServesRegistryOnDownstream checks the wiring: with --registry-upstream, build() gives
+// the relay a /v2/ handler that forwards to the upstream, its metrics in the relay's registry.
+func TestBuildServesRegistryOnDownstream(t *testing.T) {
+	upstream := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Docker-Distribution-Api-Version", "registry/2.0")
+		w.Header().Set("X-Seen-Path", r.URL.Path)
+		io.WriteString(w, "{}")
+	}))
+	defer upstream.Close()
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("jwt\n"), 0o600)
+	cfg := relay.Config{ClusterID: "c1", NodeID: "n1", CloudlyURL: "ws://127.0.0.1:1/", CloudlyTokenFile: token,
+		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.10", InsecurePlaintext: true,
+		RegistryUpstream: upstream.URL, RegistryCacheDir: filepath.Join(dir, "cache")}
+	if err := cfg.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	r, err := build(cfg, zerolog.Nop(), relay.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := r.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Serve(ctx) }()
+	defer func() { cancel(); <-done }()
+
+	resp, err := http.Get("http://" + r.DownstreamAddr().String() + "/v2/")
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("X-Seen-Path") != "/v2/" {
+		t.Fatalf("GET /v2/ through the relay: %d, upstream saw %q", resp.StatusCode, resp.Header.Get("X-Seen-Path"))
+	}
+	resp, err = http.Get("http://" + r.AdminAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if !strings.Contains(string(body), `relay_registry_requests_total{kind="other",method="GET"} 1`) {
+		t.Fatalf("registry metrics missing from the relay's /metrics")
+	}
+}
+
+func TestRegistryUpstreamWithCredentialsExits2WithoutQuotingThem(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("jwt\n"), 0o600)
+	code, _, stderr := runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--registry-upstream", "https://robot:hunter2@registry.example")
+	if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, "--registry-upstream") {
+		t.Fatalf("exit %d, stderr %q: want 2 and one line naming --registry-upstream", code, stderr)
+	}
+	if strings.Contains(stderr, "hunter2") {
+		t.Fatalf("stderr quotes the password: %q", stderr)
+	}
+	code, _, stderr = runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--registry-cache-max-bytes", "1000")
+	if code != 2 || !strings.Contains(stderr, "--registry-cache-max-bytes: must be at least") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}

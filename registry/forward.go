@@ -1,0 +1,237 @@
+package registry
+
+import (
+	"context"
+	"errors"
+	"io"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+)
+
+// Forwarding: the relay's equivalent of httputil.ReverseProxy, kept to what a registry needs so
+// that one response writer serves plain forwarding, an uncacheable answer to a fill's leader and
+// a refused authorization alike. Bodies stream both ways through a fixed buffer; the relay adds
+// and removes only hop-by-hop headers, and never reads or logs Authorization.
+
+// hopHeaders are the hop-by-hop headers of RFC 9110 §7.6.1, never forwarded in either direction.
+var hopHeaders = []string{
+	"Connection", "Proxy-Connection", "Keep-Alive", "Proxy-Authenticate", "Proxy-Authorization",
+	"Te", "Trailer", "Transfer-Encoding", "Upgrade",
+}
+
+// copyEndToEnd copies src's end-to-end headers into dst.
+func copyEndToEnd(dst, src http.Header) {
+	var listed []string
+	for _, v := range src["Connection"] {
+		for tok := range strings.SplitSeq(v, ",") {
+			if tok = strings.TrimSpace(tok); tok != "" {
+				listed = append(listed, http.CanonicalHeaderKey(tok))
+			}
+		}
+	}
+next:
+	for k, vs := range src {
+		for _, h := range hopHeaders {
+			if k == h {
+				continue next
+			}
+		}
+		for _, h := range listed {
+			if k == h {
+				continue next
+			}
+		}
+		dst[k] = append(dst[k][:0:0], vs...)
+	}
+}
+
+// upstreamRequest is the caller's request re-addressed to the upstream: same method (unless
+// given), path and query, the caller's end-to-end headers (Authorization untouched). plain asks
+// for the whole object as stored: no Range, no condition, no content coding — what a fill or an
+// authorization needs.
+func (r *Registry) upstreamRequest(ctx context.Context, in *http.Request, method string, plain bool) *http.Request {
+	u := *r.upstream
+	u.Path = r.upstream.Path + in.URL.Path
+	u.RawPath = ""
+	u.RawQuery = in.URL.RawQuery
+	out := (&http.Request{Method: method, URL: &u, Header: make(http.Header, len(in.Header)),
+		Proto: "HTTP/1.1", ProtoMajor: 1, ProtoMinor: 1, Host: u.Host}).WithContext(ctx)
+	copyEndToEnd(out.Header, in.Header)
+	out.Header.Del("Expect")
+	if plain {
+		for _, h := range []string{"Range", "If-Range", "If-Match", "If-None-Match", "If-Modified-Since", "If-Unmodified-Since"} {
+			out.Header.Del(h)
+		}
+		out.Header.Set("Accept-Encoding", "identity")
+	}
+	if _, ok := out.Header["User-Agent"]; !ok {
+		out.Header.Set("User-Agent", "") // send none rather than Go's
+	}
+	return out
+}
+
+// forward sends the caller's request to the upstream and writes the upstream's answer back, as
+// the upstream sent it. GET and HEAD follow redirects (a registry sends blob GETs to storage, and
+// nothing in the cluster but the relay dials out); other methods pass a redirect on.
+func (r *Registry) forward(x *exchange) {
+	x.route, x.source = "forward", sourceUpstream
+	in := x.req
+	out := r.upstreamRequest(in.Context(), in, in.Method, false)
+	out.Body, out.ContentLength = in.Body, in.ContentLength
+	if in.ContentLength == 0 {
+		out.Body = http.NoBody
+	}
+	var resp *http.Response
+	var err error
+	if in.Method == http.MethodGet || in.Method == http.MethodHead {
+		resp, err = r.follow.Do(out)
+	} else {
+		resp, err = r.transport.RoundTrip(out)
+	}
+	if err != nil {
+		r.unreachable(x, err)
+		return
+	}
+	defer resp.Body.Close()
+	r.writeResponse(x, resp)
+}
+
+// unreachable answers a request the upstream never answered.
+func (r *Registry) unreachable(x *exchange, err error) {
+	if x.req.Context().Err() != nil {
+		return // the caller left
+	}
+	x.err = safeError(err)
+	writeRefusal(x.w, http.StatusBadGateway, "UNAVAILABLE", RegistryUpstreamUnreachable.Refuse("the registry upstream did not answer"))
+}
+
+// writeResponse writes an upstream answer to the caller: status, end-to-end headers (an absolute
+// Location on the upstream made relative, so the caller stays on the relay) and the body,
+// streamed. A body that breaks off aborts the caller's answer, so the caller sees the break.
+func (r *Registry) writeResponse(x *exchange, resp *http.Response) {
+	h := x.w.Header()
+	copyEndToEnd(h, resp.Header)
+	if loc := h.Get("Location"); loc != "" {
+		h.Set("Location", r.relativeLocation(loc))
+	}
+	if resp.ContentLength >= 0 && h.Get("Content-Length") == "" && x.req.Method != http.MethodHead {
+		h.Set("Content-Length", strconv.FormatInt(resp.ContentLength, 10))
+	}
+	x.w.WriteHeader(resp.StatusCode)
+	if x.req.Method == http.MethodHead {
+		return
+	}
+	bufp := getBuffer()
+	defer putBuffer(bufp)
+	_, err := copyBody(x.w, resp.Body, *bufp)
+	if err != nil && !errors.Is(err, errWrite) {
+		x.err = safeError(err)
+		panic(http.ErrAbortHandler) // the upstream broke off: so must the caller's answer
+	}
+}
+
+// errWrite marks a failed write to the caller (the caller left): nothing more to do.
+var errWrite = errors.New("write to caller failed")
+
+// copyBody is io.CopyBuffer that tells a failed write from a failed read.
+func copyBody(w io.Writer, src io.Reader, buf []byte) (int64, error) {
+	var n int64
+	for {
+		nr, rerr := src.Read(buf)
+		if nr > 0 {
+			nw, werr := w.Write(buf[:nr])
+			n += int64(nw)
+			if werr != nil {
+				return n, errWrite
+			}
+		}
+		if rerr == io.EOF {
+			return n, nil
+		}
+		if rerr != nil {
+			return n, rerr
+		}
+	}
+}
+
+// relativeLocation turns an absolute URL on the upstream into a path on the relay; any other
+// Location passes untouched.
+func (r *Registry) relativeLocation(loc string) string {
+	u, err := url.Parse(loc)
+	if err != nil || !u.IsAbs() || u.Scheme != r.upstream.Scheme || u.Host != r.upstream.Host {
+		return loc
+	}
+	p, ok := strings.CutPrefix(u.EscapedPath(), r.upstream.EscapedPath())
+	if !ok || !strings.HasPrefix(p, "/") {
+		return loc
+	}
+	if u.RawQuery != "" {
+		p += "?" + u.RawQuery
+	}
+	return p
+}
+
+// checkRedirect follows at most 5 redirects and never from https to plain http. Go's client
+// drops Authorization on a redirect to another host, so storage never sees the caller's token.
+func checkRedirect(req *http.Request, via []*http.Request) error {
+	if len(via) >= 5 {
+		return errors.New("stopped after 5 redirects")
+	}
+	if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
+		return errors.New("refused a redirect from https to plain http")
+	}
+	return nil
+}
+
+// safeError is an error fit for a log: a *url.Error quotes the URL (and its query, which may
+// carry a signed token), so only its cause is kept.
+func safeError(err error) error {
+	var ue *url.Error
+	if errors.As(err, &ue) {
+		return ue.Err
+	}
+	return err
+}
+
+// countingWriter counts body bytes and keeps the status for the log. It passes ReadFrom on, so
+// a file copied to a plain-TCP caller still goes by sendfile.
+type countingWriter struct {
+	http.ResponseWriter
+	n      int64
+	status int
+}
+
+func (c *countingWriter) WriteHeader(code int) {
+	if c.status == 0 {
+		c.status = code
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countingWriter) Write(p []byte) (int, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	n, err := c.ResponseWriter.Write(p)
+	c.n += int64(n)
+	return n, err
+}
+
+func (c *countingWriter) ReadFrom(src io.Reader) (int64, error) {
+	if c.status == 0 {
+		c.status = http.StatusOK
+	}
+	var n int64
+	var err error
+	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
+		n, err = rf.ReadFrom(src)
+	} else {
+		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
+	}
+	c.n += n
+	return n, err
+}
+
+func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }

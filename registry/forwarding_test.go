@@ -1,0 +1,368 @@
+package registry_test
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"fmt"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"code.foss.global/serve.zone/relay/registry"
+)
+
+// cachedLayer pushes a one-layer image, pulls the layer through the relay as alice and returns
+// its path, digest, bytes and alice's token.
+func cachedLayer(t *testing.T, up *testUpstream, e *relayEnv, size int64) (path, digest string, blob []byte, tok string) {
+	t.Helper()
+	img := pushImage(t, up, "team/app", size, 1)
+	digest = layerDigests(t, img)[0].String()
+	path = "/v2/team/app/blobs/" + digest
+	tok = up.tokenFor(t, "alice", "alice-secret-pw")
+	resp, blob, err := rawGet(t, e, http.MethodGet, path, tok, nil)
+	if err != nil || resp.StatusCode != http.StatusOK || sha256Of(blob) != digest {
+		t.Fatalf("fill: %v %v", resp.StatusCode, err)
+	}
+	e.settle(t)
+	return path, digest, blob, tok
+}
+
+func TestRangeOnACachedBlobIsServedFromTheCacheAfterAuthorization(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", nil)
+	path, _, blob, tok := cachedLayer(t, up, e, 64<<10)
+	gets, heads := up.blobGets.Load(), up.heads.Load()
+
+	resp, body, err := rawGet(t, e, http.MethodGet, path, tok, map[string]string{"Range": "bytes=100-1123"})
+	if err != nil || resp.StatusCode != http.StatusPartialContent || !bytes.Equal(body, blob[100:1124]) {
+		t.Fatalf("range: %v %v, %d bytes", resp.StatusCode, err, len(body))
+	}
+	if cr := resp.Header.Get("Content-Range"); cr != fmt.Sprintf("bytes 100-1123/%d", len(blob)) {
+		t.Fatalf("Content-Range %q", cr)
+	}
+	if up.blobGets.Load() != gets || up.heads.Load() != heads+1 {
+		t.Fatalf("range on a cached blob: upstream GETs %d→%d, HEADs %d→%d; want no GET and one HEAD",
+			gets, up.blobGets.Load(), heads, up.heads.Load())
+	}
+}
+
+func TestHeadAndUncachedRangeAreForwarded(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", nil)
+	img := pushImage(t, up, "team/app", 64<<10, 1)
+	digest := layerDigests(t, img)[0].String()
+	path := "/v2/team/app/blobs/" + digest
+	tok := up.tokenFor(t, "alice", "alice-secret-pw")
+
+	heads := up.heads.Load()
+	resp, body, err := rawGet(t, e, http.MethodHead, path, tok, nil)
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) != 0 || resp.Header.Get("Docker-Content-Digest") != digest {
+		t.Fatalf("HEAD: %v %v %q", resp.StatusCode, err, resp.Header.Get("Docker-Content-Digest"))
+	}
+	if resp.ContentLength <= 0 || up.heads.Load() != heads+1 {
+		t.Fatalf("HEAD: Content-Length %d, upstream HEADs +%d", resp.ContentLength, up.heads.Load()-heads)
+	}
+	resp, body, err = rawGet(t, e, http.MethodGet, path, tok, map[string]string{"Range": "bytes=0-9"})
+	if err != nil || resp.StatusCode != http.StatusPartialContent || len(body) != 10 {
+		t.Fatalf("uncached range: %v %v, %d bytes", resp.StatusCode, err, len(body))
+	}
+	e.settle(t)
+	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
+		t.Fatal("a Range answer was cached")
+	}
+	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+		t.Fatalf("%v objects cached by HEAD and Range", got)
+	}
+}
+
+func TestTagsAndOtherAlgorithmsAreNeverCached(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", nil)
+	pushImage(t, up, "team/app", 16<<10, 1)
+	tok := up.tokenFor(t, "alice", "alice-secret-pw")
+	up.manifestGets.Store(0)
+	for range 2 {
+		resp, _, err := rawGet(t, e, http.MethodGet, "/v2/team/app/manifests/v1", tok,
+			map[string]string{"Accept": "application/vnd.docker.distribution.manifest.v2+json"})
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("tag: %v %v", resp.StatusCode, err)
+		}
+	}
+	if got := up.manifestGets.Load(); got != 2 {
+		t.Fatalf("two GETs of a tag reached the upstream %d times, want 2", got)
+	}
+	sha512 := "sha512:" + strings.Repeat("ab", 64)
+	resp, _, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+sha512, tok, nil)
+	if err != nil || resp.StatusCode == http.StatusOK {
+		t.Fatalf("sha512 blob: %v %v", resp.StatusCode, err)
+	}
+	e.settle(t)
+	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+		t.Fatalf("%v objects cached from tags and sha512", got)
+	}
+	if got := e.metric(t, "relay_registry_cache_misses_total", "kind", "blob") + e.metric(t, "relay_registry_cache_misses_total", "kind", "manifest"); got != 0 {
+		t.Fatalf("tags or sha512 went through the cache (%v misses)", got)
+	}
+}
+
+func TestPathsTheRelayDidNotJudgeAreNotForwarded(t *testing.T) {
+	var seen atomic.Int64
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { seen.Add(1) }))
+	defer up.Close()
+	e := startRelay(t, up.URL, "", nil)
+	for _, p := range []string{"/v2/team/../../admin", "/v2//etc", "/v2/a/./b", "/v2/a%2Fb/manifests/x"} {
+		resp, body, err := rawGet(t, e, http.MethodGet, p, "", nil)
+		if err != nil || resp.StatusCode != http.StatusBadRequest || !bytes.Contains(body, []byte("registry-path-invalid")) {
+			t.Errorf("%s: %v %v %q", p, resp.StatusCode, err, body)
+		}
+	}
+	if seen.Load() != 0 {
+		t.Fatalf("the upstream received %d requests for unjudged paths", seen.Load())
+	}
+}
+
+func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	notDir := filepath.Join(t.TempDir(), "cache")
+	os.WriteFile(notDir, []byte("a file, not a directory"), 0o600)
+	e := startRelay(t, up.URL(), notDir, nil)
+	img := pushImage(t, up, "team/app", 32<<10, 2)
+	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
+		t.Fatalf("pull without a usable cache: %v", err)
+	}
+	if got := e.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
+		t.Fatalf("bypass{disk} = %v, want every GET by digest counted", got)
+	}
+
+	// A cache whose temporary directory disappears mid-run pauses and serves uncached.
+	up2 := newTestUpstream(t, testUsers)
+	e2 := startRelay(t, up2.URL(), "", nil)
+	img2 := pushImage(t, up2, "team/app", 32<<10, 2)
+	tmp := filepath.Join(e2.cacheDir, "tmp")
+	os.RemoveAll(tmp)
+	os.WriteFile(tmp, nil, 0o600)
+	if err := pullImage(t, e2, newClient(t, "alice", "alice-secret-pw"), "team/app", img2); err != nil {
+		t.Fatalf("pull with a broken cache: %v", err)
+	}
+	e2.settle(t)
+	if got := e2.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
+		t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
+	}
+	if got := e2.metric(t, "relay_registry_cache_objects"); got != 0 {
+		t.Fatalf("%v objects cached on a broken disk", got)
+	}
+}
+
+func TestCacheSurvivesARelayRestart(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	cacheDir := filepath.Join(t.TempDir(), "cache")
+	e := startRelay(t, up.URL(), cacheDir, nil)
+	img := pushImage(t, up, "team/app", 64<<10, 2)
+	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
+		t.Fatal(err)
+	}
+	e.settle(t)
+	e.stop()
+
+	e2 := startRelay(t, up.URL(), cacheDir, nil)
+	up.blobGets.Store(0)
+	if err := pullImage(t, e2, newClient(t, "bob", "bob-secret-pw"), "team/app", img); err != nil {
+		t.Fatal(err)
+	}
+	if got := up.blobGets.Load(); got != 0 {
+		t.Fatalf("after a restart the pull fetched %d blobs from upstream, want 0", got)
+	}
+}
+
+func TestCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
+	img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
+	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
+		t.Fatal(err)
+	}
+	e.settle(t)
+	if got := e.metric(t, "relay_registry_cache_evictions_total"); got < 1 {
+		t.Fatalf("evictions = %v, want some", got)
+	}
+	if got := e.metric(t, "relay_registry_cache_bytes"); got > 700<<10 {
+		t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
+	}
+}
+
+func TestFillOutlivesALeaderWhoLeaves(t *testing.T) {
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", nil)
+	img := pushImage(t, up, "team/app", 2<<20, 1)
+	digest := layerDigests(t, img)[0].String()
+	path := "/v2/team/app/blobs/" + digest
+	tok := up.tokenFor(t, "alice", "alice-secret-pw")
+	up.blobGets.Store(0)
+	up.bytesPerSec.Store(8 << 20)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+tok)
+	tr := &http.Transport{}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.ReadFull(resp.Body, make([]byte, 64<<10))
+	cancel() // the leader leaves early
+	resp.Body.Close()
+	e.settle(t)
+	up.bytesPerSec.Store(0)
+	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
+		t.Fatalf("the fill stopped with its leader: %v", err)
+	}
+	resp2, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
+	if err != nil || resp2.StatusCode != http.StatusOK || sha256Of(body) != digest || up.blobGets.Load() != 1 {
+		t.Fatalf("after the leader left: %v %v, upstream GETs %d", resp2.StatusCode, err, up.blobGets.Load())
+	}
+}
+
+// stallingUpstream answers one blob with its headers and half its bytes, then goes silent until
+// released.
+func stallingUpstream(t *testing.T, blob []byte) (*httptest.Server, string) {
+	release := make(chan struct{})
+	digest := sha256Of(blob)
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+		w.Header().Set("Docker-Content-Digest", digest)
+		if r.Method == http.MethodHead {
+			return
+		}
+		w.Write(blob[:len(blob)/2])
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	}))
+	t.Cleanup(func() { close(release); srv.Close() })
+	return srv, digest
+}
+
+func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
+	blob := make([]byte, 256<<10)
+	rand.Read(blob)
+	srv, digest := stallingUpstream(t, blob)
+	e := startRelay(t, srv.URL, "", func(o *registry.Options) { o.StallTimeout = 300 * time.Millisecond })
+	start := time.Now()
+	_, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
+	if err == nil || len(body) >= len(blob) {
+		t.Fatalf("stalled fill: %v, %d bytes", err, len(body))
+	}
+	if d := time.Since(start); d > 10*time.Second {
+		t.Fatalf("the stall was noticed after %v", d)
+	}
+	e.settle(t)
+	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
+		t.Fatalf("stalled fill failures = %v", got)
+	}
+	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
+		t.Fatal("a stalled fill was published")
+	}
+}
+
+func TestCloseEndsFillsInProgress(t *testing.T) {
+	blob := make([]byte, 256<<10)
+	rand.Read(blob)
+	srv, digest := stallingUpstream(t, blob)
+	e := startRelay(t, srv.URL, "", nil)
+	errs := make(chan error, 1)
+	go func() {
+		_, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
+		errs <- err
+	}()
+	for e.metric(t, "relay_registry_cache_fills_in_flight") == 0 {
+		time.Sleep(5 * time.Millisecond)
+	}
+	time.Sleep(50 * time.Millisecond)
+	e.reg.Close() // returns once the fill has ended
+	if err := <-errs; err == nil {
+		t.Fatal("a caller of a fill ended by Close got a whole answer")
+	}
+	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
+		t.Fatalf("closed fill failures = %v", got)
+	}
+}
+
+func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
+	blob := make([]byte, 100<<10)
+	rand.Read(blob)
+	digest := sha256Of(blob)
+	var storageAuth atomic.Value
+	storageAuth.Store("")
+	storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		storageAuth.Store(r.Header.Get("Authorization"))
+		w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+		w.Write(blob)
+	}))
+	defer storage.Close()
+	// The storage host is "localhost", the registry "127.0.0.1": another host for Go's client.
+	storageURL := strings.Replace(storage.URL, "127.0.0.1", "localhost", 1) + "/signed/object?sig=s3cr3t"
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("Authorization") != "Bearer good" {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		if r.Method == http.MethodHead {
+			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+			w.Header().Set("Docker-Content-Digest", digest)
+			return
+		}
+		http.Redirect(w, r, storageURL, http.StatusTemporaryRedirect)
+	}))
+	defer up.Close()
+	e := startRelay(t, up.URL, "", nil)
+	resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "good", nil)
+	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, blob) {
+		t.Fatalf("redirected blob: %v %v, %d bytes", resp.StatusCode, err, len(body))
+	}
+	if a := storageAuth.Load().(string); a != "" {
+		t.Fatalf("storage received the caller's Authorization %q", a)
+	}
+	e.settle(t)
+	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
+		t.Fatalf("redirected blob not cached: %v", err)
+	}
+	if strings.Contains(e.logs.String(), "s3cr3t") {
+		t.Fatal("the signed storage URL appears in the log")
+	}
+}
+
+// An empty object cannot have a last byte held back: it is verified before its head is sent.
+func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
+	empty := sha256Of(nil)
+	wrong := "sha256:" + strings.Repeat("0", 64)
+	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Length", "0") // the same empty body for every digest
+	}))
+	defer up.Close()
+	e := startRelay(t, up.URL, "", nil)
+	resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+empty, "", nil)
+	if err != nil || resp.StatusCode != http.StatusOK || len(body) != 0 {
+		t.Fatalf("empty blob: %v %v", resp.StatusCode, err)
+	}
+	resp, body, err = rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+wrong, "", nil)
+	if err != nil || resp.StatusCode != http.StatusBadGateway || !bytes.Contains(body, []byte("registry-digest-mismatch")) {
+		t.Fatalf("empty body for a non-empty digest: %v %v %q", resp.StatusCode, err, body)
+	}
+	e.settle(t)
+	if _, err := os.Stat(blobPath(e.cacheDir, empty)); err != nil {
+		t.Fatalf("empty blob not published: %v", err)
+	}
+	if _, err := os.Stat(blobPath(e.cacheDir, wrong)); !os.IsNotExist(err) {
+		t.Fatal("an empty body published under a non-empty digest")
+	}
+}

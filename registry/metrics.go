@@ -1,0 +1,92 @@
+package registry
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics of registry forwarding: namespace relay, subsystem registry.
+type metrics struct {
+	requests       *prometheus.CounterVec // kind, method
+	bytes          *prometheus.CounterVec // source: upstream, cache
+	hits           *prometheus.CounterVec // kind
+	misses         *prometheus.CounterVec // kind
+	coalesced      *prometheus.CounterVec // kind
+	authorizations *prometheus.CounterVec // outcome: allowed, refused, error
+	evictions      prometheus.Counter
+	bypass         *prometheus.CounterVec // reason
+	fillFailures   *prometheus.CounterVec // reason
+	cacheBytes     prometheus.Gauge
+	cacheObjects   prometheus.Gauge
+	fillsInFlight  prometheus.Gauge
+}
+
+// Label values.
+const (
+	sourceUpstream = "upstream"
+	sourceCache    = "cache"
+
+	authAllowed = "allowed"
+	authRefused = "refused"
+	authError   = "error"
+
+	bypassDisk         = "disk"          // the cache directory could not be written
+	bypassTooLarge     = "too-large"     // larger than the cache bound, or the bound is taken by fills
+	bypassNotCacheable = "not-cacheable" // the upstream's answer was not a plain 200 with a length
+	bypassInconsistent = "inconsistent"  // the upstream's HEAD disagreed with the cached size or digest
+)
+
+func newMetrics(reg prometheus.Registerer) *metrics {
+	const ns, sub = "relay", "registry"
+	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
+		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
+	}
+	gauge := func(name, help string) prometheus.Gauge {
+		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
+	}
+	m := &metrics{
+		requests: counter("requests_total", "Requests under /v2/, by kind (blob, manifest, other) and HTTP method.", "kind", "method"),
+		bytes: counter("bytes_total", "Body bytes sent to callers, by source: upstream (forwarded or filling) "+
+			"or cache (a stored object or another caller's fill).", "source"),
+		hits:   counter("cache_hits_total", "GETs by digest served from a stored object after the upstream authorized them.", "kind"),
+		misses: counter("cache_misses_total", "GETs by digest that fetched from the upstream.", "kind"),
+		coalesced: counter("cache_coalesced_total", "GETs by digest that joined another caller's fetch of the same "+
+			"digest after the upstream authorized them.", "kind"),
+		authorizations: counter("upstream_authorizations_total", "HEAD requests asking the upstream to authorize a "+
+			"caller before cached bytes are served, by outcome: allowed (2xx), refused (any other status), error.", "outcome"),
+		evictions: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "cache_evictions_total",
+			Help: "Stored objects removed to stay within the cache bound."}),
+		bypass: counter("cache_bypass_total", "GETs by digest served without the cache, by reason: disk, too-large, "+
+			"not-cacheable, inconsistent.", "reason"),
+		fillFailures: counter("cache_fill_failures_total", "Fetches into the cache that were not published, by reason: "+
+			"digest-mismatch, size-mismatch, upstream, stalled, disk, closed.", "reason"),
+		cacheBytes:    gauge("cache_bytes", "Bytes of stored objects."),
+		cacheObjects:  gauge("cache_objects", "Stored objects."),
+		fillsInFlight: gauge("cache_fills_in_flight", "Fetches into the cache in progress."),
+	}
+	if reg != nil {
+		reg.MustRegister(m.collectors()...)
+	}
+	return m
+}
+
+func (m *metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
+		m.bypass, m.fillFailures, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
+}
+
+// fillFailureReason is the metric label of a fill's error.
+func fillFailureReason(err error) string {
+	switch err {
+	case errDigestMismatch:
+		return "digest-mismatch"
+	case errSizeMismatch:
+		return "size-mismatch"
+	case errStalled:
+		return "stalled"
+	case errDisk:
+		return "disk"
+	case errClosed:
+		return "closed"
+	}
+	return "upstream"
+}

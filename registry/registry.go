@@ -1,0 +1,467 @@
+package registry
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+)
+
+// Defaults; a zero Options field means its default.
+const (
+	DefaultCacheMaxBytes    = 10 << 30 // 10 GiB: a few dozen typical images
+	DefaultStallTimeout     = 60 * time.Second
+	DefaultAuthorizeTimeout = 30 * time.Second
+)
+
+// Options configure New.
+type Options struct {
+	Upstream      string // the registry /v2/ is forwarded to: https://host[:port][/prefix]
+	CacheDir      string // the digest cache; empty: no cache
+	CacheMaxBytes int64  // the cache bound; 0: DefaultCacheMaxBytes
+
+	Metrics prometheus.Registerer // nil: metrics are kept but not registered
+	Log     zerolog.Logger        // the zero Logger logs nothing
+
+	// Transport reaches the upstream; nil: a transport that verifies TLS against RootCAs and
+	// never asks for a content coding. Tests give one trusting their own CA.
+	Transport http.RoundTripper
+	// RootCAs verifies the upstream's certificate when Transport is nil; nil: the system roots.
+	RootCAs *x509.CertPool
+	// StallTimeout ends a fill that receives no byte for this long; 0: DefaultStallTimeout.
+	StallTimeout time.Duration
+	// AuthorizeTimeout bounds the authorization HEAD; 0: DefaultAuthorizeTimeout.
+	AuthorizeTimeout time.Duration
+}
+
+// Registry serves /v2/: an http.Handler for the relay's downstream listener.
+type Registry struct {
+	upstream         *url.URL          // set at construction
+	transport        http.RoundTripper // set at construction
+	follow           *http.Client      // set at construction: transport, following redirects
+	cacheDir         string            // set at construction; empty: no cache
+	cacheMax         int64             // set at construction
+	cache            atomic.Pointer[cache]
+	reopenMu         sync.Mutex
+	reopenTried      time.Time      // guarded by reopenMu: the last attempt to open an unusable cache
+	m                *metrics       // set at construction
+	log              zerolog.Logger // set at construction
+	stallTimeout     time.Duration  // set at construction
+	authorizeTimeout time.Duration  // set at construction
+
+	ctx     context.Context         // set at construction: the life of fills; ends at Close
+	cancel  context.CancelCauseFunc // set at construction
+	fillsWG sync.WaitGroup          // fill goroutines running
+
+	closeMu sync.Mutex
+	closed  bool // guarded by closeMu: no fill starts once set
+}
+
+// New builds the handler. The upstream URL must be https (http only where the caller allows it:
+// the relay's configuration admits it with --insecure-plaintext) and carry no credentials, query
+// or fragment: every credential comes from the caller. A cache directory that cannot be used is
+// not an error: the registry serves uncached, logs it once and counts each request it could not
+// cache.
+func New(opts Options) (*Registry, error) {
+	u, err := url.Parse(opts.Upstream)
+	if err != nil || u.Host == "" || u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" ||
+		u.Scheme != "https" && u.Scheme != "http" {
+		return nil, errUpstreamURL
+	}
+	for len(u.Path) > 0 && u.Path[len(u.Path)-1] == '/' {
+		u.Path = u.Path[:len(u.Path)-1]
+	}
+	u.RawPath = ""
+	r := &Registry{upstream: u, transport: opts.Transport, m: newMetrics(opts.Metrics), log: opts.Log,
+		stallTimeout: opts.StallTimeout, authorizeTimeout: opts.AuthorizeTimeout}
+	if r.transport == nil {
+		r.transport = defaultTransport(opts.RootCAs)
+	}
+	if r.stallTimeout <= 0 {
+		r.stallTimeout = DefaultStallTimeout
+	}
+	if r.authorizeTimeout <= 0 {
+		r.authorizeTimeout = DefaultAuthorizeTimeout
+	}
+	r.follow = &http.Client{Transport: r.transport, CheckRedirect: checkRedirect}
+	r.ctx, r.cancel = context.WithCancelCause(context.Background())
+	bound := opts.CacheMaxBytes
+	if bound <= 0 {
+		bound = DefaultCacheMaxBytes
+	}
+	r.cacheDir, r.cacheMax = opts.CacheDir, bound
+	upstreamLog := u.Scheme + "://" + u.Host
+	if c := r.currentCache(); c != nil {
+		used, objects := c.stats()
+		r.log.Info().Str("upstream", upstreamLog).Int64("bytes", used).Int("objects", objects).Int64("max", bound).
+			Msg("registry forwarding with a digest cache")
+	} else {
+		r.log.Info().Str("upstream", upstreamLog).Msg("registry forwarding without a cache")
+	}
+	return r, nil
+}
+
+// currentCache is the cache, or nil when none is configured or its directory is unusable. An
+// unusable directory (not mounted yet, read-only, not a directory) is tried again at most once a
+// diskPause; meanwhile requests are served uncached and counted.
+func (r *Registry) currentCache() *cache {
+	if c := r.cache.Load(); c != nil || r.cacheDir == "" {
+		return c
+	}
+	r.reopenMu.Lock()
+	defer r.reopenMu.Unlock()
+	if c := r.cache.Load(); c != nil {
+		return c
+	}
+	if !r.reopenTried.IsZero() && time.Since(r.reopenTried) < diskPause {
+		return nil
+	}
+	r.reopenTried = time.Now()
+	c, err := openCache(r.cacheDir, r.cacheMax, r.m, r.log)
+	if err != nil {
+		r.log.Warn().Err(err).Str("outcome", "cache-off").Msg("registry cache directory unusable; serving uncached")
+		return nil
+	}
+	r.cache.Store(c)
+	return c
+}
+
+func defaultTransport(roots *x509.CertPool) *http.Transport {
+	t := http.DefaultTransport.(*http.Transport).Clone()
+	t.DisableCompression = true // bytes pass as the registry stored them; a fill asks for identity
+	t.MaxIdleConnsPerHost = 64  // many nodes pull at once
+	t.ResponseHeaderTimeout = time.Minute
+	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
+	t.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
+	return t
+}
+
+// Close ends every fill in progress (callers reading them get broken answers) and waits for them.
+// In-flight requests that do not read a fill are not waited for: their server owns them.
+func (r *Registry) Close() error {
+	r.closeMu.Lock()
+	r.closed = true
+	r.closeMu.Unlock()
+	r.cancel(errClosed)
+	r.fillsWG.Wait()
+	if t, ok := r.transport.(interface{ CloseIdleConnections() }); ok {
+		t.CloseIdleConnections()
+	}
+	return nil
+}
+
+// exchange is one request as the registry serves it.
+type exchange struct {
+	w      *countingWriter
+	req    *http.Request
+	c      *cache // nil: no cache
+	t      target
+	route  string // how it was served: forward, hit, fill, join, refused
+	source string // where body bytes came from: upstream or cache
+	err    error  // a local error for the log (never a peer's text)
+}
+
+// ServeHTTP serves one request under /v2/.
+func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
+	start := time.Now()
+	x := &exchange{w: &countingWriter{ResponseWriter: w}, req: req, source: sourceUpstream}
+	t, parsed := parsePath(req.URL.Path)
+	x.t = t
+	r.m.requests.WithLabelValues(t.Kind.String(), methodLabel(req.Method)).Inc()
+	defer func() {
+		r.m.bytes.WithLabelValues(x.source).Add(float64(x.w.n))
+		if e := r.log.Debug(); e.Enabled() {
+			e = e.Str("method", req.Method).Str("kind", t.Kind.String()).Str("outcome", x.route).
+				Int("status", x.w.status).Int64("bytes", x.w.n).Dur("latency", time.Since(start))
+			if t.byDigest() {
+				e = e.Str("digest", t.Digest.String())
+			}
+			if x.err != nil {
+				e = e.AnErr("error", x.err)
+			}
+			e.Msg("registry request")
+		}
+	}()
+
+	if !cleanPath(req.URL.Path, req.URL.EscapedPath()) {
+		x.route = "refused"
+		writeRefusal(x.w, http.StatusBadRequest, "NAME_INVALID", RegistryPathInvalid.Refuse("a /v2/ path must have no empty, dot or escaped segment"))
+		return
+	}
+	if req.Method != http.MethodGet || !parsed || !t.byDigest() || !t.Digest.isSHA256() || req.URL.RawQuery != "" {
+		r.forward(x) // HEAD, tags, uploads, other digest algorithms: never cached
+		return
+	}
+	if x.c = r.currentCache(); x.c == nil {
+		if r.cacheDir != "" {
+			r.m.bypass.WithLabelValues(bypassDisk).Inc()
+		}
+		r.forward(x)
+		return
+	}
+	if req.Header.Get("Range") != "" {
+		if file, size, ok := x.c.open(t.Digest.Encoded); ok {
+			r.serveHit(x, file, size)
+			return
+		}
+		r.forward(x) // a partial answer is never cached, and never starts a fill
+		return
+	}
+	r.serveByDigest(x, 0)
+}
+
+// maxRejoin bounds how often a caller whose fill was abandoned (its leader was refused, say)
+// tries the next fill before it fetches for itself.
+const maxRejoin = 3
+
+// serveByDigest serves a whole GET by sha256 digest from the cache: a hit, a new fill, or a
+// fill in progress.
+func (r *Registry) serveByDigest(x *exchange, attempt int) {
+	file, size, f, leader := x.c.acquire(x.t.Digest.Encoded)
+	switch {
+	case file != nil:
+		r.serveHit(x, file, size)
+	case f == nil:
+		r.m.bypass.WithLabelValues(bypassDisk).Inc()
+		r.forward(x)
+	case leader:
+		r.lead(x, f)
+	default:
+		r.join(x, f, attempt)
+	}
+}
+
+func methodLabel(m string) string {
+	switch m {
+	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
+		return m
+	}
+	return "OTHER"
+}
+
+// authorize asks the upstream whether the caller may read the object with this very request: a
+// HEAD of the same path with the caller's headers (its Authorization untouched, Range and
+// conditions dropped). On a 2xx it returns the answer's headers. On anything else the caller's
+// own request is forwarded, so the caller gets the registry's whole answer to it — status,
+// challenge and error body — and never a cached byte.
+func (r *Registry) authorize(x *exchange) (http.Header, bool) {
+	ctx, cancel := context.WithTimeout(x.req.Context(), r.authorizeTimeout)
+	defer cancel()
+	resp, err := r.follow.Do(r.upstreamRequest(ctx, x.req, http.MethodHead, true))
+	if err != nil {
+		r.m.authorizations.WithLabelValues(authError).Inc()
+		x.err = safeError(err)
+		r.forward(x)
+		return nil, false
+	}
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		r.m.authorizations.WithLabelValues(authRefused).Inc()
+		r.forward(x)
+		x.route = "refused"
+		return nil, false
+	}
+	r.m.authorizations.WithLabelValues(authAllowed).Inc()
+	return resp.Header, true
+}
+
+// consistent reports whether the upstream's authorization answer describes the object the
+// relay holds: same length and digest where it states them, and a media type for a manifest.
+func consistent(h http.Header, t target, size int64) bool {
+	if cl := h.Get("Content-Length"); cl != "" {
+		if n, err := strconv.ParseInt(cl, 10, 64); err != nil || n != size {
+			return false
+		}
+	}
+	if d := h.Get("Docker-Content-Digest"); d != "" && d != t.Digest.String() {
+		return false
+	}
+	return t.Kind != kindManifest || h.Get("Content-Type") != ""
+}
+
+// cachedHeaders sets the answer's headers for bytes the relay serves itself: the upstream's
+// headers for this request (from the authorization HEAD or the leader's GET) less what describes
+// a transfer rather than the object.
+func cachedHeaders(w http.ResponseWriter, from http.Header, t target) {
+	h := w.Header()
+	copyEndToEnd(h, from)
+	for _, k := range []string{"Content-Length", "Content-Range", "Accept-Ranges", "Content-Encoding", "Date", "Last-Modified"} {
+		h.Del(k)
+	}
+	if h.Get("Content-Type") == "" {
+		h.Set("Content-Type", "application/octet-stream")
+	}
+	h.Set("Docker-Content-Digest", t.Digest.String())
+}
+
+// serveHit serves a stored object after the upstream authorized the caller. Range and
+// conditional requests are answered by http.ServeContent from the file.
+func (r *Registry) serveHit(x *exchange, file *os.File, size int64) {
+	defer file.Close()
+	hdr, ok := r.authorize(x)
+	if !ok {
+		return
+	}
+	if !consistent(hdr, x.t, size) {
+		r.m.bypass.WithLabelValues(bypassInconsistent).Inc()
+		r.log.Warn().Str("digest", x.t.Digest.String()).Str("outcome", bypassInconsistent).
+			Msg("upstream describes a stored object differently; forwarding")
+		r.forward(x)
+		return
+	}
+	x.route, x.source = "hit", sourceCache
+	r.m.hits.WithLabelValues(x.t.Kind.String()).Inc()
+	x.c.touch(x.t.Digest.Encoded)
+	cachedHeaders(x.w, hdr, x.t)
+	http.ServeContent(x.w, x.req, "", time.Time{}, file)
+}
+
+// lead starts the fill with the caller's own GET, whose answer is the caller's authorization,
+// then serves the caller from the fill like anyone else. An answer that is not cacheable (a
+// refusal, a challenge, a 404) goes to the caller as the upstream sent it.
+func (r *Registry) lead(x *exchange, f *fill) {
+	r.closeMu.Lock()
+	if r.closed {
+		r.closeMu.Unlock()
+		f.c.done(f)
+		f.abandon(nil, nil, errClosed)
+		x.route = "forward"
+		r.unreachable(x, errClosed)
+		return
+	}
+	r.fillsWG.Add(1)
+	r.closeMu.Unlock()
+	ctx, cancel := context.WithCancelCause(r.ctx)
+	out := r.upstreamRequest(ctx, x.req, http.MethodGet, true)
+	go r.runFill(f, out, cancel)
+	if f.wait(nil) == fillAbandoned { // bounded by the transport's response header timeout
+		f.mu.Lock()
+		resp, stop, err := f.resp, f.stop, f.err
+		f.mu.Unlock()
+		if resp == nil {
+			x.route = "forward"
+			r.unreachable(x, err)
+			return
+		}
+		defer stop()
+		x.route = "forward"
+		r.writeResponse(x, resp)
+		return
+	}
+	r.m.misses.WithLabelValues(x.t.Kind.String()).Inc()
+	x.route = "fill"
+	f.mu.Lock()
+	hdr := f.header
+	f.mu.Unlock()
+	if !r.serveFill(x, f, hdr) {
+		r.forward(x) // the fill failed at once; the leader's answer is the upstream's own
+	}
+}
+
+// join serves a caller from a fill another caller leads, after the upstream authorized it. When
+// the leader's answer was not cacheable (a refused leader, typically) the caller starts over: it
+// leads the next fill, or joins it, and fetches alone only after maxRejoin tries.
+func (r *Registry) join(x *exchange, f *fill, attempt int) {
+	hdr, ok := r.authorize(x)
+	if !ok {
+		return
+	}
+	switch f.wait(x.req.Context()) {
+	case fillWaiting:
+		return // the caller left
+	case fillAbandoned:
+		r.rejoin(x, attempt)
+		return
+	}
+	x.route = "join"
+	if !r.serveFill(x, f, hdr) { // it failed before this caller had a byte, not on bad content
+		r.rejoin(x, attempt)
+	}
+}
+
+// badContent reports whether a fill failed because the upstream's bytes were wrong; a caller who
+// has had none of them is then refused rather than sent the same bytes uncached.
+func badContent(err error) bool { return err == errDigestMismatch || err == errSizeMismatch }
+
+// rejoin starts over for a caller who has not had a byte of a fill that ended without one.
+func (r *Registry) rejoin(x *exchange, attempt int) {
+	if attempt < maxRejoin {
+		r.serveByDigest(x, attempt+1)
+		return
+	}
+	r.forward(x)
+}
+
+// serveFill answers from a fill in progress: the head at once, the bytes as they arrive, the last
+// byte after verification. An empty object is verified before its head is sent. It reports false,
+// having sent nothing, when the fill failed before the caller could open it.
+func (r *Registry) serveFill(x *exchange, f *fill, hdr http.Header) bool {
+	file, size, err := f.open()
+	if badContent(err) {
+		x.source = sourceCache
+		writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
+			RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+		return true
+	}
+	if err != nil {
+		return false
+	}
+	defer file.Close()
+	if x.route == "join" && !consistent(hdr, x.t, size) {
+		r.m.bypass.WithLabelValues(bypassInconsistent).Inc()
+		r.forward(x)
+		return true
+	}
+	if x.route == "join" {
+		r.m.coalesced.WithLabelValues(x.t.Kind.String()).Inc()
+	}
+	x.source = sourceCache
+	if x.route == "fill" {
+		x.source = sourceUpstream
+	}
+	if size == 0 {
+		for {
+			f.mu.Lock()
+			st, ch := f.state, f.changed
+			f.mu.Unlock()
+			if st == fillFailed {
+				f.mu.Lock()
+				err := f.err
+				f.mu.Unlock()
+				if badContent(err) {
+					writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
+						RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+				} else {
+					r.unreachable(x, err)
+				}
+				return true
+			}
+			if st == fillVerified {
+				break
+			}
+			select {
+			case <-ch:
+			case <-x.req.Context().Done():
+				return true
+			}
+		}
+	}
+	cachedHeaders(x.w, hdr, x.t)
+	x.w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+	x.w.WriteHeader(http.StatusOK)
+	if err := f.tail(x.req.Context(), x.w, file); err == errFillFailed {
+		x.err = errFillFailed
+		panic(http.ErrAbortHandler) // cut short of Content-Length: the caller sees a broken transfer
+	}
+	return true
+}

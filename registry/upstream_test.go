@@ -1,0 +1,222 @@
+package registry_test
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"encoding/json"
+	"fmt"
+	"io"
+	"log"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
+)
+
+// testUpstream is a real OCI registry (go-containerregistry's pkg/registry, in memory) behind a
+// token-auth front end of the kind Docker Hub and most registries run: a request without a valid
+// Bearer token gets 401 with a Bearer challenge whose realm is the upstream's own /token; a
+// token whose user may not touch the repository gets 403 DENIED. It counts what the registry
+// really served, and can corrupt or slow blob bodies.
+type testUpstream struct {
+	srv *httptest.Server
+
+	users map[string]testUser // set at construction
+
+	mu     sync.Mutex
+	tokens map[string]string // guarded by mu: token → user
+
+	blobGets      atomic.Int64 // GET /v2/…/blobs/… answered 2xx by the registry
+	blobBytes     atomic.Int64 // body bytes of those answers
+	manifestGets  atomic.Int64 // GET /v2/…/manifests/… answered 2xx
+	heads         atomic.Int64 // HEAD requests that passed authorization
+	refused       atomic.Int64 // requests answered 401 or 403
+	corrupt       sync.Map     // digest → true: flip a byte of the body
+	bytesPerSec   atomic.Int64 // 0: unthrottled
+	sawAuthHeader sync.Map     // every Authorization value the registry received → true
+}
+
+type testUser struct {
+	password string
+	pull     []string // repositories the user may pull
+	push     []string // repositories the user may push
+}
+
+const testService = "test-registry"
+
+func newTestUpstream(t testing.TB, users map[string]testUser) *testUpstream {
+	u := &testUpstream{users: users, tokens: map[string]string{}}
+	reg := ggcrregistry.New(ggcrregistry.Logger(log.New(io.Discard, "", 0)))
+	mux := http.NewServeMux()
+	mux.HandleFunc("/token", u.token)
+	mux.Handle("/v2/", u.guard(reg))
+	u.srv = httptest.NewServer(mux)
+	t.Cleanup(u.srv.Close)
+	return u
+}
+
+func (u *testUpstream) URL() string  { return u.srv.URL }
+func (u *testUpstream) Host() string { return strings.TrimPrefix(u.srv.URL, "http://") }
+
+// token is the token endpoint: Basic credentials in, an opaque Bearer token out. Anonymous
+// callers get a token too (one that may do nothing), as public registries hand out.
+func (u *testUpstream) token(w http.ResponseWriter, r *http.Request) {
+	user := ""
+	if name, pw, ok := r.BasicAuth(); ok {
+		if tu, ok := u.users[name]; !ok || tu.password != pw {
+			w.WriteHeader(http.StatusUnauthorized)
+			return
+		}
+		user = name
+	}
+	var b [16]byte
+	rand.Read(b[:])
+	tok := "tok-" + hex.EncodeToString(b[:])
+	u.mu.Lock()
+	u.tokens[tok] = user
+	u.mu.Unlock()
+	w.Header().Set("Content-Type", "application/json")
+	json.NewEncoder(w).Encode(map[string]any{"token": tok, "access_token": tok, "expires_in": 3600})
+}
+
+// challenge is the exact WWW-Authenticate the upstream sends for a repository.
+func (u *testUpstream) challenge(repo string) string {
+	// The realm names the token server by host name: ggcr refuses a token realm on a loopback
+	// IP literal other than the registry's own host:port.
+	realm := strings.Replace(u.srv.URL, "127.0.0.1", "localhost", 1) + "/token"
+	c := fmt.Sprintf(`Bearer realm="%s",service="%s"`, realm, testService)
+	if repo != "" {
+		c += fmt.Sprintf(`,scope="repository:%s:pull"`, repo)
+	}
+	return c
+}
+
+// repoOf reads the repository of a /v2/<name>/(blobs|manifests|tags)/… path.
+func repoOf(path string) string {
+	rest := strings.TrimPrefix(path, "/v2/")
+	for _, kw := range []string{"/blobs/", "/manifests/", "/tags/"} {
+		if i := strings.LastIndex(rest, kw); i > 0 {
+			return rest[:i]
+		}
+	}
+	return ""
+}
+
+func (u *testUpstream) guard(next http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if a := r.Header.Get("Authorization"); a != "" {
+			u.sawAuthHeader.Store(a, true)
+		}
+		repo := repoOf(r.URL.Path)
+		tok, _ := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		u.mu.Lock()
+		user, ok := u.tokens[tok]
+		u.mu.Unlock()
+		if !ok {
+			u.refused.Add(1)
+			w.Header().Set("WWW-Authenticate", u.challenge(repo))
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusUnauthorized)
+			fmt.Fprint(w, `{"errors":[{"code":"UNAUTHORIZED","message":"authentication required"}]}`)
+			return
+		}
+		if repo != "" {
+			allowed := u.users[user].pull
+			if r.Method != http.MethodGet && r.Method != http.MethodHead {
+				allowed = u.users[user].push
+			}
+			if !contains(allowed, repo) {
+				u.refused.Add(1)
+				w.Header().Set("Content-Type", "application/json")
+				w.WriteHeader(http.StatusForbidden)
+				fmt.Fprint(w, `{"errors":[{"code":"DENIED","message":"requested access to the resource is denied"}]}`)
+				return
+			}
+		}
+		if r.Method == http.MethodHead {
+			u.heads.Add(1)
+		}
+		cw := &countingUpstreamWriter{ResponseWriter: w, u: u}
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
+			cw.blob = true
+			d := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
+			_, cw.corrupt = u.corrupt.Load(d)
+		}
+		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/manifests/") {
+			cw.manifest = true
+		}
+		next.ServeHTTP(cw, r)
+	})
+}
+
+func contains(list []string, s string) bool {
+	for _, x := range list {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
+
+// countingUpstreamWriter counts, corrupts and paces what the registry writes.
+type countingUpstreamWriter struct {
+	http.ResponseWriter
+	u                      *testUpstream
+	blob, manifest         bool
+	corrupt, flipped, okay bool
+}
+
+func (c *countingUpstreamWriter) WriteHeader(code int) {
+	if code >= 200 && code < 300 {
+		c.okay = true
+		if c.blob {
+			c.u.blobGets.Add(1)
+		}
+		if c.manifest {
+			c.u.manifestGets.Add(1)
+		}
+	}
+	c.ResponseWriter.WriteHeader(code)
+}
+
+func (c *countingUpstreamWriter) Write(p []byte) (int, error) {
+	written := 0
+	for len(p) > 0 {
+		chunk := p
+		if len(chunk) > 32<<10 {
+			chunk = chunk[:32<<10]
+		}
+		if c.blob && c.corrupt && !c.flipped && len(chunk) > 0 {
+			cp := append([]byte(nil), chunk...)
+			cp[len(cp)/2] ^= 0xff
+			chunk, c.flipped = cp, true
+		}
+		n, err := c.ResponseWriter.Write(chunk)
+		written += n
+		if c.blob && c.okay {
+			c.u.blobBytes.Add(int64(n))
+		}
+		if err != nil {
+			return written, err
+		}
+		if bps := c.u.bytesPerSec.Load(); bps > 0 {
+			if f, ok := c.ResponseWriter.(http.Flusher); ok {
+				f.Flush()
+			}
+			time.Sleep(time.Duration(int64(n) * int64(time.Second) / bps))
+		}
+		p = p[n:]
+	}
+	return written, nil
+}
+
+func (c *countingUpstreamWriter) Flush() {
+	if f, ok := c.ResponseWriter.(http.Flusher); ok {
+		f.Flush()
+	}
+}
