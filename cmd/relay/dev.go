@@ -51,6 +51,11 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := os.WriteFile(tokenFile, []byte(cloudly.Token+"\n"), 0o600); err != nil {
 		return err
 	}
+	sc, err := sim.NewScenario(*nodes, cloudly, log)
+	if err != nil {
+		return err
+	}
+	defer sc.Close()
 	cfg := relay.Config{
 		ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: tokenFile,
 		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
@@ -80,9 +85,8 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 
-	sc := &sim.Scenario{Nodes: *nodes, Cloudly: cloudly, RelayURL: "ws://" + r.DownstreamAddr().String() + "/", Log: log}
 	scDone := make(chan error, 1)
-	go func() { scDone <- sc.Run(ctx) }()
+	go func() { scDone <- sc.Run(ctx, "ws://"+r.DownstreamAddr().String()+"/") }()
 	status := time.NewTicker(time.Second)
 	defer status.Stop()
 	start := time.Now()

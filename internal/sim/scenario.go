@@ -1,8 +1,10 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -10,6 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // Counts are what the simulated peers observed during a scenario: answers they received, not the
@@ -29,49 +33,65 @@ func (c Counts) Summary() string {
 		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores)
 }
 
-// Scenario drives real traffic through a relay: nodes register, report to Cloudly, and Cloudly
-// pushes to them. Parts whose issue has not landed are reported as not yet.
+// Scenario drives real traffic through a relay with every simulated peer: nodes register, report
+// to Cloudly and answer its pushes; the ingress registers and receives route tables; a Corestore
+// runs isolated restores. Build it with NewScenario before the relay starts (Cloudly must know the
+// Corestore when the relay attaches), then Run it.
 type Scenario struct {
-	Nodes    int
-	Cloudly  *Cloudly
-	RelayURL string // ws:// URL of the relay's downstream listener
-	Log      zerolog.Logger
+	Cloudly *Cloudly
+	Log     zerolog.Logger
 
-	counts struct {
-		nodes, requests, vpn, escrow, routes, restores atomic.Int64
-	}
+	nodes     int
+	corestore *Corestore
+	authority *RestoreAuthority
+	ingress   *IngressControl
+
+	requests, restores atomic.Int64
+	registered         atomic.Int64
+	in                 atomic.Pointer[Ingress]
 }
 
+// The ingress runs on the first node; its bearer is the simulator's own.
+const (
+	scenarioIngressBearer = "sim-ingress-bearer"
+	scenarioNodeName      = "node-000.sim"
+)
+
+// NewScenario prepares n nodes, a Corestore for the first one, and Cloudly's side of the ingress.
+func NewScenario(n int, cloudly *Cloudly, log zerolog.Logger) (*Scenario, error) {
+	auth, err := NewRestoreAuthority()
+	if err != nil {
+		return nil, err
+	}
+	s := &Scenario{Cloudly: cloudly, Log: log, nodes: n, authority: auth}
+	s.corestore = NewCorestore(CorestoreOptions{ClusterID: cloudly.ClusterID, NodeName: scenarioNodeName,
+		Authority: auth.PublicKey(), Plaintext: true, Log: log})
+	cloudly.SetCorestores([]contracts.CorestoreOrigin{{NodeID: nodeName(0), Origin: s.corestore.Origin()}})
+	s.ingress = ServeIngress(cloudly)
+	s.ingress.Designate(nodeName(0), scenarioIngressBearer)
+	return s, nil
+}
+
+// Close stops the Corestore.
+func (s *Scenario) Close() { s.corestore.Close() }
+
+func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
+
 // NotYet lists the scenario's parts that are not built yet.
-var NotYet = []string{"vpn", "escrow", "route tables", "restore"}
+var NotYet = []string{"vpn", "escrow"}
 
 // Snapshot reads the counts so far.
 func (s *Scenario) Snapshot() Counts {
-	return Counts{s.counts.nodes.Load(), s.counts.requests.Load(), s.counts.vpn.Load(),
-		s.counts.escrow.Load(), s.counts.routes.Load(), s.counts.restores.Load()}
+	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load()}
+	if in := s.in.Load(); in != nil {
+		c.RouteTables = in.TablesReceived()
+	}
+	return c
 }
 
-// Run connects and registers the nodes, then drives traffic until ctx ends.
-func (s *Scenario) Run(ctx context.Context) error {
-	nodes := make([]*Node, s.Nodes)
-	var g errgroup.Group
-	g.SetLimit(64)
-	for i := range nodes {
-		n := NewNode(fmt.Sprintf("node-%03d", i), s.Log)
-		nodes[i] = n
-		g.Go(func() error {
-			if err := n.Connect(ctx, s.RelayURL); err != nil {
-				return err
-			}
-			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-			defer cancel()
-			if _, err := n.Register(rctx); err != nil {
-				return fmt.Errorf("node %s register: %w", n.ID, err)
-			}
-			s.counts.nodes.Add(1)
-			return nil
-		})
-	}
+// Run connects and registers the nodes and the ingress, then drives every part until ctx ends.
+func (s *Scenario) Run(ctx context.Context, relayURL string) error {
+	nodes, err := s.connectNodes(ctx, relayURL)
 	defer func() {
 		for _, n := range nodes {
 			if n != nil && n.Conn() != nil {
@@ -79,9 +99,51 @@ func (s *Scenario) Run(ctx context.Context) error {
 			}
 		}
 	}()
-	if err := g.Wait(); err != nil {
+	if err != nil {
 		return err
 	}
+	in := NewIngress(nodeName(0), scenarioIngressBearer, s.Log)
+	if err := in.Connect(ctx, relayURL); err != nil {
+		return err
+	}
+	defer in.Close()
+	if _, err := in.Register(ctx); err != nil {
+		return fmt.Errorf("ingress register: %w", err)
+	}
+	s.in.Store(in)
+
+	var g errgroup.Group
+	g.Go(func() error { s.traffic(ctx, nodes); return nil })
+	g.Go(func() error { s.routeTables(ctx); return nil })
+	g.Go(func() error { return s.restoresLoop(ctx) })
+	return g.Wait()
+}
+
+func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error) {
+	nodes := make([]*Node, s.nodes)
+	var g errgroup.Group
+	g.SetLimit(64)
+	for i := range nodes {
+		n := NewNode(nodeName(i), s.Log)
+		nodes[i] = n
+		g.Go(func() error {
+			if err := n.Connect(ctx, url); err != nil {
+				return err
+			}
+			rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+			defer cancel()
+			if _, err := n.Register(rctx); err != nil {
+				return fmt.Errorf("node %s register: %w", n.ID, err)
+			}
+			s.registered.Add(1)
+			return nil
+		})
+	}
+	return nodes, g.Wait()
+}
+
+// traffic: every 200 ms each node reports to Cloudly and Cloudly reads each node's stats.
+func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var wg sync.WaitGroup
@@ -89,7 +151,7 @@ func (s *Scenario) Run(ctx context.Context) error {
 	for seq := 1; ; seq++ {
 		select {
 		case <-ctx.Done():
-			return nil
+			return
 		case <-tick.C:
 		}
 		for _, n := range nodes {
@@ -99,7 +161,7 @@ func (s *Scenario) Run(ctx context.Context) error {
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
 				if _, err := n.Report(cctx, "reportRuntimeAssignmentObservation", map[string]any{"sequence": seq}); err == nil {
-					s.counts.requests.Add(1)
+					s.requests.Add(1)
 				}
 			}()
 			go func() {
@@ -108,9 +170,59 @@ func (s *Scenario) Run(ctx context.Context) error {
 				defer cancel()
 				body, _ := json.Marshal(map[string]any{"session": map[string]any{"nodeId": n.ID}, "assignment": map[string]any{"sequence": seq}})
 				if _, err := s.Cloudly.Call(cctx, "readRuntimeAssignmentStats", body); err == nil {
-					s.counts.requests.Add(1)
+					s.requests.Add(1)
 				}
 			}()
 		}
 	}
+}
+
+// routeTables: Cloudly pushes a newer route table every 2 s; the ingress pulls it on the hint.
+func (s *Scenario) routeTables(ctx context.Context) {
+	for revision := 1; ; revision++ {
+		table, _ := json.Marshal(map[string]any{"revision": revision, "routes": []map[string]any{
+			{"hostname": "app.example", "target": map[string]any{"address": "10.64.0.7", "port": 8080}},
+		}})
+		cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := s.ingress.PushTable(cctx, table)
+		cancel()
+		if err != nil && ctx.Err() == nil {
+			s.Log.Debug().Err(err).Msg("route table push failed")
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(2 * time.Second):
+		}
+	}
+}
+
+// restoresLoop runs one isolated restore of two objects after another through the relay.
+func (s *Scenario) restoresLoop(ctx context.Context) error {
+	for i := 1; ctx.Err() == nil; i++ {
+		p := &RestorePlan{RestoreID: fmt.Sprintf("restore-%d", i), NodeID: nodeName(0), NodeName: scenarioNodeName,
+			Mappings:   []string{"db->db-restored"},
+			ChunkBytes: 64 << 10,
+			Objects: []RestoreObject{
+				{Key: "base.tar", Data: bytes.Repeat([]byte{byte(i)}, 150<<10)},
+				{Key: "wal.tar", Data: bytes.Repeat([]byte{byte(i + 1)}, 40<<10)},
+			}}
+		rctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+		_, err := RunIsolatedRestore(rctx, s.Cloudly.Call, s.authority, p)
+		cancel()
+		switch {
+		case err == nil:
+			s.restores.Add(1)
+		case ctx.Err() != nil || errors.Is(err, context.Canceled):
+			return nil
+		default:
+			s.Log.Debug().Err(err).Msg("restore failed")
+		}
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-time.After(500 * time.Millisecond):
+		}
+	}
+	return nil
 }
