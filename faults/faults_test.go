@@ -196,80 +196,83 @@ func leakedAfter(t *testing.T, base int) int {
 	}
 }
 
+// runFault starts a relay, lets body drive the fault and return the nodes whose sockets must
+// survive, then closes everything and counts what outlived it.
+func runFault(t *testing.T, f figures, body func(e *relaytest.Env, f *figures) []*sim.Node) {
+	base := runtime.NumGoroutine()
+	func() {
+		e := relaytest.Start(t, relaytest.Options{})
+		nodes := body(e, &f)
+		f.socketsDropped = dropped(nodes)
+		for _, n := range nodes {
+			n.Close()
+		}
+		e.Close()
+	}()
+	f.leaked = leakedAfter(t, base)
+	f.check(t)
+}
+
+// take records a tally's outcomes.
+func (f *figures) take(ta *tally, t *testing.T) {
+	f.answered, f.refusedByName, f.lost = ta.answered.Load(), ta.refused.Load(), f.lost+ta.lost.Load()
+	if ta.lost.Load() > 0 {
+		t.Logf("lost: %v", ta.why)
+	}
+}
+
 // TestFaultCloudlyFlapping: Cloudly drops the relay's socket every 2 s for 60 s under 1 000 nodes
 // (short: every 500 ms for 5 s under 200).
 func TestFaultCloudlyFlapping(t *testing.T) {
-	base := runtime.NumGoroutine()
 	nodeCount, every, total := size(200, 1000), size(500*time.Millisecond, 2*time.Second), size(5*time.Second, 60*time.Second)
-	f := figures{fault: fmt.Sprintf("Cloudly flapping every %s for %s", every, total), nodes: nodeCount}
-	func() {
-		e := relaytest.Start(t, relaytest.Options{})
-		nodes := register(t, e, nodeCount, "node-")
-		var ta tally
-		stop := make(chan struct{})
-		senders := sendUntil(nodes, &ta, 20*time.Millisecond, stop)
-		drops := 0
-		for end := time.Now().Add(total); time.Now().Before(end); drops++ {
-			time.Sleep(every)
-			e.Cloudly.Drop()
-		}
-		e.Eventually("re-attached after the last drop", func() bool { return e.Relay.Upstream().Attached() })
-		close(stop)
-		senders.Wait()
-		f.answered, f.refusedByName, f.lost = ta.answered.Load(), ta.refused.Load(), ta.lost.Load()
-		f.socketsDropped = dropped(nodes)
-		f.extra = fmt.Sprintf("%d drops, %d registrations", drops, e.Cloudly.Registrations())
-		if f.lost > 0 {
-			t.Logf("lost: %v", ta.why)
-		}
-		for _, n := range nodes {
-			n.Close()
-		}
-		e.Close()
-	}()
-	f.leaked = leakedAfter(t, base)
-	f.check(t)
+	runFault(t, figures{fault: fmt.Sprintf("Cloudly flapping every %s for %s", every, total), nodes: nodeCount},
+		func(e *relaytest.Env, f *figures) []*sim.Node {
+			nodes := register(t, e, nodeCount, "node-")
+			var ta tally
+			stop := make(chan struct{})
+			senders := sendUntil(nodes, &ta, 20*time.Millisecond, stop)
+			drops := 0
+			for end := time.Now().Add(total); time.Now().Before(end); drops++ {
+				time.Sleep(every)
+				e.Cloudly.Drop()
+			}
+			e.Eventually("re-attached after the last drop", func() bool { return e.Relay.Upstream().Attached() })
+			close(stop)
+			senders.Wait()
+			f.take(&ta, t)
+			f.extra = fmt.Sprintf("%d drops, %d registrations", drops, e.Cloudly.Registrations())
+			return nodes
+		})
 }
 
 // TestFaultCloudlySlow: Cloudly answers every request 2 s late (short: 300 ms); every request is
-// still answered, none is refused, and the relay's queues stay bounded.
+// still answered and none is refused.
 func TestFaultCloudlySlow(t *testing.T) {
-	base := runtime.NumGoroutine()
 	nodeCount, delay, total := size(50, 500), size(300*time.Millisecond, 2*time.Second), size(3*time.Second, 20*time.Second)
-	f := figures{fault: fmt.Sprintf("Cloudly answering %s late", delay), nodes: nodeCount}
-	func() {
-		e := relaytest.Start(t, relaytest.Options{})
-		nodes := register(t, e, nodeCount, "node-")
-		e.Cloudly.SetSlowness(delay)
-		var ta tally
-		stop := make(chan struct{})
-		senders := sendUntil(nodes, &ta, 0, stop)
-		time.Sleep(total)
-		close(stop)
-		senders.Wait()
-		f.answered, f.refusedByName, f.lost = ta.answered.Load(), ta.refused.Load(), ta.lost.Load()
-		f.socketsDropped = dropped(nodes)
-		if f.refusedByName != 0 {
-			t.Errorf("%d requests refused although Cloudly answers them all", f.refusedByName)
-		}
-		for _, n := range nodes {
-			n.Close()
-		}
-		e.Close()
-	}()
-	f.leaked = leakedAfter(t, base)
-	f.check(t)
+	runFault(t, figures{fault: fmt.Sprintf("Cloudly answering %s late", delay), nodes: nodeCount},
+		func(e *relaytest.Env, f *figures) []*sim.Node {
+			nodes := register(t, e, nodeCount, "node-")
+			e.Cloudly.SetSlowness(delay)
+			var ta tally
+			stop := make(chan struct{})
+			senders := sendUntil(nodes, &ta, 0, stop)
+			time.Sleep(total)
+			close(stop)
+			senders.Wait()
+			f.take(&ta, t)
+			if f.refusedByName != 0 {
+				t.Errorf("%d requests refused although Cloudly answers them all", f.refusedByName)
+			}
+			return nodes
+		})
 }
 
 // TestFaultNodeNeverReads: one node registers and never reads again while Cloudly keeps sending
-// to it; the other nodes' traffic is untouched, the stalled node's requests are refused
-// relay-node-busy, and the relay drops it once it is silent past the dead-peer time.
+// to it; the other nodes' traffic is untouched and the stalled node's requests are refused
+// relay-node-busy.
 func TestFaultNodeNeverReads(t *testing.T) {
-	base := runtime.NumGoroutine()
 	nodeCount := size(50, 500)
-	f := figures{fault: "a node that never reads", nodes: nodeCount}
-	func() {
-		e := relaytest.Start(t, relaytest.Options{})
+	runFault(t, figures{fault: "a node that never reads", nodes: nodeCount}, func(e *relaytest.Env, f *figures) []*sim.Node {
 		stalled, err := sim.DialStalled(context.Background(), e.URL, "node-stalled")
 		if err != nil {
 			t.Fatal(err)
@@ -303,8 +306,7 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		close(stop)
 		senders.Wait()
 		flood.Wait()
-		f.answered, f.refusedByName, f.lost = ta.answered.Load(), ta.refused.Load(), ta.lost.Load()
-		f.socketsDropped = dropped(nodes)
+		f.take(&ta, t)
 		f.extra = fmt.Sprintf("stalled node answered relay-node-busy %d times", busy.Load())
 		if busy.Load() == 0 {
 			t.Error("the stalled node's queue never filled: the fault was not exercised")
@@ -312,24 +314,16 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		if f.refusedByName != 0 {
 			t.Errorf("the other nodes got %d refusals", f.refusedByName)
 		}
-		for _, n := range nodes {
-			n.Close()
-		}
-		e.Close()
-	}()
-	f.leaked = leakedAfter(t, base)
-	f.check(t)
+		return nodes
+	})
 }
 
 // TestFaultNodeFloods: one node sends requests as fast as it can without waiting for answers;
 // beyond its in-flight limit the relay answers relay-node-busy, and the other nodes' traffic is
 // untouched.
 func TestFaultNodeFloods(t *testing.T) {
-	base := runtime.NumGoroutine()
 	nodeCount := size(50, 500)
-	f := figures{fault: "a node that floods", nodes: nodeCount}
-	func() {
-		e := relaytest.Start(t, relaytest.Options{})
+	runFault(t, figures{fault: "a node that floods", nodes: nodeCount}, func(e *relaytest.Env, f *figures) []*sim.Node {
 		flooder := dialFlooder(t, e.URL, "node-flooder")
 		nodes := register(t, e, nodeCount, "node-")
 		e.Cloudly.SetSlowness(50 * time.Millisecond) // answers take a while, so the flood piles up
@@ -353,8 +347,8 @@ func TestFaultNodeFloods(t *testing.T) {
 		time.Sleep(500 * time.Millisecond)
 		close(stop)
 		senders.Wait()
-		f.answered, f.refusedByName, f.lost = ta.answered.Load(), ta.refused.Load(), ta.lost.Load()+flooderTally.lost.Load()
-		f.socketsDropped = dropped(nodes)
+		f.lost = flooderTally.lost.Load()
+		f.take(&ta, t)
 		f.extra = fmt.Sprintf("flooder: %d answered, %d refused by name", flooderTally.answered.Load(), flooderTally.refused.Load())
 		if flooderTally.refused.Load() == 0 {
 			t.Error("the flood was never refused: the fault was not exercised")
@@ -362,11 +356,6 @@ func TestFaultNodeFloods(t *testing.T) {
 		if f.refusedByName != 0 {
 			t.Errorf("the other nodes got %d refusals", f.refusedByName)
 		}
-		for _, n := range nodes {
-			n.Close()
-		}
-		e.Close()
-	}()
-	f.leaked = leakedAfter(t, base)
-	f.check(t)
+		return nodes
+	})
 }
