@@ -1,0 +1,292 @@
+package escrow
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Node is a node connection as the escrow sees it; the relay's node connections satisfy it.
+type Node interface {
+	// ID is unique per connection for the life of the process.
+	ID() uint64
+	// Session is the binding Cloudly answered the node's latest accepted registration with.
+	Session() contracts.RuntimeSession
+	// Call sends a request on the connection; done gets the answer or an error, exactly once,
+	// possibly before Call returns, and must not block.
+	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
+}
+
+// Options configure an Escrow. The zero value is usable.
+type Options struct {
+	// Registerer gets the escrow's metrics; nil keeps them unregistered.
+	Registerer prometheus.Registerer
+	// Logger is the escrow's logger (component "escrow"); the zero value logs nothing.
+	Logger zerolog.Logger
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Escrow holds DNS lease renewal runs in memory and releases them while the relay is detached.
+// Its methods are safe for concurrent use; none blocks on a node.
+type Escrow struct {
+	log     zerolog.Logger   // set at construction
+	now     func() time.Time // set at construction
+	metrics *metrics         // set at construction
+	kick    chan struct{}    // wakes Run after any change; buffered, never blocks
+
+	mu    sync.Mutex
+	sched *scheduler // guarded by mu
+}
+
+// New builds an Escrow. It fails only when its metrics cannot be registered.
+func New(opts Options) (*Escrow, error) {
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register escrow metrics: %w", err)
+	}
+	e := &Escrow{log: opts.Logger, now: opts.Now, metrics: m, kick: make(chan struct{}, 1)}
+	if e.now == nil {
+		e.now = time.Now
+	}
+	e.sched = newScheduler(e.droppedLocked)
+	return e, nil
+}
+
+func (e *Escrow) nowMs() int64 { return e.now().UnixMilli() }
+
+func (e *Escrow) wake() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Hold serves holdRuntimeNetworkDnsLeaseRenewals. fromCloudly is false when the request did not
+// come on the attached Cloudly session. The answer is { held } with the number of renewals held,
+// or a refusal named by the first rule broken, judged in this order: escrow-cloudly-only,
+// escrow-run-invalid, escrow-node-not-carried, escrow-run-foreign-session, escrow-run-unordered,
+// escrow-run-stale. A run replaces the node's run; an empty run clears it.
+func (e *Escrow) Hold(fromCloudly bool, body json.RawMessage) (json.RawMessage, error) {
+	node, run, err := e.hold(fromCloudly, body)
+	ev := e.log.Info()
+	outcome := "held"
+	switch {
+	case err != nil:
+		outcome = string(err.(*contracts.Refusal).Name)
+	case run == nil:
+		outcome = "cleared"
+	default:
+		first, last, from, to := run.span()
+		ev = ev.Int("renewals", len(run.renewals)).Int64("first_sequence", first).Int64("last_sequence", last).
+			Int64("window_start", from).Int64("window_end", to)
+	}
+	e.metrics.holds.WithLabelValues(outcome).Inc()
+	if node != "" {
+		ev = ev.Str("node", node)
+	}
+	ev.Str("component", "escrow").Str("method", contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals).Str("outcome", outcome).Msg("hold")
+	if err != nil {
+		return nil, err
+	}
+	held := 0
+	if run != nil {
+		held = len(run.renewals)
+	}
+	return contracts.EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held), nil
+}
+
+// hold judges and applies a hold. It returns the node (once the request was readable) and the
+// run held, nil for a cleared node.
+func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun, error) {
+	if !fromCloudly {
+		return "", nil, refuseNotFromCloudly()
+	}
+	req, err := contracts.ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(body)
+	if err != nil {
+		return "", nil, refuseInvalid(err)
+	}
+	if len(req.Renewals) == 0 {
+		// Clearing needs no session: Cloudly may withdraw a run whatever the node's state.
+		e.mu.Lock()
+		e.sched.clear(req.NodeID)
+		e.gaugesLocked()
+		e.mu.Unlock()
+		e.wake()
+		return req.NodeID, nil, nil
+	}
+	unordered := req.OrderReasons()
+	var run *heldRun
+	if len(unordered) == 0 {
+		run = newHeldRun(&req)
+	}
+	_, lastExpires := req.Span()
+	now := e.nowMs()
+
+	e.mu.Lock()
+	defer e.wake()
+	defer e.mu.Unlock()
+	ns, carried := e.sched.carrier(req.NodeID)
+	if !carried {
+		return req.NodeID, nil, refuseNotCarried(req.NodeID)
+	}
+	session := contracts.RuntimeSession{NodeID: ns.id, Controller: ns.controller, RuntimeNamespace: ns.namespace}
+	if reasons := req.ScopeReasons(session); len(reasons) > 0 {
+		return req.NodeID, nil, refuseForeign(reasons)
+	}
+	if len(unordered) > 0 {
+		return req.NodeID, nil, refuseUnordered(unordered)
+	}
+	if lastExpires <= now {
+		return req.NodeID, nil, refuseStale(lastExpires, now)
+	}
+	e.sched.hold(req.NodeID, run, now)
+	e.gaugesLocked()
+	return req.NodeID, run, nil
+}
+
+// SetAttached records the upstream state: renewals are released only while detached.
+func (e *Escrow) SetAttached(attached bool) {
+	now := e.nowMs()
+	e.mu.Lock()
+	e.sched.setAttached(attached, now)
+	e.mu.Unlock()
+	e.wake()
+}
+
+// EndCustody drops every run: Cloudly said it does not dispatch to this relay.
+func (e *Escrow) EndCustody() {
+	e.mu.Lock()
+	runs := e.sched.runs()
+	e.sched.endCustody()
+	e.gaugesLocked()
+	e.mu.Unlock()
+	e.wake()
+	if runs > 0 {
+		e.log.Warn().Str("component", "escrow").Int("runs", runs).Str("outcome", dropCustody).Msg("custody ended: every run dropped")
+	}
+}
+
+// NodeBound records that n carries its node's current session, on every accepted registration,
+// a rotation on the same connection included. A new session has the current renewal pushed
+// again while detached.
+func (e *Escrow) NodeBound(n Node) {
+	s := n.Session()
+	if !contracts.IsClusterNodeID(s.NodeID) {
+		return
+	}
+	controller, err := contracts.Canonicalize(s.Controller)
+	if err != nil {
+		controller = nil // no canonical form: no run is in its scope
+	}
+	now := e.nowMs()
+	e.mu.Lock()
+	e.sched.bound(s.NodeID, n, n.ID(), s.Raw, controller, s.RuntimeNamespace, now)
+	e.gaugesLocked()
+	e.mu.Unlock()
+	e.wake()
+}
+
+// NodeGone records that n, which carried its node, has ended. The node's run stays until its
+// last window ends, for the node to come back to.
+func (e *Escrow) NodeGone(n Node) {
+	id := n.Session().NodeID
+	now := e.nowMs()
+	e.mu.Lock()
+	e.sched.gone(id, n.ID(), now)
+	e.mu.Unlock()
+	e.wake()
+}
+
+// Run drives releases until ctx ends: one timer for the next due event across every node.
+func (e *Escrow) Run(ctx context.Context) {
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	for {
+		e.mu.Lock()
+		releases := e.sched.releases(e.nowMs())
+		next, ok := e.sched.next()
+		e.gaugesLocked()
+		e.mu.Unlock()
+		e.send(releases)
+		timer.Stop()
+		if ok {
+			timer.Reset(time.UnixMilli(next).Sub(e.now()))
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-e.kick:
+		case <-timer.C:
+		}
+	}
+}
+
+// send pushes each release on its node's connection, never blocking on a node.
+func (e *Escrow) send(releases []release) {
+	if len(releases) == 0 {
+		return
+	}
+	now := e.now()
+	for _, r := range releases {
+		if r.attempt == 1 {
+			e.metrics.delay.Observe(max(now.Sub(time.UnixMilli(r.dueAt)), 0).Seconds())
+		}
+		signed := r.run.envelope(r.idx)
+		body := contracts.AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(make([]byte, 0, len(r.session)+len(signed)+24), r.session, signed)
+		r.node.Call(contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal, body, func(resp json.RawMessage, err error) {
+			e.answered(r, resp, err)
+		})
+	}
+}
+
+// answered records a node's answer to a release.
+func (e *Escrow) answered(r release, resp json.RawMessage, err error) {
+	outcome, refusal := releaseOutcome(resp, err, r.run.reference(r.idx))
+	ok := outcome == outcomeAccepted || outcome == outcomeReplay
+	now := e.nowMs()
+	e.mu.Lock()
+	e.sched.result(r, ok, now)
+	e.mu.Unlock()
+	e.wake()
+	e.metrics.releases.WithLabelValues(outcome).Inc()
+	if ev := e.log.Debug(); ev.Enabled() {
+		if refusal != "" {
+			ev = ev.Str("refusal", string(refusal))
+		}
+		rn := r.run.renewals[r.idx]
+		ev.Str("component", "escrow").Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", r.nodeID).
+			Int64("sequence", rn.sequence).Int64("window_start", rn.notBefore).Int64("window_end", rn.expiresAt).
+			Int("attempt", r.attempt).Str("outcome", outcome).Msg("release")
+	}
+}
+
+// droppedLocked counts and logs a run the scheduler stopped holding.
+func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
+	e.metrics.dropped.WithLabelValues(why).Inc()
+	if why == dropCustody {
+		return // EndCustody logs one line for all
+	}
+	ev := e.log.Info()
+	if why == dropExpired {
+		ev = e.log.Debug()
+	}
+	if ev.Enabled() {
+		first, last, from, to := run.span()
+		ev.Str("component", "escrow").Str("node", node).Int("renewals", len(run.renewals)).Int64("first_sequence", first).
+			Int64("last_sequence", last).Int64("window_start", from).Int64("window_end", to).Str("outcome", why).Msg("run dropped")
+	}
+}
+
+func (e *Escrow) gaugesLocked() {
+	e.metrics.runs.Set(float64(e.sched.runs()))
+	e.metrics.renewals.Set(float64(e.sched.renewals))
+}
