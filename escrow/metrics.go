@@ -2,6 +2,8 @@ package escrow
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // metrics are the escrow's Prometheus metrics: namespace relay, subsystem escrow.
@@ -30,6 +32,19 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "release_delay_seconds",
 			Help:    "From the moment a renewal became due (its notBefore, or the detach or registration after it) to its first push.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
+	}
+	// Every known label value starts at zero, so that a rate is defined before the first event.
+	for _, o := range []string{"held", "cleared"} {
+		m.holds.WithLabelValues(o)
+	}
+	for _, n := range contracts.HoldRuntimeNetworkDnsLeaseRenewalsRefusals() {
+		m.holds.WithLabelValues(string(n))
+	}
+	for _, r := range []string{dropExpired, dropCleared, dropCustody, dropForeign} {
+		m.dropped.WithLabelValues(r)
+	}
+	for _, o := range []string{outcomeAccepted, outcomeReplay, outcomeRefused, outcomeMismatch, outcomeFailed} {
+		m.releases.WithLabelValues(o)
 	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()
