@@ -199,9 +199,9 @@ func TestNodeReconnectRepushesTheCurrentRenewal(t *testing.T) {
 		t.Fatal("the same binding again re-pushed")
 	}
 	// A rotation on the same connection is a new session: the current one goes again.
-	rotated := *back
+	rotated := &fakeNode{id: back.id, session: back.session}
 	rotated.session.Raw = []byte(`{"rotated":true}`)
-	f.bind(&rotated, slot0+14*minute)
+	f.bind(rotated, slot0+14*minute)
 	if got := f.at(slot0 + 14*minute); !slices.Equal(got, []int64{2}) {
 		t.Fatalf("after rotation: %v", got)
 	}
