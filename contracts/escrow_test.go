@@ -229,7 +229,10 @@ func TestHoldRequestOrderReasons(t *testing.T) {
 		{"ordered", func(*HoldRuntimeNetworkDnsLeaseRenewalsRequest) {}, nil},
 		{"equal sequences", func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) { h.Renewals[1].Renewal.Sequence = 1 },
 			[]string{"hold request renewals[1] sequence must be above the previous renewal's"}},
-		{"gaps allowed", func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) { h.Renewals[1].Renewal.Sequence = 9; h.Renewals[2].Renewal.Sequence = 10 }, nil},
+		{"gaps allowed", func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
+			h.Renewals[1].Renewal.Sequence = 9
+			h.Renewals[2].Renewal.Sequence = 10
+		}, nil},
 		{"window ends no later", func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
 			h.Renewals[2].Renewal.Dns.ExpiresAt = h.Renewals[1].Renewal.Dns.ExpiresAt
 		}, []string{"hold request renewals[2] dns expiresAt must be later than the previous window's"}},
