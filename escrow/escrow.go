@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"sync"
 	"time"
 
@@ -28,7 +29,7 @@ type Node interface {
 type Options struct {
 	// Registerer gets the escrow's metrics; nil keeps them unregistered.
 	Registerer prometheus.Registerer
-	// Logger is the escrow's logger (component "escrow"); the zero value logs nothing.
+	// Logger is the escrow's logger, carrying component "escrow"; the zero value logs nothing.
 	Logger zerolog.Logger
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
@@ -44,7 +45,13 @@ type Escrow struct {
 
 	mu    sync.Mutex
 	sched *scheduler // guarded by mu
+	armed int64      // guarded by mu: the instant Run's timer is set for; math.MaxInt64 while none
 }
+
+// releaseBatch bounds the pushes Run takes from the scheduler at once, so that the first nodes of
+// a burst (every node's slot opening on the same grid instant) are not kept waiting for the last,
+// and answers get the lock in between.
+const releaseBatch = 256
 
 // New builds an Escrow. It fails only when its metrics cannot be registered.
 func New(opts Options) (*Escrow, error) {
@@ -52,7 +59,7 @@ func New(opts Options) (*Escrow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register escrow metrics: %w", err)
 	}
-	e := &Escrow{log: opts.Logger, now: opts.Now, metrics: m, kick: make(chan struct{}, 1)}
+	e := &Escrow{log: opts.Logger, now: opts.Now, metrics: m, kick: make(chan struct{}, 1), armed: math.MaxInt64}
 	if e.now == nil {
 		e.now = time.Now
 	}
@@ -62,10 +69,15 @@ func New(opts Options) (*Escrow, error) {
 
 func (e *Escrow) nowMs() int64 { return e.now().UnixMilli() }
 
-func (e *Escrow) wake() {
-	select {
-	case e.kick <- struct{}{}:
-	default:
+// changedLocked wakes Run when a change made something due before the instant its timer is
+// set for. Most changes (an acknowledgement, a hold while attached) do not, and Run sleeps on.
+func (e *Escrow) changedLocked() {
+	if at, ok := e.sched.next(); ok && at < e.armed {
+		e.armed = at
+		select {
+		case e.kick <- struct{}{}:
+		default:
+		}
 	}
 }
 
@@ -92,7 +104,7 @@ func (e *Escrow) Hold(fromCloudly bool, body json.RawMessage) (json.RawMessage, 
 	if node != "" {
 		ev = ev.Str("node", node)
 	}
-	ev.Str("component", "escrow").Str("method", contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals).Str("outcome", outcome).Msg("hold")
+	ev.Str("method", contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals).Str("outcome", outcome).Msg("hold")
 	if err != nil {
 		return nil, err
 	}
@@ -119,7 +131,6 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 		e.sched.clear(req.NodeID)
 		e.gaugesLocked()
 		e.mu.Unlock()
-		e.wake()
 		return req.NodeID, nil, nil
 	}
 	unordered := req.OrderReasons()
@@ -131,7 +142,6 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	now := e.nowMs()
 
 	e.mu.Lock()
-	defer e.wake()
 	defer e.mu.Unlock()
 	ns, carried := e.sched.carrier(req.NodeID)
 	if !carried {
@@ -149,6 +159,7 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	}
 	e.sched.hold(req.NodeID, run, now)
 	e.gaugesLocked()
+	e.changedLocked()
 	return req.NodeID, run, nil
 }
 
@@ -157,8 +168,8 @@ func (e *Escrow) SetAttached(attached bool) {
 	now := e.nowMs()
 	e.mu.Lock()
 	e.sched.setAttached(attached, now)
+	e.changedLocked()
 	e.mu.Unlock()
-	e.wake()
 }
 
 // EndCustody drops every run: Cloudly said it does not dispatch to this relay.
@@ -168,9 +179,8 @@ func (e *Escrow) EndCustody() {
 	e.sched.endCustody()
 	e.gaugesLocked()
 	e.mu.Unlock()
-	e.wake()
 	if runs > 0 {
-		e.log.Warn().Str("component", "escrow").Int("runs", runs).Str("outcome", dropCustody).Msg("custody ended: every run dropped")
+		e.log.Warn().Int("runs", runs).Str("outcome", dropCustody).Msg("custody ended: every run dropped")
 	}
 }
 
@@ -190,8 +200,8 @@ func (e *Escrow) NodeBound(n Node) {
 	e.mu.Lock()
 	e.sched.bound(s.NodeID, n, n.ID(), s.Raw, controller, s.RuntimeNamespace, now)
 	e.gaugesLocked()
+	e.changedLocked()
 	e.mu.Unlock()
-	e.wake()
 }
 
 // NodeGone records that n, which carried its node, has ended. The node's run stays until its
@@ -202,7 +212,6 @@ func (e *Escrow) NodeGone(n Node) {
 	e.mu.Lock()
 	e.sched.gone(id, n.ID(), now)
 	e.mu.Unlock()
-	e.wake()
 }
 
 // Run drives releases until ctx ends: one timer for the next due event across every node.
@@ -212,11 +221,22 @@ func (e *Escrow) Run(ctx context.Context) {
 	defer timer.Stop()
 	for {
 		e.mu.Lock()
-		releases := e.sched.releases(e.nowMs())
+		releases := e.sched.releases(e.nowMs(), releaseBatch)
+		more := len(releases) == releaseBatch
 		next, ok := e.sched.next()
+		e.armed = math.MaxInt64
+		if ok && !more {
+			e.armed = next
+		}
 		e.gaugesLocked()
 		e.mu.Unlock()
 		e.send(releases)
+		if more {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
 		timer.Stop()
 		if ok {
 			timer.Reset(time.UnixMilli(next).Sub(e.now()))
@@ -255,15 +275,15 @@ func (e *Escrow) answered(r release, resp json.RawMessage, err error) {
 	now := e.nowMs()
 	e.mu.Lock()
 	e.sched.result(r, ok, now)
+	e.changedLocked()
 	e.mu.Unlock()
-	e.wake()
-	e.metrics.releases.WithLabelValues(outcome).Inc()
+	e.metrics.released(outcome)
 	if ev := e.log.Debug(); ev.Enabled() {
 		if refusal != "" {
 			ev = ev.Str("refusal", string(refusal))
 		}
 		rn := r.run.renewals[r.idx]
-		ev.Str("component", "escrow").Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", r.nodeID).
+		ev.Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", r.nodeID).
 			Int64("sequence", rn.sequence).Int64("window_start", rn.notBefore).Int64("window_end", rn.expiresAt).
 			Int("attempt", r.attempt).Str("outcome", outcome).Msg("release")
 	}
@@ -281,7 +301,7 @@ func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
 	}
 	if ev.Enabled() {
 		first, last, from, to := run.span()
-		ev.Str("component", "escrow").Str("node", node).Int("renewals", len(run.renewals)).Int64("first_sequence", first).
+		ev.Str("node", node).Int("renewals", len(run.renewals)).Int64("first_sequence", first).
 			Int64("last_sequence", last).Int64("window_start", from).Int64("window_end", to).Str("outcome", why).Msg("run dropped")
 	}
 }

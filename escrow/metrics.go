@@ -14,6 +14,17 @@ type metrics struct {
 	dropped  *prometheus.CounterVec // relay_escrow_runs_dropped_total{reason}
 	releases *prometheus.CounterVec // relay_escrow_releases_total{outcome}
 	delay    prometheus.Histogram   // relay_escrow_release_delay_seconds
+
+	releasesBy map[string]prometheus.Counter // releases by outcome, resolved once
+}
+
+// released counts one release outcome.
+func (m *metrics) released(outcome string) {
+	if c, ok := m.releasesBy[outcome]; ok {
+		c.Inc()
+		return
+	}
+	m.releases.WithLabelValues(outcome).Inc()
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -43,8 +54,9 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, r := range []string{dropExpired, dropCleared, dropCustody, dropForeign} {
 		m.dropped.WithLabelValues(r)
 	}
+	m.releasesBy = make(map[string]prometheus.Counter)
 	for _, o := range []string{outcomeAccepted, outcomeReplay, outcomeRefused, outcomeMismatch, outcomeFailed} {
-		m.releases.WithLabelValues(o)
+		m.releasesBy[o] = m.releases.WithLabelValues(o)
 	}
 	if reg == nil {
 		reg = prometheus.NewRegistry()

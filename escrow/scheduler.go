@@ -194,10 +194,14 @@ func (s *scheduler) next() (int64, bool) {
 	return s.due[0].at, true
 }
 
-// releases returns every push due at now and drops the runs whose last window has ended.
-func (s *scheduler) releases(now int64) []release {
+// releases returns the pushes due at now, at most limit of them (limit <= 0: all), and drops
+// the runs whose last window has ended on the way. A caller that got limit pushes calls again.
+func (s *scheduler) releases(now int64, limit int) []release {
 	var out []release
-	for len(s.due) > 0 && s.due[0].at <= now {
+	if limit > 0 {
+		out = make([]release, 0, min(limit, len(s.due)))
+	}
+	for len(s.due) > 0 && s.due[0].at <= now && (limit <= 0 || len(out) < limit) {
 		ns := s.due[0]
 		if now >= ns.run.lastExpires() {
 			s.drop(ns, dropExpired)

@@ -36,7 +36,7 @@ func (f *schedFixture) bind(n *fakeNode, now int64) bool {
 func (f *schedFixture) at(now int64) []int64 {
 	f.t.Helper()
 	var seqs []int64
-	for _, r := range f.s.releases(now) {
+	for _, r := range f.s.releases(now, 0) {
 		rn := r.run.renewals[r.idx]
 		if !(rn.notBefore <= now && now < rn.expiresAt) {
 			f.t.Fatalf("at %d released sequence %d whose window %d..%d is not current", now-slot0, rn.sequence, rn.notBefore-slot0, rn.expiresAt-slot0)
@@ -189,7 +189,7 @@ func TestNodeReconnectRepushesTheCurrentRenewal(t *testing.T) {
 	// The node comes back on a new connection with a new session: the current one goes again.
 	back := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 2)
 	f.bind(back, slot0+12*minute)
-	rs := f.s.releases(slot0 + 12*minute)
+	rs := f.s.releases(slot0+12*minute, 0)
 	if len(rs) != 1 || rs[0].node != back || rs[0].run.renewals[rs[0].idx].sequence != 2 || string(rs[0].session) != string(back.Session().Raw) {
 		t.Fatalf("after reconnect: %+v", rs)
 	}
@@ -340,7 +340,7 @@ func TestOneHeapManyNodes(t *testing.T) {
 		if !ok || at > slot0+n*1000 {
 			break
 		}
-		rs := s.releases(at)
+		rs := s.releases(at, 0)
 		for _, r := range rs {
 			if r.run.renewals[r.idx].notBefore != at {
 				t.Fatalf("released at %d a renewal due at %d", at, r.run.renewals[r.idx].notBefore)
