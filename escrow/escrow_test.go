@@ -209,6 +209,31 @@ func TestFailedRefusedAndMismatchedPushesAreCountedAndRetried(t *testing.T) {
 	})
 }
 
+func TestBurstLargerThanABatchReachesEveryNode(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := startBubble(t)
+		defer b.stop()
+		b.e.SetAttached(true)
+		start := nowMs() + minute
+		nodes := make([]*fakeNode, 3*releaseBatch+7)
+		for i := range nodes {
+			id := "node-" + itoa(i)
+			nodes[i] = newFakeNode(id, cloudlyA, "rt-cluster-a", 1)
+			b.e.NodeBound(nodes[i])
+			if _, err := b.e.Hold(true, gridRun(id, 3, start).body(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.e.SetAttached(false)
+		sleepUntil(start)
+		for _, n := range nodes {
+			if calls := n.received(); len(calls) != 1 || calls[0].seq != 1 || calls[0].at.UnixMilli() != start {
+				t.Fatalf("%s got %+v", n.session.NodeID, calls)
+			}
+		}
+	})
+}
+
 func TestRunDroppedWhenItsLastWindowEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
