@@ -14,15 +14,17 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Node is a node connection as the escrow sees it; the relay's node connections satisfy it.
-type Node interface {
-	// ID is unique per connection for the life of the process.
+// Node is a node connection as the escrow sees it; the relay's node connections satisfy it. It
+// is an alias of an interface literal, so that it is the very type the relay's own alias names.
+//
+//   - ID is unique per connection for the life of the process.
+//   - Call sends a request on the connection; done gets the answer or an error, exactly once,
+//     possibly before Call returns, and must not block.
+//   - Session is the binding Cloudly answered the node's latest accepted registration with.
+type Node = interface {
 	ID() uint64
-	// Session is the binding Cloudly answered the node's latest accepted registration with.
-	Session() contracts.RuntimeSession
-	// Call sends a request on the connection; done gets the answer or an error, exactly once,
-	// possibly before Call returns, and must not block.
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
+	Session() contracts.RuntimeSession
 }
 
 // Options configure an Escrow. The zero value is usable.

@@ -10,7 +10,6 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -42,11 +41,11 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		opts.Registry = relay.NewRegistry()
 	}
 	var feats relay.Features
-	esc, err := escrow.New(escrow.Options{Registerer: opts.Registry, Logger: log.With().Str("component", "escrow").Logger()})
+	esc, err := buildEscrow(log, opts.Registry)
 	if err != nil {
 		return nil, err
 	}
-	feats.Escrow = escrowFeature{esc}
+	feats.Escrow = esc
 	return relay.New(cfg, feats, log, opts)
 }
 
