@@ -3,6 +3,7 @@ package contracts
 import (
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -206,21 +207,20 @@ const holdPath = "hold request"
 // judged by OrderReasons, the scope against a session by ScopeReasons.
 func ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) (HoldRuntimeNetworkDnsLeaseRenewalsRequest, error) {
 	var h HoldRuntimeNetworkDnsLeaseRenewalsRequest
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "nodeId", "projection", "renewals") {
+	m, ok := readExact(raw, "nodeId", "projection", "renewals")
+	if !ok {
 		return h, &InvalidError{[]string{holdPath + " must use its exact schema"}}
 	}
-	m := byKey(members)
 	var reasons []string
-	if s, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(m.get("nodeId")); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, holdPath+" nodeId must be a cluster node id")
 	} else {
 		h.NodeID = s
 	}
-	p, pr := readProjectionReference(m["projection"], holdPath+" projection")
+	p, pr := readProjectionReference(m.get("projection"), holdPath+" projection")
 	reasons = append(reasons, pr...)
 	h.Projection = p
-	elems, err := ReadArray(m["renewals"])
+	elems, err := ReadArray(m.get("renewals"))
 	switch {
 	case err != nil:
 		reasons = append(reasons, holdPath+" renewals must be an array")
@@ -343,24 +343,23 @@ func ValidateHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) []string {
 }
 
 func readProjectionReference(raw []byte, path string) (ProjectionReference, []string) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "id", "generation", "digest") {
+	m, ok := readExact(raw, "id", "generation", "digest")
+	if !ok {
 		return ProjectionReference{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var p ProjectionReference
 	var reasons []string
-	if s, err := ReadString(m["id"]); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(m.get("id")); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" id must be a canonical identifier")
 	} else {
 		p.ID = s
 	}
-	if n, ok := ReadCounter(m["generation"]); !ok {
+	if n, ok := ReadCounter(m.get("generation")); !ok {
 		reasons = append(reasons, path+" generation must be a non-negative safe integer")
 	} else {
 		p.Generation = n
 	}
-	if s, err := ReadString(m["digest"]); err != nil || !IsSha256Digest(s) {
+	if s, err := ReadString(m.get("digest")); err != nil || !IsSha256Digest(s) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else {
 		p.Digest = s
@@ -369,25 +368,24 @@ func readProjectionReference(raw []byte, path string) (ProjectionReference, []st
 }
 
 func readSignedRenewal(raw []byte, path string) (SignedRuntimeNetworkDnsLeaseRenewal, []string) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "authority", "renewal", "signature") {
+	m, ok := readExact(raw, "authority", "renewal", "signature")
+	if !ok {
 		return SignedRuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var s SignedRuntimeNetworkDnsLeaseRenewal
 	var reasons []string
-	if !isOpaqueValue(m["authority"]) {
+	if !isOpaqueValue(m.get("authority")) {
 		reasons = append(reasons, path+" authority must be a JSON value other than null")
 	}
-	if !isOpaqueValue(m["signature"]) {
+	if !isOpaqueValue(m.get("signature")) {
 		reasons = append(reasons, path+" signature must be a JSON value other than null")
 	}
-	r, rr := readRenewal(m["renewal"], path+" renewal")
+	r, rr := readRenewal(m.get("renewal"), path+" renewal")
 	reasons = append(reasons, rr...)
 	if len(reasons) > 0 {
 		return SignedRuntimeNetworkDnsLeaseRenewal{}, reasons
 	}
-	s.Authority, s.Renewal, s.Signature, s.Raw = m["authority"], r, m["signature"], raw
+	s.Authority, s.Renewal, s.Signature, s.Raw = m.get("authority"), r, m.get("signature"), raw
 	return s, nil
 }
 
@@ -401,40 +399,39 @@ func isOpaqueValue(raw []byte) bool {
 }
 
 func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []string) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "controller", "nodeId", "runtimeNamespace", "projection", "sequence", "dns", "digest") {
+	m, ok := readExact(raw, "controller", "nodeId", "runtimeNamespace", "projection", "sequence", "dns", "digest")
+	if !ok {
 		return RuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var r RuntimeNetworkDnsLeaseRenewal
 	var reasons []string
-	if KindOf(m["controller"]) != KindObject || !isOpaqueValue(m["controller"]) {
+	if KindOf(m.get("controller")) != KindObject || !isOpaqueValue(m.get("controller")) {
 		reasons = append(reasons, path+" controller must be an object")
 	} else {
-		r.Controller = m["controller"]
+		r.Controller = m.get("controller")
 	}
-	if s, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(m.get("nodeId")); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	} else {
 		r.NodeID = s
 	}
-	if s, err := ReadString(m["runtimeNamespace"]); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(m.get("runtimeNamespace")); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" runtimeNamespace must be a canonical identifier")
 	} else {
 		r.RuntimeNamespace = s
 	}
-	p, pr := readProjectionReference(m["projection"], path+" projection")
+	p, pr := readProjectionReference(m.get("projection"), path+" projection")
 	reasons = append(reasons, pr...)
 	r.Projection = p
-	if n, ok := ReadCounter(m["sequence"]); !ok {
+	if n, ok := ReadCounter(m.get("sequence")); !ok {
 		reasons = append(reasons, path+" sequence must be a non-negative safe integer")
 	} else {
 		r.Sequence = n
 	}
-	w, wr := readDnsWindow(m["dns"], path+" dns")
+	w, wr := readDnsWindow(m.get("dns"), path+" dns")
 	reasons = append(reasons, wr...)
 	r.Dns = w
-	digest, err := ReadString(m["digest"])
+	digest, err := ReadString(m.get("digest"))
 	if err != nil || !IsSha256Digest(digest) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else if len(reasons) == 0 {
@@ -448,18 +445,17 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 }
 
 func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "issuedAt", "notBefore", "expiresAt") {
+	m, ok := readExact(raw, "issuedAt", "notBefore", "expiresAt")
+	if !ok {
 		return DnsWindow{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var w DnsWindow
 	var reasons []string
 	for _, f := range [...]struct {
 		key string
 		dst *int64
 	}{{"issuedAt", &w.IssuedAt}, {"notBefore", &w.NotBefore}, {"expiresAt", &w.ExpiresAt}} {
-		if n, ok := ReadCounter(m[f.key]); ok {
+		if n, ok := ReadCounter(m.get(f.key)); ok {
 			*f.dst = n
 		} else {
 			reasons = append(reasons, path+" "+f.key+" must be a non-negative safe integer (Unix ms)")
@@ -477,6 +473,38 @@ func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
 	return w, reasons
 }
 
+// exact is an object read by readExact: its member values in the order of its keys.
+type exact struct {
+	keys []string
+	vals [7][]byte
+}
+
+// readExact reads raw as an object with exactly keys (at most 7), refusing a missing, unknown or
+// repeated key. It is hasExactKeys and byKey without a member list or a map: the escrow reads
+// one of these per node answer.
+func readExact(raw []byte, keys ...string) (exact, bool) {
+	o := exact{keys: keys}
+	n := 0
+	err := eachMember(raw, func(k string, v []byte) error {
+		i := slices.Index(keys, k)
+		if i < 0 || o.vals[i] != nil {
+			return ErrDuplicateKey
+		}
+		o.vals[i] = v
+		n++
+		return nil
+	})
+	return o, err == nil && n == len(keys)
+}
+
+// get is the value under key, nil for a key readExact was not given.
+func (o *exact) get(key string) []byte {
+	if i := slices.Index(o.keys, key); i >= 0 {
+		return o.vals[i]
+	}
+	return nil
+}
+
 // EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse is the answer { held }.
 func EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held int) json.RawMessage {
 	return append(strconv.AppendInt([]byte(`{"held":`), int64(held), 10), '}')
@@ -485,11 +513,11 @@ func EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held int) json.RawMessage 
 // BindHoldRuntimeNetworkDnsLeaseRenewalsResponse is bindHoldRuntimeNetworkDnsLeaseRenewalsResponse:
 // the answer must be exactly { held } with held equal to the number of renewals sent.
 func BindHoldRuntimeNetworkDnsLeaseRenewalsResponse(raw []byte, sent int) error {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "held") {
+	m, ok := readExact(raw, "held")
+	if !ok {
 		return &InvalidError{[]string{"hold answer must use its exact schema"}}
 	}
-	if n, ok := ReadCounter(members[0].Value); !ok || n != int64(sent) {
+	if n, ok := ReadCounter(m.get("held")); !ok || n != int64(sent) {
 		return &InvalidError{[]string{"hold answer held must equal the number of renewals sent"}}
 	}
 	return nil
@@ -518,29 +546,27 @@ type RuntimeNetworkDnsLeaseRenewalReference struct {
 // reference of the renewal that was sent (equal as JSON values). It returns the status.
 func BindApplyRuntimeNetworkDnsLeaseRenewalResponse(raw []byte, sent RuntimeNetworkDnsLeaseRenewalReference) (string, error) {
 	const path = "apply answer"
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "status", "renewal") {
+	m, ok := readExact(raw, "status", "renewal")
+	if !ok {
 		return "", &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	m := byKey(members)
 	var reasons []string
-	status, err := ReadString(m["status"])
+	status, err := ReadString(m.get("status"))
 	if err != nil || (status != ApplyStatusAccepted && status != ApplyStatusReplay) {
 		reasons = append(reasons, path+" status must be accepted or replay")
 	}
-	ref, err := ReadObject(m["renewal"])
-	if err != nil || !hasExactKeys(ref, "projection", "sequence", "digest") {
+	rm, ok := readExact(m.get("renewal"), "projection", "sequence", "digest")
+	if !ok {
 		reasons = append(reasons, path+" renewal must use its exact schema")
 		return "", &InvalidError{reasons}
 	}
-	rm := byKey(ref)
-	if p, pr := readProjectionReference(rm["projection"], path+" renewal projection"); len(pr) > 0 || p != sent.Projection {
+	if p, pr := readProjectionReference(rm.get("projection"), path+" renewal projection"); len(pr) > 0 || p != sent.Projection {
 		reasons = append(reasons, path+" renewal projection must be the sent renewal's projection")
 	}
-	if n, ok := ReadCounter(rm["sequence"]); !ok || n != sent.Sequence {
+	if n, ok := ReadCounter(rm.get("sequence")); !ok || n != sent.Sequence {
 		reasons = append(reasons, path+" renewal sequence must be the sent renewal's sequence")
 	}
-	if d, err := ReadString(rm["digest"]); err != nil || d != sent.Digest {
+	if d, err := ReadString(rm.get("digest")); err != nil || d != sent.Digest {
 		reasons = append(reasons, path+" renewal digest must be the sent renewal's digest")
 	}
 	if len(reasons) > 0 {
