@@ -48,6 +48,10 @@ type Escrow struct {
 	mu    sync.Mutex
 	sched *scheduler // guarded by mu
 	armed int64      // guarded by mu: the instant Run's timer is set for; math.MaxInt64 while none
+
+	answersMu sync.Mutex
+	answers   []answer // guarded by answersMu: node answers waiting for Run
+	spare     []answer // guarded by answersMu: the previous batch's buffer, reused
 }
 
 // releaseBatch bounds the pushes Run takes from the scheduler at once, so that the first nodes of
@@ -76,10 +80,14 @@ func (e *Escrow) nowMs() int64 { return e.now().UnixMilli() }
 func (e *Escrow) changedLocked() {
 	if at, ok := e.sched.next(); ok && at < e.armed {
 		e.armed = at
-		select {
-		case e.kick <- struct{}{}:
-		default:
-		}
+		e.kickRun()
+	}
+}
+
+func (e *Escrow) kickRun() {
+	select {
+	case e.kick <- struct{}{}:
+	default:
 	}
 }
 
@@ -216,12 +224,14 @@ func (e *Escrow) NodeGone(n Node) {
 	e.mu.Unlock()
 }
 
-// Run drives releases until ctx ends: one timer for the next due event across every node.
+// Run drives releases until ctx ends: one timer for the next due event across every node. It
+// sends a burst of pushes before it looks at any answer, so that answers arriving during a burst
+// (every node's slot opening on the same grid instant) do not compete with the pushes still to go.
 func (e *Escrow) Run(ctx context.Context) {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
-	for {
+	for ctx.Err() == nil {
 		e.mu.Lock()
 		releases := e.sched.releases(e.nowMs(), releaseBatch)
 		more := len(releases) == releaseBatch
@@ -233,10 +243,7 @@ func (e *Escrow) Run(ctx context.Context) {
 		e.gaugesLocked()
 		e.mu.Unlock()
 		e.send(releases)
-		if more {
-			if ctx.Err() != nil {
-				return
-			}
+		if more || e.recordAnswers() {
 			continue
 		}
 		timer.Stop()
@@ -245,7 +252,6 @@ func (e *Escrow) Run(ctx context.Context) {
 		}
 		select {
 		case <-ctx.Done():
-			return
 		case <-e.kick:
 		case <-timer.C:
 		}
@@ -270,25 +276,67 @@ func (e *Escrow) send(releases []release) {
 	}
 }
 
-// answered records a node's answer to a release.
+// answered queues a node's answer to a release for Run; it runs on the connection's goroutine
+// and never blocks.
 func (e *Escrow) answered(r release, resp json.RawMessage, err error) {
-	outcome, refusal := releaseOutcome(resp, err, r.run.reference(r.idx))
-	ok := outcome == outcomeAccepted || outcome == outcomeReplay
+	e.answersMu.Lock()
+	e.answers = append(e.answers, answer{r, resp, err})
+	first := len(e.answers) == 1
+	e.answersMu.Unlock()
+	if first {
+		e.kickRun()
+	}
+}
+
+// answer is a node's answer to a release, waiting for Run.
+type answer struct {
+	r    release
+	resp json.RawMessage
+	err  error
+}
+
+// recordAnswers binds the queued answers to the renewals sent and records them: acknowledged, or
+// retried later. It reports whether there were any.
+func (e *Escrow) recordAnswers() bool {
+	e.answersMu.Lock()
+	batch := e.answers
+	e.answers = e.spare[:0]
+	e.answersMu.Unlock()
+	if len(batch) == 0 {
+		return false
+	}
+	type judged struct {
+		outcome string
+		refusal contracts.RefusalName
+	}
+	outcomes := make([]judged, len(batch))
+	for i, a := range batch {
+		outcomes[i].outcome, outcomes[i].refusal = releaseOutcome(a.resp, a.err, a.r.run.reference(a.r.idx))
+	}
 	now := e.nowMs()
 	e.mu.Lock()
-	e.sched.result(r, ok, now)
-	e.changedLocked()
-	e.mu.Unlock()
-	e.metrics.released(outcome)
-	if ev := e.log.Debug(); ev.Enabled() {
-		if refusal != "" {
-			ev = ev.Str("refusal", string(refusal))
-		}
-		rn := r.run.renewals[r.idx]
-		ev.Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", r.nodeID).
-			Int64("sequence", rn.sequence).Int64("window_start", rn.notBefore).Int64("window_end", rn.expiresAt).
-			Int("attempt", r.attempt).Str("outcome", outcome).Msg("release")
+	for i, a := range batch {
+		e.sched.result(a.r, outcomes[i].outcome == outcomeAccepted || outcomes[i].outcome == outcomeReplay, now)
 	}
+	e.mu.Unlock()
+	for i, a := range batch {
+		o := outcomes[i]
+		e.metrics.released(o.outcome)
+		if ev := e.log.Debug(); ev.Enabled() {
+			if o.refusal != "" {
+				ev = ev.Str("refusal", string(o.refusal))
+			}
+			rn := a.r.run.renewals[a.r.idx]
+			ev.Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", a.r.nodeID).
+				Int64("sequence", rn.sequence).Int64("window_start", rn.notBefore).Int64("window_end", rn.expiresAt).
+				Int("attempt", a.r.attempt).Str("outcome", o.outcome).Msg("release")
+		}
+	}
+	clear(batch)
+	e.answersMu.Lock()
+	e.spare = batch[:0]
+	e.answersMu.Unlock()
+	return true
 }
 
 // droppedLocked counts and logs a run the scheduler stopped holding.
