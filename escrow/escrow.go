@@ -299,12 +299,13 @@ type answer struct {
 // retried later. It reports whether there were any.
 func (e *Escrow) recordAnswers() bool {
 	e.answersMu.Lock()
-	batch := e.answers
-	e.answers = e.spare[:0]
-	e.answersMu.Unlock()
-	if len(batch) == 0 {
+	if len(e.answers) == 0 {
+		e.answersMu.Unlock()
 		return false
 	}
+	batch := e.answers
+	e.answers, e.spare = e.spare[:0], nil // the two buffers never alias
+	e.answersMu.Unlock()
 	type judged struct {
 		outcome string
 		refusal contracts.RefusalName

@@ -234,6 +234,41 @@ func TestBurstLargerThanABatchReachesEveryNode(t *testing.T) {
 	})
 }
 
+// asyncNode answers every push from a goroutine of its own, as a connection's reader does.
+type asyncNode struct{ *fakeNode }
+
+func (n asyncNode) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
+	n.fakeNode.Call(method, body, func(resp json.RawMessage, err error) { go done(resp, err) })
+}
+
+func TestAnswersFromManyGoroutinesAcrossSlots(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := startBubble(t)
+		defer b.stop()
+		b.e.SetAttached(true)
+		start := nowMs() + minute
+		nodes := make([]*fakeNode, 2*releaseBatch+3)
+		for i := range nodes {
+			id := "node-" + itoa(i)
+			nodes[i] = newFakeNode(id, cloudlyA, "rt-cluster-a", 1)
+			b.e.NodeBound(asyncNode{nodes[i]})
+			if _, err := b.e.Hold(true, gridRun(id, 4, start).body(t)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		b.e.SetAttached(false)
+		sleepUntil(start + 30*minute + 1)
+		for _, n := range nodes {
+			if got := n.sequences(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
+				t.Fatalf("%s got %v, want each renewal once", n.session.NodeID, got)
+			}
+		}
+		if got := testutil.ToFloat64(b.e.metrics.releases.WithLabelValues(outcomeAccepted)); got != float64(4*len(nodes)) {
+			t.Fatalf("releases_total{accepted} = %v, want %d", got, 4*len(nodes))
+		}
+	})
+}
+
 func TestRunDroppedWhenItsLastWindowEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
