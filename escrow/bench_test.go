@@ -135,7 +135,7 @@ func BenchmarkEscrow10kNodes(b *testing.B) {
 		// Delay: replace every run with one whose slots open 2 s apart from t0, for all nodes at
 		// once, detach before t0, and time three slot bursts.
 		const step, bursts = 2 * time.Second, 3
-		t0 := time.Now().Add(holdTime + holdTime/2 + 2*time.Second).Truncate(time.Second)
+		t0 := time.Now().Add(2*holdTime + 3*time.Second).Truncate(time.Second)
 		for i, id := range ids {
 			body, answers := benchRun(b, id, t0, step, 3*time.Second)
 			carriers[i].answers = answers
