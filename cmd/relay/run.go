@@ -68,6 +68,11 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		}
 		feats.Registry = reg
 	}
+	esc, err := buildEscrow(log, opts.Registry)
+	if err != nil {
+		return nil, err
+	}
+	feats.Escrow = esc
 	return relay.New(cfg, feats, log, opts)
 }
 

@@ -1,0 +1,70 @@
+package escrow
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// metrics are the escrow's Prometheus metrics: namespace relay, subsystem escrow.
+type metrics struct {
+	runs     prometheus.Gauge       // relay_escrow_runs_held
+	renewals prometheus.Gauge       // relay_escrow_renewals_held
+	holds    *prometheus.CounterVec // relay_escrow_holds_total{outcome}
+	dropped  *prometheus.CounterVec // relay_escrow_runs_dropped_total{reason}
+	releases *prometheus.CounterVec // relay_escrow_releases_total{outcome}
+	delay    prometheus.Histogram   // relay_escrow_release_delay_seconds
+
+	releasesBy map[string]prometheus.Counter // releases by outcome, resolved once
+}
+
+// released counts one release outcome.
+func (m *metrics) released(outcome string) {
+	if c, ok := m.releasesBy[outcome]; ok {
+		c.Inc()
+		return
+	}
+	m.releases.WithLabelValues(outcome).Inc()
+}
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
+	const ns, sub = "relay", "escrow"
+	m := &metrics{
+		runs: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "runs_held",
+			Help: "Nodes whose DNS lease renewal run the relay holds."}),
+		renewals: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "renewals_held",
+			Help: "Signed DNS lease renewals held across all runs."}),
+		holds: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "holds_total",
+			Help: "holdRuntimeNetworkDnsLeaseRenewals requests by outcome: held, cleared, or the refusal name."}, []string{"outcome"}),
+		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "runs_dropped_total",
+			Help: "Runs the relay stopped holding, by reason: expired, cleared, custody-ended, foreign-session."}, []string{"reason"}),
+		releases: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "releases_total",
+			Help: "applyRuntimeNetworkDnsLeaseRenewal pushes by outcome: accepted, replay, refused, mismatch, failed."}, []string{"outcome"}),
+		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "release_delay_seconds",
+			Help:    "From the moment a renewal became due (its notBefore, or the detach or registration after it) to its first push.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
+	}
+	// Every known label value starts at zero, so that a rate is defined before the first event.
+	for _, o := range []string{"held", "cleared"} {
+		m.holds.WithLabelValues(o)
+	}
+	for _, n := range contracts.HoldRuntimeNetworkDnsLeaseRenewalsRefusals() {
+		m.holds.WithLabelValues(string(n))
+	}
+	for _, r := range []string{dropExpired, dropCleared, dropCustody, dropForeign} {
+		m.dropped.WithLabelValues(r)
+	}
+	m.releasesBy = make(map[string]prometheus.Counter)
+	for _, o := range []string{outcomeAccepted, outcomeReplay, outcomeRefused, outcomeMismatch, outcomeFailed} {
+		m.releasesBy[o] = m.releases.WithLabelValues(o)
+	}
+	if reg == nil {
+		reg = prometheus.NewRegistry()
+	}
+	for _, c := range []prometheus.Collector{m.runs, m.renewals, m.holds, m.dropped, m.releases, m.delay} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
+}
