@@ -78,11 +78,13 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 
 	fmt.Fprintf(stdout, "relay dev: relay on %s, admin on http://%s, Cloudly stand-in on %s, %d nodes; not yet: %s\n",
 		r.DownstreamAddr(), r.AdminAddr(), cloudly.URL(), *nodes, strings.Join(sim.NotYet, ", "))
-	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
-	err = cloudly.WaitAttached(wctx)
-	cancel()
-	if err != nil && ctx.Err() == nil {
-		return err
+	for deadline := time.Now().Add(30 * time.Second); !r.Upstream().Attached(); time.Sleep(20 * time.Millisecond) {
+		if ctx.Err() != nil {
+			return nil
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("the relay did not attach to the Cloudly stand-in within 30 s")
+		}
 	}
 
 	scDone := make(chan error, 1)

@@ -49,6 +49,8 @@ type Scenario struct {
 	requests, restores atomic.Int64
 	registered         atomic.Int64
 	in                 atomic.Pointer[Ingress]
+	renewals           []*RenewalCounter // set by Run before any traffic
+	outages            atomic.Int64
 }
 
 // The ingress runs on the first node; its bearer is the simulator's own.
@@ -78,13 +80,18 @@ func (s *Scenario) Close() { s.corestore.Close() }
 func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
 
 // NotYet lists the scenario's parts that are not built yet.
-var NotYet = []string{"vpn", "escrow"}
+var NotYet = []string{"vpn"}
 
 // Snapshot reads the counts so far.
 func (s *Scenario) Snapshot() Counts {
 	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load()}
 	if in := s.in.Load(); in != nil {
 		c.RouteTables = in.TablesReceived()
+	}
+	if s.outages.Load() > 0 { // renewals is complete once an outage began
+		for _, r := range s.renewals {
+			c.EscrowReleased += r.Admitted()
+		}
 	}
 	return c
 }
@@ -113,6 +120,7 @@ func (s *Scenario) Run(ctx context.Context, relayURL string) error {
 	s.in.Store(in)
 
 	var g errgroup.Group
+	g.Go(func() error { s.escrowLoop(ctx, nodes); return nil })
 	g.Go(func() error { s.traffic(ctx, nodes); return nil })
 	g.Go(func() error { s.routeTables(ctx); return nil })
 	g.Go(func() error { return s.restoresLoop(ctx) })
@@ -121,11 +129,13 @@ func (s *Scenario) Run(ctx context.Context, relayURL string) error {
 
 func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error) {
 	nodes := make([]*Node, s.nodes)
+	s.renewals = make([]*RenewalCounter, s.nodes)
 	var g errgroup.Group
 	g.SetLimit(64)
 	for i := range nodes {
 		n := NewNode(nodeName(i), s.Log)
 		nodes[i] = n
+		s.renewals[i] = CountRenewals(n)
 		g.Go(func() error {
 			if err := n.Connect(ctx, url); err != nil {
 				return err
@@ -140,6 +150,45 @@ func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error
 		})
 	}
 	return nodes, g.Wait()
+}
+
+// escrowLoop: Cloudly holds a run of short DNS windows for every node (3 s windows every 2 s),
+// then goes away for 4 s — the relay releases the current window to each node and the next one
+// when its slot opens — and comes back; again every 20 s.
+func (s *Scenario) escrowLoop(ctx context.Context, nodes []*Node) {
+	for {
+		start := time.Now().Add(500 * time.Millisecond)
+		for _, n := range nodes {
+			body, err := EscrowRun{Session: n.Session(), Start: start, Count: 10, Step: 2 * time.Second, Window: 3 * time.Second}.Request()
+			if err != nil {
+				continue
+			}
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			if _, err := s.Cloudly.Call(cctx, contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals, body); err != nil && ctx.Err() == nil {
+				s.Log.Debug().Err(err).Str("node", n.ID).Msg("hold failed")
+			}
+			cancel()
+		}
+		if !sleepCtx(ctx, time.Second) {
+			return
+		}
+		s.outages.Add(1)
+		s.Cloudly.SetAvailable(false)
+		ok := sleepCtx(ctx, 4*time.Second)
+		s.Cloudly.SetAvailable(true)
+		if !ok || !sleepCtx(ctx, 15*time.Second) {
+			return
+		}
+	}
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	select {
+	case <-ctx.Done():
+		return false
+	case <-time.After(d):
+		return true
+	}
 }
 
 // traffic: every 200 ms each node reports to Cloudly and Cloudly reads each node's stats.
