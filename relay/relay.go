@@ -51,7 +51,8 @@ type Relay struct {
 
 // Options adjust a Relay beyond its Config, for tests and `relay dev`.
 type Options struct {
-	Registry     *prometheus.Registry // nil: a new one
+	Registry     *prometheus.Registry  // serves /metrics; nil: a new one
+	Registerer   prometheus.Registerer // where metrics are registered; nil: Registry
 	PingInterval time.Duration
 	DeadTimeout  time.Duration
 }
@@ -71,7 +72,11 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 		return nil, err
 	}
 	r.up = up
-	r.metrics = newMetrics(r.registry, func() float64 {
+	var reg prometheus.Registerer = r.registry
+	if opts.Registerer != nil {
+		reg = opts.Registerer
+	}
+	r.metrics = newMetrics(reg, func() float64 {
 		if c := up.current.Load(); c != nil {
 			return float64(c.QueueLen())
 		}

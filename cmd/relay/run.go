@@ -43,13 +43,16 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 	if opts.Registry == nil {
 		opts.Registry = relay.NewRegistry()
 	}
+	if opts.Registerer == nil {
+		opts.Registerer = opts.Registry
+	}
 	var feats relay.Features
-	rs, err := buildRestore(cfg, log, opts.Registry)
+	rs, err := buildRestore(cfg, log, opts.Registerer)
 	if err != nil {
 		return nil, err
 	}
 	feats.Restore = rs
-	in, err := ingress.New(ingress.Config{Registry: opts.Registry, Log: log})
+	in, err := ingress.New(ingress.Config{Registry: opts.Registerer, Log: log})
 	if err != nil {
 		return nil, err
 	}
@@ -61,14 +64,14 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 		}
 		reg, err := registry.New(registry.Options{
 			Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir, CacheMaxBytes: cfg.RegistryCacheMaxBytes,
-			Metrics: opts.Registry, Log: log.With().Str("component", "registry").Logger(), RootCAs: roots,
+			Metrics: opts.Registerer, Log: log.With().Str("component", "registry").Logger(), RootCAs: roots,
 		})
 		if err != nil {
 			return nil, usagef("--registry-upstream: %v", err)
 		}
 		feats.Registry = reg
 	}
-	esc, err := buildEscrow(log, opts.Registry)
+	esc, err := buildEscrow(log, opts.Registerer)
 	if err != nil {
 		return nil, err
 	}
