@@ -77,7 +77,7 @@ func TestHeadAndUncachedRangeAreForwarded(t *testing.T) {
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
 		t.Fatal("a Range answer was cached")
 	}
-	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+	if got := e.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached by HEAD and Range", got)
 	}
 }
@@ -104,10 +104,10 @@ func TestTagsAndOtherAlgorithmsAreNeverCached(t *testing.T) {
 		t.Fatalf("sha512 blob: %v %v", resp.StatusCode, err)
 	}
 	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+	if got := e.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached from tags and sha512", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_misses_total", "kind", "blob") + e.metric(t, "relay_registry_cache_misses_total", "kind", "manifest"); got != 0 {
+	if got := e.Metric("relay_registry_cache_misses_total", "kind", "blob") + e.Metric("relay_registry_cache_misses_total", "kind", "manifest"); got != 0 {
 		t.Fatalf("tags or sha512 went through the cache (%v misses)", got)
 	}
 }
@@ -137,7 +137,7 @@ func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatalf("pull without a usable cache: %v", err)
 	}
-	if got := e.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
+	if got := e.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
 		t.Fatalf("bypass{disk} = %v, want every GET by digest counted", got)
 	}
 
@@ -152,10 +152,10 @@ func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
 		t.Fatalf("pull with a broken cache: %v", err)
 	}
 	e2.settle(t)
-	if got := e2.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
+	if got := e2.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
 		t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
 	}
-	if got := e2.metric(t, "relay_registry_cache_objects"); got != 0 {
+	if got := e2.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached on a broken disk", got)
 	}
 }
@@ -169,7 +169,7 @@ func TestCacheSurvivesARelayRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.settle(t)
-	e.stop()
+	e.Close()
 
 	e2 := startRelay(t, up.URL(), cacheDir, nil)
 	up.blobGets.Store(0)
@@ -189,10 +189,10 @@ func TestCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_evictions_total"); got < 1 {
+	if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 		t.Fatalf("evictions = %v, want some", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_bytes"); got > 700<<10 {
+	if got := e.Metric("relay_registry_cache_bytes"); got > 700<<10 {
 		t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
 	}
 }
@@ -266,7 +266,7 @@ func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
 		t.Fatalf("the stall was noticed after %v", d)
 	}
 	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
+	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
 		t.Fatalf("stalled fill failures = %v", got)
 	}
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
@@ -284,7 +284,7 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 		_, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
 		errs <- err
 	}()
-	for e.metric(t, "relay_registry_cache_fills_in_flight") == 0 {
+	for e.Metric("relay_registry_cache_fills_in_flight") == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(50 * time.Millisecond)
@@ -292,7 +292,7 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 	if err := <-errs; err == nil {
 		t.Fatal("a caller of a fill ended by Close got a whole answer")
 	}
-	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
+	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
 		t.Fatalf("closed fill failures = %v", got)
 	}
 }
@@ -336,7 +336,7 @@ func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 		t.Fatalf("redirected blob not cached: %v", err)
 	}
-	if strings.Contains(e.logs.String(), "s3cr3t") {
+	if strings.Contains(e.Logs.String(), "s3cr3t") {
 		t.Fatal("the signed storage URL appears in the log")
 	}
 }
