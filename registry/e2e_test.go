@@ -37,7 +37,7 @@ func TestPullFillsCacheThenServesItWithoutUpstreamBytes(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatalf("first pull: %v", err)
 	}
-	e.settle(t)
+	e.settle()
 	total := blobBytesOf(t, img)
 	if g, b := up.blobGets.Load(), up.blobBytes.Load(); g != 4 || b != total {
 		t.Fatalf("first pull: upstream served %d blob GETs, %d bytes; want 4 (3 layers + config), %d", g, b, total)
@@ -110,7 +110,7 @@ func TestRefusedCallerGetsTheRefusalEvenForACachedBlob(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
+	e.settle()
 	layer := layerDigests(t, img)[0]
 	if _, err := os.Stat(blobPath(e.cacheDir, layer.String())); err != nil {
 		t.Fatalf("blob not cached: %v", err)
@@ -183,7 +183,7 @@ func TestCorruptedUpstreamBlobIsNeverPublished(t *testing.T) {
 	up.bytesPerSec.Store(4 << 20)
 	for i := range 2 {
 		resp, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
-		e.settle(t)
+		e.settle()
 		switch {
 		case err == nil && resp.StatusCode == http.StatusBadGateway && bytes.Contains(body, []byte(`"DIGEST_INVALID"`)):
 		case err == nil:
@@ -215,7 +215,7 @@ func TestCorruptedUpstreamBlobIsNeverPublished(t *testing.T) {
 	// Once the upstream serves the right bytes, they are fetched, verified and published.
 	up.corrupt.Delete(layer.String())
 	resp, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
-	e.settle(t)
+	e.settle()
 	if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != layer.String() {
 		t.Fatalf("after the fix: %v %v, digest %s", resp.StatusCode, err, sha256Of(body))
 	}
@@ -266,7 +266,7 @@ func TestConcurrentPullsOfOneBlobFetchItOnce(t *testing.T) {
 	close(start)
 	wg.Wait()
 	close(results)
-	e.settle(t)
+	e.settle()
 	for r := range results {
 		switch {
 		case r.who == "mallory" && r.status != http.StatusForbidden:

@@ -30,7 +30,7 @@ func cachedLayer(t *testing.T, up *testUpstream, e *relayEnv, size int64) (path,
 	if err != nil || resp.StatusCode != http.StatusOK || sha256Of(blob) != digest {
 		t.Fatalf("fill: %v %v", resp.StatusCode, err)
 	}
-	e.settle(t)
+	e.settle()
 	return path, digest, blob, tok
 }
 
@@ -73,7 +73,7 @@ func TestHeadAndUncachedRangeAreForwarded(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusPartialContent || len(body) != 10 {
 		t.Fatalf("uncached range: %v %v, %d bytes", resp.StatusCode, err, len(body))
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
 		t.Fatal("a Range answer was cached")
 	}
@@ -103,7 +103,7 @@ func TestTagsAndOtherAlgorithmsAreNeverCached(t *testing.T) {
 	if err != nil || resp.StatusCode == http.StatusOK {
 		t.Fatalf("sha512 blob: %v %v", resp.StatusCode, err)
 	}
-	e.settle(t)
+	e.settle()
 	if got := e.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached from tags and sha512", got)
 	}
@@ -151,7 +151,7 @@ func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
 	if err := pullImage(t, e2, newClient(t, "alice", "alice-secret-pw"), "team/app", img2); err != nil {
 		t.Fatalf("pull with a broken cache: %v", err)
 	}
-	e2.settle(t)
+	e2.settle()
 	if got := e2.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
 		t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
 	}
@@ -168,7 +168,7 @@ func TestCacheSurvivesARelayRestart(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
+	e.settle()
 	e.Close()
 
 	e2 := startRelay(t, up.URL(), cacheDir, nil)
@@ -188,7 +188,7 @@ func TestCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
+	e.settle()
 	if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 		t.Fatalf("evictions = %v, want some", got)
 	}
@@ -219,7 +219,7 @@ func TestFillOutlivesALeaderWhoLeaves(t *testing.T) {
 	io.ReadFull(resp.Body, make([]byte, 64<<10))
 	cancel() // the leader leaves early
 	resp.Body.Close()
-	e.settle(t)
+	e.settle()
 	up.bytesPerSec.Store(0)
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 		t.Fatalf("the fill stopped with its leader: %v", err)
@@ -265,7 +265,7 @@ func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("the stall was noticed after %v", d)
 	}
-	e.settle(t)
+	e.settle()
 	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
 		t.Fatalf("stalled fill failures = %v", got)
 	}
@@ -332,7 +332,7 @@ func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
 	if a := storageAuth.Load().(string); a != "" {
 		t.Fatalf("storage received the caller's Authorization %q", a)
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 		t.Fatalf("redirected blob not cached: %v", err)
 	}
@@ -358,7 +358,7 @@ func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusBadGateway || !bytes.Contains(body, []byte("registry-digest-mismatch")) {
 		t.Fatalf("empty body for a non-empty digest: %v %v %q", resp.StatusCode, err, body)
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, empty)); err != nil {
 		t.Fatalf("empty blob not published: %v", err)
 	}

@@ -65,15 +65,9 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 
 // settle waits until no fill is in progress: a caller has its last byte once the object is
 // verified, a moment before the object is published.
-func (e *relayEnv) settle(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.Metric("relay_registry_cache_fills_in_flight") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("fills still in flight after 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+func (e *relayEnv) settle() {
+	e.T.Helper()
+	e.Eventually("no fill in flight", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 0 })
 }
 
 // client is a ggcr remote client with its own transport, closed at the end of the test.
