@@ -1,6 +1,7 @@
 // Package relaytest runs a real relay against the simulated Cloudly on loopback, the way
-// cmd/relay builds one, for tests in any package: the fault suite, feature tests and the relay's
-// own. Nothing here mocks the relay.
+// cmd/relay builds one, for tests in any package: the fault suite, the relay's own tests, feature
+// tests (their feature built on the relay's logger and metrics registry by Options.Build) and
+// cmd/relay's tests of build(). Nothing here mocks the relay.
 package relaytest
 
 import (
@@ -48,9 +49,10 @@ type Options struct {
 	// Logs collects the log lines; nil: a new Buffer. Pass one to share it with peers started
 	// before the relay.
 	Logs *Buffer
-	// Build builds the relay in place of relay.New(cfg, Features, log, opts), as cmd/relay's
-	// build() does: from the completed Config, Env.Log and relay.Options whose Registry is
-	// Env.Registry. Features that need the relay's logger or metrics registry are made here.
+	// Build builds the relay in place of relay.New(cfg, Features, log, opts) (Features is then
+	// unused), with cmd/relay's build() signature: from the completed Config, Env.Log and
+	// relay.Options whose Registry is Env.Registry. Features that need the relay's logger or
+	// metrics registry are made here.
 	Build func(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error)
 }
 
