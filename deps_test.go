@@ -26,7 +26,7 @@ var layers = map[string]struct{ own, third []string }{
 	"vpnhub":               {own: []string{"contracts"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
 	"relay":                {own: []string{"contracts", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"faults":               {}, // tests only
-	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/rs/zerolog"}},
+	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 }
 

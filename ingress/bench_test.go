@@ -45,9 +45,9 @@ func benchIngressSet(b *testing.B, h *harness, n int, onHint func(int64)) []*sim
 	for i := range ins {
 		node := fmt.Sprintf("ingress-%03d", i)
 		h.control.Designate(node, "bearer-"+node)
-		in := sim.NewIngress(node, "bearer-"+node, h.log)
+		in := sim.NewIngress(node, "bearer-"+node, h.Log)
 		in.AutoPull, in.AutoReregister, in.OnHint = false, false, onHint
-		if err := in.Connect(h.ctx(), h.url); err != nil {
+		if err := in.Connect(h.ctx(), h.URL); err != nil {
 			b.Fatal(err)
 		}
 		b.Cleanup(in.Close)

@@ -35,7 +35,7 @@ func TestNodeAskingForTheTableIsRefusedIngressOnly(t *testing.T) {
 	if _, err := anon.Pull(h.ctx()); !errors.Is(err, contracts.RelayIngressOnly) {
 		t.Fatalf("unregistered connection asking for the table: %v, want relay-ingress-only", err)
 	}
-	if got := h.metric("relay_ingress_route_table_reads_total", "outcome", "relay-ingress-only"); got != 2 {
+	if got := h.Metric("relay_ingress_route_table_reads_total", "outcome", "relay-ingress-only"); got != 2 {
 		t.Fatalf("relay-ingress-only reads = %v, want 2", got)
 	}
 }
@@ -70,7 +70,7 @@ func TestRefusedIngressStaysRefused(t *testing.T) {
 	}
 	ok := h.accepted("node-b", "bearer-b")
 	h.push(routeTable(4))
-	h.waitFor("the accepted ingress is hinted", func() bool { return len(ok.Hints()) == 1 })
+	h.Eventually("the accepted ingress is hinted", func() bool { return len(ok.Hints()) == 1 })
 	if got := in.Hints(); len(got) != 0 {
 		t.Fatalf("refused ingress was hinted %v", got)
 	}
@@ -80,7 +80,7 @@ func TestRefusedIngressStaysRefused(t *testing.T) {
 	if got := h.control.Registrations("bearer-refused"); got != 1 {
 		t.Fatalf("Cloudly judged %d bearer refusals", got)
 	}
-	if strings.Contains(h.logs.String(), secretBearer) {
+	if strings.Contains(h.Logs.String(), secretBearer) {
 		t.Fatal("a log line quotes the bearer")
 	}
 }
@@ -116,7 +116,7 @@ func TestAcceptedIngressGetsNullThenTheTableThenTheHint(t *testing.T) {
 	if want := `{"accepted":true,"revision":null,"protocol":` + string(o) + `}`; string(resp) != want {
 		t.Fatalf("answer %s, want Cloudly's %s untouched", resp, want)
 	}
-	if h.cloudly.Received(contracts.MethodRegisterClusterIngress) != 1 {
+	if h.Cloudly.Received(contracts.MethodRegisterClusterIngress) != 1 {
 		t.Fatal("Cloudly did not see the registration once")
 	}
 
@@ -135,15 +135,15 @@ func TestAcceptedIngressGetsNullThenTheTableThenTheHint(t *testing.T) {
 	if got := h.push(routeTable(5)); got != `{"appliedRevision":5}` {
 		t.Fatalf("push answered %s", got)
 	}
-	h.waitFor("the ingress pulls after the hint", func() bool { _, rev, ok := in.Table(); return ok && rev == 5 })
+	h.Eventually("the ingress pulls after the hint", func() bool { _, rev, ok := in.Table(); return ok && rev == 5 })
 	if hint := string(in.LastHint()); hint != `{"revision":5}` {
 		t.Fatalf("hint %s, want the revision alone", hint)
 	}
 	if raw, _, _ := in.Table(); string(raw) != routeTable(5) {
 		t.Fatalf("table arrived as %s", raw)
 	}
-	if in.TablesReceived() != 1 || h.metric("relay_ingress_route_table_hints_total", "outcome", "answered") != 1 {
-		t.Fatalf("tables %d, hints answered %v", in.TablesReceived(), h.metric("relay_ingress_route_table_hints_total", "outcome", "answered"))
+	if in.TablesReceived() != 1 || h.Metric("relay_ingress_route_table_hints_total", "outcome", "answered") != 1 {
+		t.Fatalf("tables %d, hints answered %v", in.TablesReceived(), h.Metric("relay_ingress_route_table_hints_total", "outcome", "answered"))
 	}
 	// knownRevision does not change the answer: the relay answers the table it holds.
 	resp, err = in.Call(h.ctx(), contracts.MethodGetClusterIngressRouteTable, json.RawMessage(`{"knownRevision":5}`))
@@ -153,7 +153,7 @@ func TestAcceptedIngressGetsNullThenTheTableThenTheHint(t *testing.T) {
 	if _, err := in.Call(h.ctx(), contracts.MethodGetClusterIngressRouteTable, json.RawMessage(`{"knownRevision":-1}`)); !errors.Is(err, contracts.RelayRequestInvalid) {
 		t.Fatalf("bad knownRevision: %v", err)
 	}
-	if strings.Contains(h.logs.String(), "PRIVATE KEY") || strings.Contains(h.logs.String(), "bearer-a") {
+	if strings.Contains(h.Logs.String(), "PRIVATE KEY") || strings.Contains(h.Logs.String(), "bearer-a") {
 		t.Fatal("a log line carries the table or the bearer")
 	}
 }
@@ -166,7 +166,7 @@ func TestOlderPushKeepsTheNewerRevision(t *testing.T) {
 	if got := h.push(routeTable(7)); got != `{"appliedRevision":7}` {
 		t.Fatalf("push 7: %s", got)
 	}
-	h.waitFor("hint 7", func() bool { return len(in.Hints()) == 1 })
+	h.Eventually("hint 7", func() bool { return len(in.Hints()) == 1 })
 	for _, older := range []string{routeTable(3), `{"revision":7,"routes":"same revision, other bytes"}`, `null`} {
 		if got := h.push(older); got != `{"appliedRevision":7}` {
 			t.Fatalf("push %.30s: answered %s, want the held revision 7", older, got)
@@ -182,8 +182,8 @@ func TestOlderPushKeepsTheNewerRevision(t *testing.T) {
 	if _, err := h.control.PushTable(h.ctx(), json.RawMessage(`{"routes":[]}`)); !errors.Is(err, contracts.RelayRequestInvalid) {
 		t.Fatalf("a table without a revision: %v", err)
 	}
-	if h.metric("relay_ingress_route_table_updates_total", "source", "push", "outcome", "stale") != 3 ||
-		h.metric("relay_ingress_route_table_revision") != 7 {
+	if h.Metric("relay_ingress_route_table_updates_total", "source", "push", "outcome", "stale") != 3 ||
+		h.Metric("relay_ingress_route_table_revision") != 7 {
 		t.Fatal("metrics do not show three stale pushes and revision 7")
 	}
 }
@@ -194,11 +194,11 @@ func TestTableSurvivesDetachmentAndIsPulledOnAttach(t *testing.T) {
 	h := newHarness(t, harnessOptions{})
 	in := h.accepted("node-a", "bearer-a")
 	h.push(routeTable(9))
-	h.waitFor("the ingress holds 9", func() bool { _, rev, _ := in.Table(); return rev == 9 })
-	pulls := h.cloudly.Received(contracts.MethodGetClusterRouteTable)
+	h.Eventually("the ingress holds 9", func() bool { _, rev, _ := in.Table(); return rev == 9 })
+	pulls := h.Cloudly.Received(contracts.MethodGetClusterRouteTable)
 
-	h.cloudly.SetAvailable(false)
-	h.waitFor("the relay is detached", func() bool { return !h.relay.Upstream().Attached() })
+	h.Cloudly.SetAvailable(false)
+	h.Eventually("the relay is detached", func() bool { return !h.Relay.Upstream().Attached() })
 	table, err := in.Pull(h.ctx())
 	if err != nil || string(table.Raw) != routeTable(9) {
 		t.Fatalf("detached relay serves %.60s %v", table.Raw, err)
@@ -209,9 +209,9 @@ func TestTableSurvivesDetachmentAndIsPulledOnAttach(t *testing.T) {
 	}
 
 	h.control.SetTable(json.RawMessage(routeTable(10))) // computed while the relay was away
-	h.cloudly.SetAvailable(true)
-	h.waitFor("the relay pulls on attach", func() bool { return h.cloudly.Received(contracts.MethodGetClusterRouteTable) > pulls })
-	h.waitFor("the ingress holds 10", func() bool { _, rev, _ := in.Table(); return rev == 10 })
+	h.Cloudly.SetAvailable(true)
+	h.Eventually("the relay pulls on attach", func() bool { return h.Cloudly.Received(contracts.MethodGetClusterRouteTable) > pulls })
+	h.Eventually("the ingress holds 10", func() bool { _, rev, _ := in.Table(); return rev == 10 })
 	if raw, _, _ := in.Table(); string(raw) != routeTable(10) {
 		t.Fatalf("after re-attach: %s", raw)
 	}
@@ -225,18 +225,18 @@ func TestTwentyDigitIntegerArrivesExact(t *testing.T) {
 	in := h.accepted("node-a", "bearer-a")
 	exact := `{"revision":11,"weights":[12345678901234567890,-98765432109876543210],"ratio":1.0e+2,"s":"\u00e9\/"}`
 	h.push(exact)
-	h.waitFor("table 11", func() bool { _, rev, _ := in.Table(); return rev == 11 })
+	h.Eventually("table 11", func() bool { _, rev, _ := in.Table(); return rev == 11 })
 	if raw, _, _ := in.Table(); string(raw) != exact {
 		t.Fatalf("table arrived as %s, want %s", raw, exact)
 	}
 
 	big := `{"revision":12,"pad":"` + strings.Repeat("k", 3<<20) + `","n":12345678901234567890}`
 	h.push(big)
-	h.waitFor("table 12", func() bool { _, rev, _ := in.Table(); return rev == 12 })
+	h.Eventually("table 12", func() bool { _, rev, _ := in.Table(); return rev == 12 })
 	if raw, _, _ := in.Table(); string(raw) != big {
 		t.Fatalf("3 MiB table changed on its way (%d bytes arrived)", len(raw))
 	}
-	if h.metric("relay_ingress_route_table_bytes") != float64(len(big)) {
+	if h.Metric("relay_ingress_route_table_bytes") != float64(len(big)) {
 		t.Fatal("route_table_bytes does not state the table's size")
 	}
 }
@@ -256,7 +256,7 @@ func TestRegistrationOfAnotherMajorIsRefusedByTheRelay(t *testing.T) {
 	if !strings.HasPrefix(e.Text, "protocol-incompatible") {
 		t.Fatalf("text %q", e.Text)
 	}
-	if got := h.cloudly.Received(contracts.MethodRegisterClusterIngress); got != 0 {
+	if got := h.Cloudly.Received(contracts.MethodRegisterClusterIngress); got != 0 {
 		t.Fatalf("Cloudly saw %d registrations", got)
 	}
 	if _, err := in.Pull(h.ctx()); !errors.Is(err, contracts.RelayIngressOnly) {
@@ -269,7 +269,7 @@ func TestRegistrationOfAnotherMajorIsRefusedByTheRelay(t *testing.T) {
 	if _, ok := contracts.ReadProtocolRefusal(remote(t, err).Data); !ok {
 		t.Fatalf("another major with unknown keys: %v", err)
 	}
-	if h.cloudly.Received(contracts.MethodRegisterClusterIngress) != 0 || h.metric("relay_ingress_registrations_total", "outcome", "protocol-incompatible") != 2 {
+	if h.Cloudly.Received(contracts.MethodRegisterClusterIngress) != 0 || h.Metric("relay_ingress_registrations_total", "outcome", "protocol-incompatible") != 2 {
 		t.Fatal("Cloudly saw a registration, or the refusals were not counted")
 	}
 }
@@ -293,10 +293,10 @@ func TestInvalidRegistrationIsRefusedByTheRelay(t *testing.T) {
 			t.Fatalf("refusal quotes the bearer: %v", err)
 		}
 	}
-	if h.cloudly.Received(contracts.MethodRegisterClusterIngress) != 0 {
+	if h.Cloudly.Received(contracts.MethodRegisterClusterIngress) != 0 {
 		t.Fatal("Cloudly saw an invalid registration")
 	}
-	if strings.Contains(h.logs.String(), secretBearer) {
+	if strings.Contains(h.Logs.String(), secretBearer) {
 		t.Fatal("a log line quotes the bearer")
 	}
 }
@@ -313,11 +313,11 @@ func TestNewerRegistrationOfTheSameNodeSupersedes(t *testing.T) {
 	if _, err := newer.Pull(h.ctx()); err != nil {
 		t.Fatalf("newer connection: %v", err)
 	}
-	if h.metric("relay_ingress_connections") != 1 {
+	if h.Metric("relay_ingress_connections") != 1 {
 		t.Fatal("connections gauge")
 	}
 	newer.Close()
-	h.waitFor("the gauge drops", func() bool { return h.metric("relay_ingress_connections") == 0 })
+	h.Eventually("the gauge drops", func() bool { return h.Metric("relay_ingress_connections") == 0 })
 }
 
 // TestNodeConnectionCannotRegisterAnIngress: one connection carries one peer (the relay's rule).

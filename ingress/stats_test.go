@@ -31,22 +31,22 @@ type statsPage struct {
 
 // page asks the relay for one page as Cloudly.
 func (h *harness) page(from, to, cursor string, limit int) (statsPage, error) {
-	h.t.Helper()
+	h.T.Helper()
 	req := contracts.TrafficStatisticsRequest{FromDayUTC: from, ToDayUTC: to, Cursor: cursor, Limit: limit}
-	resp, err := h.cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, req.Encode())
+	resp, err := h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, req.Encode())
 	if err != nil {
 		return statsPage{}, err
 	}
 	p, err := contracts.ReadGetClusterTrafficStatisticsResponse(resp, req)
 	if err != nil {
-		h.t.Fatalf("the relay's page is not a page: %v: %s", err, resp)
+		h.T.Fatalf("the relay's page is not a page: %v: %s", err, resp)
 	}
 	if !sort.StringsAreSorted(p.Days) {
-		h.t.Fatalf("page not merged in day order: %v", p.Days)
+		h.T.Fatalf("page not merged in day order: %v", p.Days)
 	}
 	for _, b := range p.Statistics {
 		if r := contracts.ValidateClusterTrafficStatistics(b, ""); len(r) > 0 {
-			h.t.Fatalf("bucket changed on its way: %q", r)
+			h.T.Fatalf("bucket changed on its way: %q", r)
 		}
 	}
 	return statsPage{p.Statistics, p.Days, p.NextCursor}, nil
@@ -152,7 +152,7 @@ func TestStatisticsIngressFailureIsReportedNotFatal(t *testing.T) {
 	if len(p.raw) != 3 || p.nextCursor == "" {
 		t.Fatalf("page with b failing: %d buckets, nextCursor %q; want a's 3 and a cursor", len(p.raw), p.nextCursor)
 	}
-	if h.metric("relay_ingress_statistics_ingress_failures_total", "reason", "refused") != 1 {
+	if h.Metric("relay_ingress_statistics_ingress_failures_total", "reason", "refused") != 1 {
 		t.Fatal("the failure was not counted")
 	}
 	b.FailStatistics(nil)
@@ -174,7 +174,7 @@ func TestStatisticsIngressFailureIsReportedNotFatal(t *testing.T) {
 		t.Fatalf("first page: %v %v", p.days, err)
 	}
 	b.Close()
-	h.waitFor("b's connection is gone", func() bool { return h.metric("relay_ingress_connections") == 1 })
+	h.Eventually("b's connection is gone", func() bool { return h.Metric("relay_ingress_connections") == 1 })
 	pages := 1
 	for p.nextCursor != "" && pages < 10 {
 		if p, err = h.page("2024-05-01", "2024-05-31", p.nextCursor, 2); err != nil {
@@ -185,7 +185,7 @@ func TestStatisticsIngressFailureIsReportedNotFatal(t *testing.T) {
 	if pages != 4 {
 		t.Fatalf("%d pages until the end, want 4 (a has 6 buckets, 2 per page; b given up on the third)", pages)
 	}
-	if h.metric("relay_ingress_statistics_ingress_failures_total", "reason", "gone") != 3 || h.metric("relay_ingress_statistics_ingresses_given_up_total") != 1 {
+	if h.Metric("relay_ingress_statistics_ingress_failures_total", "reason", "gone") != 3 || h.Metric("relay_ingress_statistics_ingresses_given_up_total") != 1 {
 		t.Fatal("gone failures and the give-up were not counted")
 	}
 }
@@ -213,7 +213,7 @@ func TestStatisticsRequestsTheRelayCannotRead(t *testing.T) {
 		`{"fromDayUtc":"2024-05-31","toDayUtc":"2024-05-01","limit":1}`,
 		`{"fromDayUtc":"2024-5-1","toDayUtc":"2024-05-01","limit":1}`,
 	} {
-		if _, err := h.cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(body)); !errors.Is(err, contracts.RelayRequestInvalid) {
+		if _, err := h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(body)); !errors.Is(err, contracts.RelayRequestInvalid) {
 			t.Errorf("%s: %v", body, err)
 		}
 	}
@@ -222,7 +222,7 @@ func TestStatisticsRequestsTheRelayCannotRead(t *testing.T) {
 // TestStatisticsWithNoIngressIsAnEmptyLastPage.
 func TestStatisticsWithNoIngressIsAnEmptyLastPage(t *testing.T) {
 	h := newHarness(t, harnessOptions{statisticsTimeout: time.Second})
-	resp, err := h.cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(`{"fromDayUtc":"2024-05-01","toDayUtc":"2024-05-31","limit":5}`))
+	resp, err := h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(`{"fromDayUtc":"2024-05-01","toDayUtc":"2024-05-31","limit":5}`))
 	if err != nil || string(resp) != `{"statistics":[]}` {
 		t.Fatalf("%s %v", resp, err)
 	}

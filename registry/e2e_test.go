@@ -37,15 +37,15 @@ func TestPullFillsCacheThenServesItWithoutUpstreamBytes(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatalf("first pull: %v", err)
 	}
-	e.settle(t)
+	e.settle()
 	total := blobBytesOf(t, img)
 	if g, b := up.blobGets.Load(), up.blobBytes.Load(); g != 4 || b != total {
 		t.Fatalf("first pull: upstream served %d blob GETs, %d bytes; want 4 (3 layers + config), %d", g, b, total)
 	}
-	if got := e.metric(t, "relay_registry_cache_objects"); got != 5 {
+	if got := e.Metric("relay_registry_cache_objects"); got != 5 {
 		t.Fatalf("cache holds %v objects after the first pull, want 5 (manifest, config, 3 layers)", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_misses_total", "kind", "blob"); got != 4 {
+	if got := e.Metric("relay_registry_cache_misses_total", "kind", "blob"); got != 4 {
 		t.Fatalf("blob misses = %v, want 4", got)
 	}
 	for _, d := range layerDigests(t, img) {
@@ -68,21 +68,21 @@ func TestPullFillsCacheThenServesItWithoutUpstreamBytes(t *testing.T) {
 	if got := up.heads.Load() - heads; got != 5 {
 		t.Fatalf("second pull: %d authorization HEADs reached the registry, want 5 (one per object)", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_hits_total", "kind", "blob"); got != 4 {
+	if got := e.Metric("relay_registry_cache_hits_total", "kind", "blob"); got != 4 {
 		t.Fatalf("blob hits = %v, want 4", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_hits_total", "kind", "manifest"); got != 1 {
+	if got := e.Metric("relay_registry_cache_hits_total", "kind", "manifest"); got != 1 {
 		t.Fatalf("manifest hits = %v, want 1", got)
 	}
-	if got := e.metric(t, "relay_registry_upstream_authorizations_total", "outcome", "allowed"); got != 5 {
+	if got := e.Metric("relay_registry_upstream_authorizations_total", "outcome", "allowed"); got != 5 {
 		t.Fatalf("allowed authorizations = %v, want 5", got)
 	}
-	if got := e.metric(t, "relay_registry_bytes_total", "source", "cache"); got < float64(total) {
+	if got := e.Metric("relay_registry_bytes_total", "source", "cache"); got < float64(total) {
 		t.Fatalf("bytes from cache = %v, want at least %d", got, total)
 	}
 
 	// Nothing secret in the logs, at debug level: no token, no password, no Authorization.
-	logs := e.logs.String()
+	logs := e.Logs.String()
 	if !strings.Contains(logs, `"outcome":"hit"`) {
 		t.Fatalf("debug log has no hit line: %s", logs)
 	}
@@ -110,13 +110,13 @@ func TestRefusedCallerGetsTheRefusalEvenForACachedBlob(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
+	e.settle()
 	layer := layerDigests(t, img)[0]
 	if _, err := os.Stat(blobPath(e.cacheDir, layer.String())); err != nil {
 		t.Fatalf("blob not cached: %v", err)
 	}
-	hits := e.metric(t, "relay_registry_cache_hits_total", "kind", "blob")
-	fromCache := e.metric(t, "relay_registry_bytes_total", "source", "cache")
+	hits := e.Metric("relay_registry_cache_hits_total", "kind", "blob")
+	fromCache := e.Metric("relay_registry_bytes_total", "source", "cache")
 
 	// mallory holds valid credentials for another repository: the registry answers 403 DENIED.
 	blobURL := "/v2/team/app/blobs/" + layer.String()
@@ -158,13 +158,13 @@ func TestRefusedCallerGetsTheRefusalEvenForACachedBlob(t *testing.T) {
 		t.Fatalf("ggcr as mallory: %v, want a 403 transport error", err)
 	}
 
-	if got := e.metric(t, "relay_registry_cache_hits_total", "kind", "blob"); got != hits {
+	if got := e.Metric("relay_registry_cache_hits_total", "kind", "blob"); got != hits {
 		t.Fatalf("refused callers counted as hits: %v → %v", hits, got)
 	}
-	if got := e.metric(t, "relay_registry_bytes_total", "source", "cache"); got != fromCache {
+	if got := e.Metric("relay_registry_bytes_total", "source", "cache"); got != fromCache {
 		t.Fatalf("refused callers got %v cached bytes", got-fromCache)
 	}
-	if got := e.metric(t, "relay_registry_upstream_authorizations_total", "outcome", "refused"); got < 4 {
+	if got := e.Metric("relay_registry_upstream_authorizations_total", "outcome", "refused"); got < 4 {
 		t.Fatalf("refused authorizations = %v, want at least 4", got)
 	}
 }
@@ -183,7 +183,7 @@ func TestCorruptedUpstreamBlobIsNeverPublished(t *testing.T) {
 	up.bytesPerSec.Store(4 << 20)
 	for i := range 2 {
 		resp, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
-		e.settle(t)
+		e.settle()
 		switch {
 		case err == nil && resp.StatusCode == http.StatusBadGateway && bytes.Contains(body, []byte(`"DIGEST_INVALID"`)):
 		case err == nil:
@@ -201,7 +201,7 @@ func TestCorruptedUpstreamBlobIsNeverPublished(t *testing.T) {
 	if got := up.blobGets.Load(); got < 2 {
 		t.Fatalf("upstream saw %d blob GETs: the second attempt must fetch again, not read a cache", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "digest-mismatch"); got != 2 {
+	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "digest-mismatch"); got != 2 {
 		t.Fatalf("digest-mismatch fill failures = %v, want 2", got)
 	}
 	if left, _ := os.ReadDir(filepath.Join(e.cacheDir, "tmp")); len(left) != 0 {
@@ -215,7 +215,7 @@ func TestCorruptedUpstreamBlobIsNeverPublished(t *testing.T) {
 	// Once the upstream serves the right bytes, they are fetched, verified and published.
 	up.corrupt.Delete(layer.String())
 	resp, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
-	e.settle(t)
+	e.settle()
 	if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != layer.String() {
 		t.Fatalf("after the fix: %v %v, digest %s", resp.StatusCode, err, sha256Of(body))
 	}
@@ -266,7 +266,7 @@ func TestConcurrentPullsOfOneBlobFetchItOnce(t *testing.T) {
 	close(start)
 	wg.Wait()
 	close(results)
-	e.settle(t)
+	e.settle()
 	for r := range results {
 		switch {
 		case r.who == "mallory" && r.status != http.StatusForbidden:
@@ -279,9 +279,9 @@ func TestConcurrentPullsOfOneBlobFetchItOnce(t *testing.T) {
 	if g, b := up.blobGets.Load(), up.blobBytes.Load(); g != 1 || b != size {
 		t.Fatalf("20 concurrent pulls made %d upstream blob GETs, %d bytes; want 1 and %d", g, b, size)
 	}
-	misses := e.metric(t, "relay_registry_cache_misses_total", "kind", "blob")
-	joined := e.metric(t, "relay_registry_cache_coalesced_total", "kind", "blob")
-	hits := e.metric(t, "relay_registry_cache_hits_total", "kind", "blob")
+	misses := e.Metric("relay_registry_cache_misses_total", "kind", "blob")
+	joined := e.Metric("relay_registry_cache_coalesced_total", "kind", "blob")
+	hits := e.Metric("relay_registry_cache_hits_total", "kind", "blob")
 	if misses != 1 || joined+hits != 19 || joined == 0 {
 		t.Fatalf("misses %v, coalesced %v, hits %v; want 1 miss and 19 served from the fill (most joining it)", misses, joined, hits)
 	}

@@ -30,7 +30,7 @@ func cachedLayer(t *testing.T, up *testUpstream, e *relayEnv, size int64) (path,
 	if err != nil || resp.StatusCode != http.StatusOK || sha256Of(blob) != digest {
 		t.Fatalf("fill: %v %v", resp.StatusCode, err)
 	}
-	e.settle(t)
+	e.settle()
 	return path, digest, blob, tok
 }
 
@@ -73,11 +73,11 @@ func TestHeadAndUncachedRangeAreForwarded(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusPartialContent || len(body) != 10 {
 		t.Fatalf("uncached range: %v %v, %d bytes", resp.StatusCode, err, len(body))
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
 		t.Fatal("a Range answer was cached")
 	}
-	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+	if got := e.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached by HEAD and Range", got)
 	}
 }
@@ -103,11 +103,11 @@ func TestTagsAndOtherAlgorithmsAreNeverCached(t *testing.T) {
 	if err != nil || resp.StatusCode == http.StatusOK {
 		t.Fatalf("sha512 blob: %v %v", resp.StatusCode, err)
 	}
-	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_objects"); got != 0 {
+	e.settle()
+	if got := e.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached from tags and sha512", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_misses_total", "kind", "blob") + e.metric(t, "relay_registry_cache_misses_total", "kind", "manifest"); got != 0 {
+	if got := e.Metric("relay_registry_cache_misses_total", "kind", "blob") + e.Metric("relay_registry_cache_misses_total", "kind", "manifest"); got != 0 {
 		t.Fatalf("tags or sha512 went through the cache (%v misses)", got)
 	}
 }
@@ -137,7 +137,7 @@ func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatalf("pull without a usable cache: %v", err)
 	}
-	if got := e.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
+	if got := e.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
 		t.Fatalf("bypass{disk} = %v, want every GET by digest counted", got)
 	}
 
@@ -151,11 +151,11 @@ func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
 	if err := pullImage(t, e2, newClient(t, "alice", "alice-secret-pw"), "team/app", img2); err != nil {
 		t.Fatalf("pull with a broken cache: %v", err)
 	}
-	e2.settle(t)
-	if got := e2.metric(t, "relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
+	e2.settle()
+	if got := e2.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
 		t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
 	}
-	if got := e2.metric(t, "relay_registry_cache_objects"); got != 0 {
+	if got := e2.Metric("relay_registry_cache_objects"); got != 0 {
 		t.Fatalf("%v objects cached on a broken disk", got)
 	}
 }
@@ -168,8 +168,8 @@ func TestCacheSurvivesARelayRestart(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
-	e.stop()
+	e.settle()
+	e.Close()
 
 	e2 := startRelay(t, up.URL(), cacheDir, nil)
 	up.blobGets.Store(0)
@@ -188,11 +188,11 @@ func TestCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
 	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
 		t.Fatal(err)
 	}
-	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_evictions_total"); got < 1 {
+	e.settle()
+	if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 		t.Fatalf("evictions = %v, want some", got)
 	}
-	if got := e.metric(t, "relay_registry_cache_bytes"); got > 700<<10 {
+	if got := e.Metric("relay_registry_cache_bytes"); got > 700<<10 {
 		t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
 	}
 }
@@ -219,7 +219,7 @@ func TestFillOutlivesALeaderWhoLeaves(t *testing.T) {
 	io.ReadFull(resp.Body, make([]byte, 64<<10))
 	cancel() // the leader leaves early
 	resp.Body.Close()
-	e.settle(t)
+	e.settle()
 	up.bytesPerSec.Store(0)
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 		t.Fatalf("the fill stopped with its leader: %v", err)
@@ -265,8 +265,8 @@ func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("the stall was noticed after %v", d)
 	}
-	e.settle(t)
-	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
+	e.settle()
+	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "stalled"); got != 1 {
 		t.Fatalf("stalled fill failures = %v", got)
 	}
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
@@ -284,7 +284,7 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 		_, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
 		errs <- err
 	}()
-	for e.metric(t, "relay_registry_cache_fills_in_flight") == 0 {
+	for e.Metric("relay_registry_cache_fills_in_flight") == 0 {
 		time.Sleep(5 * time.Millisecond)
 	}
 	time.Sleep(50 * time.Millisecond)
@@ -292,7 +292,7 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 	if err := <-errs; err == nil {
 		t.Fatal("a caller of a fill ended by Close got a whole answer")
 	}
-	if got := e.metric(t, "relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
+	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
 		t.Fatalf("closed fill failures = %v", got)
 	}
 }
@@ -332,11 +332,11 @@ func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
 	if a := storageAuth.Load().(string); a != "" {
 		t.Fatalf("storage received the caller's Authorization %q", a)
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 		t.Fatalf("redirected blob not cached: %v", err)
 	}
-	if strings.Contains(e.logs.String(), "s3cr3t") {
+	if strings.Contains(e.Logs.String(), "s3cr3t") {
 		t.Fatal("the signed storage URL appears in the log")
 	}
 }
@@ -358,7 +358,7 @@ func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
 	if err != nil || resp.StatusCode != http.StatusBadGateway || !bytes.Contains(body, []byte("registry-digest-mismatch")) {
 		t.Fatalf("empty body for a non-empty digest: %v %v %q", resp.StatusCode, err, body)
 	}
-	e.settle(t)
+	e.settle()
 	if _, err := os.Stat(blobPath(e.cacheDir, empty)); err != nil {
 		t.Fatalf("empty blob not published: %v", err)
 	}

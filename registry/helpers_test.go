@@ -1,16 +1,12 @@
 package registry_test
 
 import (
-	"bytes"
-	"context"
 	"crypto/sha256"
 	"encoding/hex"
 	"encoding/json"
 	"io"
 	"net/http"
-	"os"
 	"path/filepath"
-	"sync"
 	"testing"
 	"time"
 
@@ -19,11 +15,10 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -32,136 +27,47 @@ func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// syncBuffer collects log lines from many goroutines.
-type syncBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *syncBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *syncBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
-// relayEnv is a real relay (relay.New, its downstream listener, a simulated Cloudly) whose /v2/
-// is served by registry.New, wired as cmd/relay's build() wires it.
+// relayEnv is a real relay (internal/relaytest: relay.New, its downstream listener, a simulated
+// Cloudly) whose /v2/ is served by registry.New, wired as cmd/relay's build() wires it.
 type relayEnv struct {
+	*relaytest.Env
 	addr     string // the downstream listener, host:port
 	cacheDir string
-	prom     *prometheus.Registry
 	reg      *registry.Registry
-	logs     *syncBuffer
-	stop     func() // stops the relay and closes the registry; also run at cleanup
 }
 
 // startRelay starts a relay forwarding to up. cacheDir "" makes a fresh one; tune may change the
-// registry options.
+// registry options. Close stops the relay, which closes the registry; it also runs at cleanup.
 func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.Options)) *relayEnv {
 	t.Helper()
-	logs := &syncBuffer{}
-	log := zerolog.New(logs).Level(zerolog.DebugLevel)
-	cloudly, err := sim.NewCloudly(zerolog.Nop())
-	if err != nil {
-		t.Fatal(err)
-	}
-	dir := t.TempDir()
 	if cacheDir == "" {
-		cacheDir = filepath.Join(dir, "cache")
+		cacheDir = filepath.Join(t.TempDir(), "cache")
 	}
-	tokenFile := filepath.Join(dir, "cloudly.jwt")
-	if err := os.WriteFile(tokenFile, []byte(cloudly.Token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := relay.Config{
-		ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		RegistryUpstream: upstreamURL, RegistryCacheDir: cacheDir,
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	prom := relay.NewRegistry()
-	opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-		CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: prom, Log: log.With().Str("component", "registry").Logger()}
-	if tune != nil {
-		tune(&opts)
-	}
-	reg, err := registry.New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := relay.New(cfg, relay.Features{Registry: reg}, log, relay.Options{Registry: prom})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
-	var once sync.Once
-	stop := func() {
-		once.Do(func() {
-			cancel()
-			<-done
-			reg.Close()
-			cloudly.Close()
-		})
-	}
-	t.Cleanup(stop)
-	return &relayEnv{addr: r.DownstreamAddr().String(), cacheDir: cacheDir, prom: prom, reg: reg, logs: logs, stop: stop}
-}
-
-// metric reads one series from the relay's metrics registry; 0 when absent.
-func (e *relayEnv) metric(t testing.TB, fullName string, labels ...string) float64 {
-	t.Helper()
-	mfs, err := e.prom.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	for _, mf := range mfs {
-		if mf.GetName() != fullName {
-			continue
-		}
-	series:
-		for _, m := range mf.GetMetric() {
-			want := map[string]string{}
-			for i := 0; i+1 < len(labels); i += 2 {
-				want[labels[i]] = labels[i+1]
+	e := &relayEnv{cacheDir: cacheDir}
+	e.Env = relaytest.Start(t, relaytest.Options{
+		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream, cfg.RegistryCacheDir = upstreamURL, cacheDir },
+		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
+			opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
+				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: o.Registry, Log: log.With().Str("component", "registry").Logger()}
+			if tune != nil {
+				tune(&opts)
 			}
-			for _, lp := range m.GetLabel() {
-				if v, ok := want[lp.GetName()]; ok && v != lp.GetValue() {
-					continue series
-				}
+			var err error
+			if e.reg, err = registry.New(opts); err != nil {
+				return nil, err
 			}
-			if c := m.GetCounter(); c != nil {
-				return c.GetValue()
-			}
-			return m.GetGauge().GetValue()
-		}
-	}
-	return 0
+			return relay.New(cfg, relay.Features{Registry: e.reg}, log, o)
+		},
+	})
+	e.addr = e.Relay.DownstreamAddr().String()
+	return e
 }
 
 // settle waits until no fill is in progress: a caller has its last byte once the object is
 // verified, a moment before the object is published.
-func (e *relayEnv) settle(t testing.TB) {
-	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for e.metric(t, "relay_registry_cache_fills_in_flight") != 0 {
-		if time.Now().After(deadline) {
-			t.Fatal("fills still in flight after 10s")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+func (e *relayEnv) settle() {
+	e.T.Helper()
+	e.Eventually("no fill in flight", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 0 })
 }
 
 // client is a ggcr remote client with its own transport, closed at the end of the test.

@@ -10,12 +10,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/corestore"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/restore"
@@ -32,24 +32,6 @@ var authority = sync.OnceValue(func() *sim.RestoreAuthority {
 	return a
 })
 
-// logBuffer collects every log line of a test, at debug level.
-type logBuffer struct {
-	mu  sync.Mutex
-	buf bytes.Buffer
-}
-
-func (b *logBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.Write(p)
-}
-
-func (b *logBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.buf.String()
-}
-
 // harnessOptions shape a harness.
 type harnessOptions struct {
 	plaintext          bool          // the node Corestore speaks http:// (the relay runs --insecure-plaintext either way)
@@ -58,7 +40,7 @@ type harnessOptions struct {
 	executeDelay       time.Duration
 }
 
-// harness is a relay built the way cmd/relay builds it — relay.Config completed, the corestore
+// harness is a relay built the way cmd/relay builds it (internal/relaytest) — the corestore
 // client wired into restore as its port, features sharing the relay's registry — attached to the
 // sim Cloudly, whose configuration push names the sim Corestores:
 //
@@ -66,29 +48,25 @@ type harnessOptions struct {
 //	node-gone an origin nothing listens on
 //	node-tls  a sim Corestore whose certificate the relay does not trust
 type harness struct {
-	t         *testing.T
-	cloudly   *sim.Cloudly
+	*relaytest.Env
 	corestore *sim.Corestore
 	untrusted *sim.Corestore
-	relay     *relay.Relay
 	restore   *restore.Restore
 	client    *corestore.Client
-	registry  *prometheus.Registry
-	logs      *logBuffer
 	gone      string // node-gone's origin
 }
 
 func newHarness(t *testing.T, o harnessOptions) *harness {
 	t.Helper()
-	h := &harness{t: t, logs: &logBuffer{}}
+	h := &harness{}
+	logs := &relaytest.Buffer{}
 	// Registered first, so it runs last: after the relay and every peer have stopped logging.
-	t.Cleanup(h.assertNoGrantLogged)
-	log := zerolog.New(h.logs).Level(zerolog.DebugLevel).With().Timestamp().Logger()
-	var err error
-	if h.cloudly, err = sim.NewCloudly(log); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(h.cloudly.Close)
+	t.Cleanup(func() {
+		if h.Env != nil {
+			h.assertNoGrantLogged()
+		}
+	})
+	log := zerolog.New(logs).Level(zerolog.DebugLevel)
 	h.corestore = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-a.cluster-sim", Authority: authority().PublicKey(),
 		Plaintext: o.plaintext, ExecuteDelay: o.executeDelay, Log: log})
 	t.Cleanup(h.corestore.Close)
@@ -100,60 +78,38 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	}
 	h.gone = "https://" + ln.Addr().String()
 	ln.Close()
-	h.cloudly.SetCorestores([]contracts.CorestoreOrigin{
-		{NodeID: "node-a", Origin: h.corestore.Origin()},
-		{NodeID: "node-gone", Origin: h.gone},
-		{NodeID: "node-tls", Origin: h.untrusted.Origin()},
-	})
 
-	dir := t.TempDir()
-	tokenFile := filepath.Join(dir, "cloudly.jwt")
-	os.WriteFile(tokenFile, []byte(h.cloudly.Token+"\n"), 0o600)
-	cfg := relay.Config{
-		ClusterID: h.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: h.cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		LogLevel: "debug",
-	}
-	if !o.plaintext {
-		cfg.CorestoreCAFile = filepath.Join(dir, "corestore-ca.pem")
-		os.WriteFile(cfg.CorestoreCAFile, h.corestore.CertificatePEM(), 0o600)
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	// As cmd/relay's build(), with a shorter timeout and bound where a test asks for one.
-	h.registry = relay.NewRegistry()
-	h.client, err = corestore.New(corestore.Options{CAFile: cfg.CorestoreCAFile, AllowHTTP: cfg.InsecurePlaintext,
-		Registerer: h.registry, Logger: log, Timeout: o.timeout})
-	if err != nil {
-		t.Fatal(err)
-	}
-	h.restore = restore.New(h.client, restore.Options{Registerer: h.registry, Logger: log, MaxInflightPerNode: o.maxInflightPerNode})
-	h.relay, err = relay.New(cfg, relay.Features{Restore: h.restore}, log, relay.Options{Registry: h.registry})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := h.relay.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- h.relay.Serve(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-		h.restore.Close()
-		h.client.Close()
+	h.Env = relaytest.Start(t, relaytest.Options{
+		Logs: logs,
+		Cloudly: func(c *sim.Cloudly) {
+			c.SetCorestores([]contracts.CorestoreOrigin{
+				{NodeID: "node-a", Origin: h.corestore.Origin()},
+				{NodeID: "node-gone", Origin: h.gone},
+				{NodeID: "node-tls", Origin: h.untrusted.Origin()},
+			})
+		},
+		Configure: func(cfg *relay.Config) {
+			if !o.plaintext {
+				cfg.CorestoreCAFile = filepath.Join(t.TempDir(), "corestore-ca.pem")
+				os.WriteFile(cfg.CorestoreCAFile, h.corestore.CertificatePEM(), 0o600)
+			}
+		},
+		// As cmd/relay's build(), with a shorter timeout and bound where a test asks for one.
+		Build: func(cfg relay.Config, log zerolog.Logger, ro relay.Options) (*relay.Relay, error) {
+			var err error
+			h.client, err = corestore.New(corestore.Options{CAFile: cfg.CorestoreCAFile, AllowHTTP: cfg.InsecurePlaintext,
+				Registerer: ro.Registry, Logger: log, Timeout: o.timeout})
+			if err != nil {
+				return nil, err
+			}
+			// Cleanups run last first: these after relaytest has stopped the relay, restore then client.
+			t.Cleanup(h.client.Close)
+			h.restore = restore.New(h.client, restore.Options{Registerer: ro.Registry, Logger: log, MaxInflightPerNode: o.maxInflightPerNode})
+			t.Cleanup(h.restore.Close)
+			return relay.New(cfg, relay.Features{Restore: h.restore}, log, ro)
+		},
 	})
-	deadline := time.Now().Add(10 * time.Second)
-	for !h.cloudly.Attached() || !h.restore.Carried("node-a") {
-		if time.Now().After(deadline) {
-			t.Fatal("the relay did not attach and apply the configuration push")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	h.Eventually("the relay applies the configuration push", func() bool { return h.restore.Carried("node-a") })
 	return h
 }
 
@@ -161,7 +117,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 func (h *harness) call(method string, body []byte) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return h.cloudly.Call(ctx, method, body)
+	return h.Cloudly.Call(ctx, method, body)
 }
 
 // plan is a restore of two objects on node-a: 1.25 MiB (three chunks) and 700 KiB (two chunks).
@@ -171,37 +127,4 @@ func plan(id string) *sim.RestorePlan {
 	return &sim.RestorePlan{RestoreID: id, NodeID: "node-a", NodeName: "node-a.cluster-sim",
 		Objects:  []sim.RestoreObject{{Key: "db/base.tar", Data: a}, {Key: "db/wal.tar", Data: b}},
 		Mappings: []string{"postgres:app->postgres:app-rehearsal", "s3:media->s3:media-rehearsal"}}
-}
-
-// metric is the value of the sample of name whose labels include labels (0 when none).
-func (h *harness) metric(name string, labels map[string]string) float64 {
-	h.t.Helper()
-	families, err := h.registry.Gather()
-	if err != nil {
-		h.t.Fatal(err)
-	}
-	for _, f := range families {
-		if f.GetName() != name {
-			continue
-		}
-	next:
-		for _, m := range f.GetMetric() {
-			have := map[string]string{}
-			for _, l := range m.GetLabel() {
-				have[l.GetName()] = l.GetValue()
-			}
-			for k, v := range labels {
-				if have[k] != v {
-					continue next
-				}
-			}
-			switch {
-			case m.GetCounter() != nil:
-				return m.GetCounter().GetValue()
-			case m.GetGauge() != nil:
-				return m.GetGauge().GetValue()
-			}
-		}
-	}
-	return 0
 }

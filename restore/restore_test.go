@@ -74,7 +74,7 @@ func TestWholeRestoreThroughTheRelay(t *testing.T) {
 	p := plan("restore-e2e")
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run, err := sim.RunIsolatedRestore(ctx, h.cloudly.Call, authority(), p)
+	run, err := sim.RunIsolatedRestore(ctx, h.Cloudly.Call, authority(), p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -97,10 +97,10 @@ func TestWholeRestoreThroughTheRelay(t *testing.T) {
 			t.Errorf("object %d was not staged whole", i)
 		}
 	}
-	if got := h.metric("relay_restore_staged_bytes_total", nil); got != 1310720+716800 {
+	if got := h.Metric("relay_restore_staged_bytes_total"); got != 1310720+716800 {
 		t.Errorf("staged bytes %v", got)
 	}
-	if got := h.metric("relay_restore_requests_total", map[string]string{"method": "stageIsolatedRestoreArchive", "outcome": "answered"}); got != 5 {
+	if got := h.Metric("relay_restore_requests_total", "method", "stageIsolatedRestoreArchive", "outcome", "answered"); got != 5 {
 		t.Errorf("answered stage calls %v", got)
 	}
 }
@@ -195,7 +195,7 @@ func TestGrantAbsentFromEveryLogLine(t *testing.T) {
 	p.ChunkBytes = 400 << 10
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := sim.RunIsolatedRestore(ctx, h.cloudly.Call, authority(), p); err != nil {
+	if _, err := sim.RunIsolatedRestore(ctx, h.Cloudly.Call, authority(), p); err != nil {
 		t.Fatal(err)
 	}
 	status := authority().StatusControl(p)
@@ -213,7 +213,7 @@ func TestGrantAbsentFromEveryLogLine(t *testing.T) {
 	if _, err := h.call(contracts.MethodStageIsolatedRestoreArchive, sim.NodeControlRequest("node-a", big)); !errors.Is(err, contracts.RelayRequestInvalid) {
 		t.Fatalf("over-limit chunk: %v", err)
 	}
-	logs := h.logs.String()
+	logs := h.Logs.String()
 	for _, want := range []string{`"level":"debug"`, `"method":"stageIsolatedRestoreArchive"`, `"component":"corestore"`, `"outcome":"restore-node-unreachable"`,
 		`"outcome":"relay-request-invalid"`, `"outcome":"restore-node-refused"`} {
 		if !strings.Contains(logs, want) {
@@ -395,7 +395,7 @@ func TestBurstIsBounded(t *testing.T) {
 	status := sim.NodeControlRequest("node-a", authority().StatusControl(plan("restore-burst")))
 	answers := make(chan error, 2)
 	for range 2 {
-		if err := h.cloudly.CallAsync(contracts.MethodGetIsolatedRestoreProgressOnNode, status, func(r typedsocket.Reply) { answers <- r.Err }); err != nil {
+		if err := h.Cloudly.CallAsync(contracts.MethodGetIsolatedRestoreProgressOnNode, status, func(r typedsocket.Reply) { answers <- r.Err }); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -431,7 +431,7 @@ func TestPlaintextCorestore(t *testing.T) {
 	p.ChunkBytes = 256 << 10
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	run, err := sim.RunIsolatedRestore(ctx, h.cloudly.Call, authority(), p)
+	run, err := sim.RunIsolatedRestore(ctx, h.Cloudly.Call, authority(), p)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -443,19 +443,19 @@ func TestPlaintextCorestore(t *testing.T) {
 // assertNoGrantLogged checks that no log line of the test — relay, restore, corestore, sim peers,
 // at debug level — holds any grant minted so far, or any of its parts.
 func (h *harness) assertNoGrantLogged() {
-	h.t.Helper()
-	logs := h.logs.String()
+	h.T.Helper()
+	logs := h.Logs.String()
 	if !strings.Contains(logs, `"component":"restore"`) {
-		h.t.Fatal("the captured log holds no restore line: the capture is not working")
+		h.T.Fatal("the captured log holds no restore line: the capture is not working")
 	}
 	minted := authority().Minted()
 	if len(minted) == 0 {
-		h.t.Fatal("no grant was minted")
+		h.T.Fatal("no grant was minted")
 	}
 	for _, g := range minted {
 		for _, part := range append([]string{g}, strings.Split(g, ".")[1:]...) {
 			if strings.Contains(logs, part) || strings.Contains(logs, part[:32]) {
-				h.t.Fatalf("a log line holds a grant (or part of one)")
+				h.T.Fatalf("a log line holds a grant (or part of one)")
 			}
 		}
 	}

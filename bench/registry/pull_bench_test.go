@@ -29,7 +29,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -160,47 +160,30 @@ func startUpstream(b *testing.B, dir string, l *link) string {
 	return "http://" + ln.Addr().String()
 }
 
-// startRelay runs a real relay (downstream listener, simulated Cloudly) forwarding to upstream
-// with a fresh cache directory; stop shuts it down and removes the directory.
+// startRelay runs a real relay (internal/relaytest: downstream listener, simulated Cloudly)
+// forwarding to upstream with a fresh cache directory; stop shuts it down and removes the directory.
 func startRelay(b *testing.B, upstream string) (addr string, prom *prometheus.Registry, stop func()) {
-	cloudly, err := sim.NewCloudly(zerolog.Nop())
-	if err != nil {
-		b.Fatal(err)
-	}
 	dir, err := os.MkdirTemp("", "relay-bench-")
 	if err != nil {
 		b.Fatal(err)
 	}
-	tokenFile := filepath.Join(dir, "cloudly.jwt")
-	os.WriteFile(tokenFile, []byte(cloudly.Token), 0o600)
-	cfg := relay.Config{ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(),
-		CloudlyTokenFile: tokenFile, Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true,
-		AdminListen: "127.0.0.1:0", RegistryUpstream: upstream, RegistryCacheDir: filepath.Join(dir, "cache")}
-	if err := cfg.Complete(); err != nil {
-		b.Fatal(err)
-	}
-	prom = relay.NewRegistry()
-	reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-		CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: prom})
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := relay.New(cfg, relay.Features{Registry: reg}, zerolog.Nop(), relay.Options{Registry: prom})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
+	e := relaytest.Start(b, relaytest.Options{Quiet: true,
+		Configure: func(cfg *relay.Config) {
+			cfg.RegistryUpstream, cfg.RegistryCacheDir = upstream, filepath.Join(dir, "cache")
+		},
+		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
+			reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
+				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: o.Registry})
+			if err != nil {
+				return nil, err
+			}
+			return relay.New(cfg, relay.Features{Registry: reg}, log, o)
+		},
+	})
 	var once sync.Once
-	stop = func() {
-		once.Do(func() { cancel(); <-done; reg.Close(); cloudly.Close(); os.RemoveAll(dir) })
-	}
+	stop = func() { once.Do(func() { e.Close(); os.RemoveAll(dir) }) }
 	b.Cleanup(stop)
-	return r.DownstreamAddr().String(), prom, stop
+	return e.Relay.DownstreamAddr().String(), e.Registry, stop
 }
 
 // pull GETs the blob and hashes it as a pulling client does, checking the digest.

@@ -4,16 +4,15 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"slices"
 	"strconv"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -38,40 +37,13 @@ func BenchmarkEscrowReleaseThroughRelay(b *testing.B) {
 }
 
 func benchEscrowThroughRelay(b *testing.B, nodes int) {
-	log := zerolog.Nop()
-	cloudly, err := sim.NewCloudly(log)
-	if err != nil {
-		b.Fatal(err)
-	}
-	defer cloudly.Close()
-	tokenFile := filepath.Join(b.TempDir(), "cloudly.jwt")
-	if err := os.WriteFile(tokenFile, []byte(cloudly.Token+"\n"), 0o600); err != nil {
-		b.Fatal(err)
-	}
-	cfg := relay.Config{
-		ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		LogLevel: "warn", LogFormat: "json", BuildVersion: buildVersion,
-	}
-	if err := cfg.Complete(); err != nil {
-		b.Fatal(err)
-	}
-	r, err := build(cfg, log, relay.Options{})
-	if err != nil {
-		b.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		b.Fatal(err)
-	}
+	e := relaytest.Start(b, relaytest.Options{Build: build, Quiet: true,
+		Configure: func(cfg *relay.Config) { cfg.BuildVersion = buildVersion }})
+	defer e.Close()
+	cloudly, log, url := e.Cloudly, e.Log, e.URL
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- r.Serve(ctx) }()
-	defer func() { cancel(); <-served }()
-	if !waitFor(10*time.Second, cloudly.Attached) {
-		b.Fatal("relay did not attach")
-	}
+	defer cancel()
 
-	url := "ws://" + r.DownstreamAddr().String() + "/"
 	sims := make([]*sim.Node, nodes)
 	counters := make([]*sim.RenewalCounter, nodes)
 	var g errgroup.Group

@@ -1,40 +1,18 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"os"
-	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
-
-// lockedBuffer collects log lines from many goroutines.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // waitFor polls cond every 10 ms until it holds or d passes.
 func waitFor(d time.Duration, cond func() bool) bool {
@@ -57,50 +35,19 @@ func TestEscrowReleasesThroughTheRelayWhileCloudlyIsDown(t *testing.T) {
 		t.Skip("runs the relay for seconds")
 	}
 	defer goleak.VerifyNone(t, goleak.IgnoreCurrent())
-	logs := &lockedBuffer{}
-	log := zerolog.New(logs).Level(zerolog.DebugLevel)
-
-	cloudly, err := sim.NewCloudly(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cloudly.Close()
-	tokenFile := filepath.Join(t.TempDir(), "cloudly.jwt")
-	if err := os.WriteFile(tokenFile, []byte(cloudly.Token+"\n"), 0o600); err != nil {
-		t.Fatal(err)
-	}
-	cfg := relay.Config{
-		ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		LogLevel: "debug", LogFormat: "json", BuildVersion: buildVersion,
-	}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := build(cfg, log, relay.Options{PingInterval: 200 * time.Millisecond, DeadTimeout: time.Second})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		t.Fatal(err)
-	}
+	e := relaytest.Start(t, relaytest.Options{
+		Build: build, PingInterval: 200 * time.Millisecond, DeadTimeout: time.Second,
+		Configure: func(cfg *relay.Config) { cfg.BuildVersion = buildVersion },
+	})
+	defer e.Close() // before goleak looks
+	cloudly, logs := e.Cloudly, e.Logs
 	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- r.Serve(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			t.Errorf("relay: %v", err)
-		}
-	}()
-	if !waitFor(10*time.Second, cloudly.Attached) {
-		t.Fatal("relay did not attach")
-	}
+	defer cancel()
 
-	node := sim.NewNode("node-e2e", log)
+	node := sim.NewNode("node-e2e", e.Log)
 	node.AutoReregister = true
 	renewals := sim.CountRenewals(node)
-	if err := node.Connect(ctx, "ws://"+r.DownstreamAddr().String()+"/"); err != nil {
+	if err := node.Connect(ctx, e.URL); err != nil {
 		t.Fatal(err)
 	}
 	defer node.Close()

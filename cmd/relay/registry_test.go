@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -10,8 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/rs/zerolog"
-
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -23,27 +21,11 @@ func TestBuildServesRegistryOnDownstream(t *testing.T) {
 		w.Header().Set("X-Seen-Path", r.URL.Path)
 		io.WriteString(w, "{}")
 	}))
-	defer upstream.Close()
-	dir := t.TempDir()
-	token := filepath.Join(dir, "token")
-	os.WriteFile(token, []byte("jwt\n"), 0o600)
-	cfg := relay.Config{ClusterID: "c1", NodeID: "n1", CloudlyURL: "ws://127.0.0.1:1/", CloudlyTokenFile: token,
-		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.10", InsecurePlaintext: true,
-		RegistryUpstream: upstream.URL, RegistryCacheDir: filepath.Join(dir, "cache")}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := build(cfg, zerolog.Nop(), relay.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	t.Cleanup(upstream.Close) // after the relay has stopped
+	e := relaytest.Start(t, relaytest.Options{Build: build, Quiet: true, Configure: func(cfg *relay.Config) {
+		cfg.RegistryUpstream, cfg.RegistryCacheDir = upstream.URL, filepath.Join(t.TempDir(), "cache")
+	}})
+	r := e.Relay
 
 	resp, err := http.Get("http://" + r.DownstreamAddr().String() + "/v2/")
 	if err != nil {

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -19,40 +20,22 @@ import (
 // TestBuildCarriesAWholeRestore runs a whole isolated restore through the relay exactly as build()
 // wires it, with the node's Corestore trusted through --corestore-ca-file.
 func TestBuildCarriesAWholeRestore(t *testing.T) {
-	log := zerolog.Nop()
-	cloudly, err := sim.NewCloudly(log)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer cloudly.Close()
 	auth, err := sim.NewRestoreAuthority()
 	if err != nil {
 		t.Fatal(err)
 	}
-	cs := sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-7.example", Authority: auth.PublicKey(), Log: log})
-	defer cs.Close()
-	cloudly.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-7", Origin: cs.Origin()}})
-
-	dir := t.TempDir()
-	token, ca := filepath.Join(dir, "token"), filepath.Join(dir, "corestore-ca.pem")
-	os.WriteFile(token, []byte(cloudly.Token), 0o600)
-	os.WriteFile(ca, cs.CertificatePEM(), 0o600)
-	cfg := relay.Config{ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: token,
-		CorestoreCAFile: ca, Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true}
-	if err := cfg.Complete(); err != nil {
-		t.Fatal(err)
-	}
-	r, err := build(cfg, log, relay.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := r.Listen(); err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- r.Serve(ctx) }()
-	defer func() { cancel(); <-done }()
+	cs := sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-7.example", Authority: auth.PublicKey(), Log: zerolog.Nop()})
+	t.Cleanup(cs.Close)
+	e := relaytest.Start(t, relaytest.Options{Build: build, Quiet: true,
+		Cloudly: func(c *sim.Cloudly) {
+			c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-7", Origin: cs.Origin()}})
+		},
+		Configure: func(cfg *relay.Config) {
+			cfg.CorestoreCAFile = filepath.Join(t.TempDir(), "corestore-ca.pem")
+			os.WriteFile(cfg.CorestoreCAFile, cs.CertificatePEM(), 0o600)
+		},
+	})
+	cloudly := e.Cloudly
 
 	p := &sim.RestorePlan{RestoreID: "restore-build", NodeID: "node-7", NodeName: "node-7.example", Mappings: []string{"a->b"},
 		Objects: []sim.RestoreObject{{Key: "one", Data: bytes.Repeat([]byte("1"), 600<<10)}, {Key: "two", Data: []byte("2")}}}

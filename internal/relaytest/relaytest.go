@@ -1,6 +1,7 @@
 // Package relaytest runs a real relay against the simulated Cloudly on loopback, the way
-// cmd/relay builds one, for tests in any package: the fault suite, feature tests and the relay's
-// own. Nothing here mocks the relay.
+// cmd/relay builds one, for tests in any package: the fault suite, the relay's own tests, feature
+// tests (their feature built on the relay's logger and metrics registry by Options.Build) and
+// cmd/relay's tests of build(). Nothing here mocks the relay.
 package relaytest
 
 import (
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/internal/sim"
@@ -20,12 +22,14 @@ import (
 
 // Env is one relay under test with its simulated Cloudly.
 type Env struct {
-	T       testing.TB
-	Cloudly *sim.Cloudly
-	Relay   *relay.Relay
-	Config  relay.Config
-	Logs    *Buffer // every log line, at debug level
-	URL     string  // the relay's downstream ws:// URL
+	T        testing.TB
+	Cloudly  *sim.Cloudly
+	Relay    *relay.Relay
+	Config   relay.Config
+	Log      zerolog.Logger       // what Cloudly and the relay log to; give it to peers whose lines count
+	Logs     *Buffer              // every line Log writes, at debug level unless Options.LogLevel says
+	Registry *prometheus.Registry // the relay's metrics registry (relay.Options.Registry)
+	URL      string               // the relay's downstream ws:// URL
 
 	stopOnce  sync.Once
 	closeOnce sync.Once
@@ -40,18 +44,31 @@ type Options struct {
 	Configure    func(*relay.Config)
 	Quiet        bool               // log nothing (benchmarks): debug logging costs per request
 	Cloudly      func(*sim.Cloudly) // runs before the relay dials
+	// LogLevel is the level of Env.Log; zero is debug.
+	LogLevel zerolog.Level
+	// Logs collects the log lines; nil: a new Buffer. Pass one to share it with peers started
+	// before the relay.
+	Logs *Buffer
+	// Build builds the relay in place of relay.New(cfg, Features, log, opts) (Features is then
+	// unused), with cmd/relay's build() signature: from the completed Config, Env.Log and
+	// relay.Options whose Registry is Env.Registry. Features that need the relay's logger or
+	// metrics registry are made here.
+	Build func(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error)
 }
 
 // Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
 // both when the test ends.
 func Start(t testing.TB, o Options) *Env {
 	t.Helper()
-	e := &Env{T: t, Logs: &Buffer{}}
-	log := zerolog.New(e.Logs).Level(zerolog.DebugLevel)
-	if o.Quiet {
-		log = zerolog.Nop()
+	e := &Env{T: t, Logs: o.Logs, Registry: relay.NewRegistry()}
+	if e.Logs == nil {
+		e.Logs = &Buffer{}
 	}
-	c, err := sim.NewCloudly(log)
+	e.Log = zerolog.New(e.Logs).Level(o.LogLevel)
+	if o.Quiet {
+		e.Log = zerolog.Nop()
+	}
+	c, err := sim.NewCloudly(e.Log)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -73,7 +90,13 @@ func Start(t testing.TB, o Options) *Env {
 	if err := e.Config.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	r, err := relay.New(e.Config, o.Features, log, relay.Options{PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout})
+	build := o.Build
+	if build == nil {
+		build = func(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
+			return relay.New(cfg, o.Features, log, opts)
+		}
+	}
+	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -152,6 +175,40 @@ func (e *Env) Node(id string) *sim.Node {
 		e.T.Fatalf("register %s: %v", id, err)
 	}
 	return n
+}
+
+// Metric reads one counter or gauge sample from Env.Registry: the first series of name whose
+// labels include the given name/value pairs; 0 when there is none.
+func (e *Env) Metric(name string, labels ...string) float64 {
+	e.T.Helper()
+	families, err := e.Registry.Gather()
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+	next:
+		for _, m := range f.GetMetric() {
+			got := map[string]string{}
+			for _, l := range m.GetLabel() {
+				got[l.GetName()] = l.GetValue()
+			}
+			for i := 0; i+1 < len(labels); i += 2 {
+				if got[labels[i]] != labels[i+1] {
+					continue next
+				}
+			}
+			switch {
+			case m.GetCounter() != nil:
+				return m.GetCounter().GetValue()
+			case m.GetGauge() != nil:
+				return m.GetGauge().GetValue()
+			}
+		}
+	}
+	return 0
 }
 
 // Buffer collects log lines safely across goroutines.
