@@ -165,6 +165,12 @@ func (c *Client) call(ctx context.Context, origin, op string, control json.RawMe
 			resp.ContentLength, c.opts.MaxResponseBytes)
 	}
 	b, err := io.ReadAll(io.LimitReader(resp.Body, c.opts.MaxResponseBytes+1))
+	if err == nil && ctx.Err() != nil {
+		// An answer that completes as the deadline passes can be one net/http already gave up on
+		// (seen: an empty 200 the server wrote after our cancel reached it). Past the deadline
+		// nothing read counts as Corestore's answer.
+		err = context.Cause(ctx)
+	}
 	if err != nil {
 		return nil, outcomeUnreachable, unreachable(origin, err, c.opts.Timeout.String())
 	}
