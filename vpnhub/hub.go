@@ -176,6 +176,12 @@ func ParseListen(s string) (netip.AddrPort, error) {
 // the static public key.
 func (h *Hub) Endpoint() contracts.VPNHubEndpoint { return h.endpoint }
 
+// Addr is the address and port the hub's socket is bound to.
+func (h *Hub) Addr() netip.AddrPort {
+	ap, _ := netip.ParseAddrPort(h.tr.Conn.LocalAddr().String())
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
 // Metrics are the hub's metrics.
 func (h *Hub) Metrics() *Metrics { return h.m }
 
@@ -289,6 +295,14 @@ func (h *Hub) Run(ctx context.Context) error {
 		return nil
 	}
 	return err
+}
+
+// Close releases the socket of a hub that was bound but will never Run (the relay failed to
+// start). Run closes everything itself.
+func (h *Hub) Close() error {
+	h.ln.Close()
+	h.tr.Close()
+	return h.tr.Conn.Close()
 }
 
 // admit is QUIC's ConnContext: handshake admission before any TLS or Noise work.

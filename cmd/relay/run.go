@@ -3,14 +3,18 @@ package main
 import (
 	"context"
 	"flag"
+	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/vpnhub"
 )
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
@@ -37,11 +41,56 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 // build wires the relay and its features from a completed configuration. Features register their
 // metrics in the relay's registry.
 func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
+	r, _, err := buildParts(cfg, log, opts, netip.Addr{})
+	return r, err
+}
+
+// buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
+// loopback). devHubAddress, when valid, is what registerClusterRelay reports as the hub's address
+// instead of the bound one: a dev hub binds loopback, which the registration refuses.
+func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
 	if opts.Registry == nil {
 		opts.Registry = relay.NewRegistry()
 	}
 	var feats relay.Features
-	return relay.New(cfg, feats, log, opts)
+	var hub *vpnhub.Hub
+	if cfg.HubListen != "" {
+		var err error
+		if hub, err = buildHub(cfg, log, opts.Registry, devHubAddress); err != nil {
+			return nil, nil, err
+		}
+		feats.Hub = hub
+	}
+	r, err := relay.New(cfg, feats, log, opts)
+	if err != nil {
+		if hub != nil {
+			hub.Close()
+		}
+		return nil, nil, err
+	}
+	return r, hub, nil
+}
+
+// buildHub loads or creates the hub's static key and binds the hub, so that its endpoint is final
+// before the relay registers. A listen address without a concrete IPv4 host and an unreadable key
+// file are configuration errors naming their flag.
+func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
+	if _, err := vpnhub.ParseListen(cfg.HubListen); err != nil {
+		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
+	}
+	key, err := vpnhub.LoadOrCreateKeyFile(cfg.HubKeyFile)
+	if err != nil {
+		return nil, &relay.ConfigError{Flag: "hub-key-file", Reason: err.Error()}
+	}
+	metrics := vpnhub.NewMetrics()
+	if err := metrics.Register(reg); err != nil {
+		return nil, fmt.Errorf("register vpn hub metrics: %w", err)
+	}
+	hub, err := vpnhub.Listen(vpnhub.Config{Listen: cfg.HubListen, Key: key, Logger: log, Metrics: metrics, ReportAddress: report})
+	if err != nil {
+		return nil, fmt.Errorf("vpn hub: %w", err)
+	}
+	return hub, nil
 }
 
 func newLogger(level, format string, w io.Writer) zerolog.Logger {
