@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlogwriter"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -32,6 +33,8 @@ type ClientConfig struct {
 	HandshakeTimeout  time.Duration // 0: 5 s
 	IdleTimeout       time.Duration // 0: 30 s
 	Logger            zerolog.Logger
+	// QUICTracer, when set, traces the QUIC connection (qlog); for diagnosis only.
+	QUICTracer func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
 }
 
 // Client dials a hub as one member. One Client may dial again and again (Tunnel does after a lost
@@ -89,6 +92,7 @@ func (cl *Client) Dial(ctx context.Context) (*Conn, error) {
 	qc, err := cl.tr.Dial(hctx, net.UDPAddrFromAddrPort(cl.cfg.Hub), clientTLSConfig(), &quic.Config{
 		EnableDatagrams: true, InitialPacketSize: cl.cfg.InitialPacketSize, HandshakeIdleTimeout: cl.cfg.HandshakeTimeout,
 		MaxIdleTimeout: cl.cfg.IdleTimeout, KeepAlivePeriod: keepAlivePeriod, MaxIncomingStreams: -1, MaxIncomingUniStreams: -1,
+		Tracer: cl.cfg.QUICTracer,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("vpnhub: dial hub %s: %w", cl.cfg.Hub, err)
@@ -135,8 +139,9 @@ func (cl *Client) handshake(ctx context.Context, qc *quic.Conn, deadline time.Ti
 	}
 	c := &Conn{
 		qc: qc, stream: stream, welcome: welcome, mtu: min(welcome.MTU, own),
-		seal: newSealer(keys.send, welcome.MTU), open: newOpener(keys.recv),
+		seal: newSealer(keys.send, welcome.MTU), open: newOpener(keys.recv), inbox: newPacketQueue(clientInboxLen),
 	}
+	go c.drainLoop()
 	return c, nil
 }
 
@@ -156,9 +161,27 @@ type Conn struct {
 	seal   *sealer // guarded by sendMu
 
 	recvMu sync.Mutex
-	open   *opener // guarded by recvMu
+	open   *opener      // guarded by recvMu
+	inbox  *packetQueue // pushed by drainLoop, popped by ReceivePacket
 
-	dropped atomic.Int64 // datagrams from the hub that did not open or were replayed
+	dropped atomic.Int64 // datagrams from the hub that did not open, were replayed, or overflowed
+}
+
+// clientInboxLen is how many datagrams a Conn holds that ReceivePacket has not taken yet.
+const clientInboxLen = 1024
+
+// drainLoop moves datagrams out of quic-go's 128-datagram receive queue into the inbox as they
+// arrive (see the hub's session.drainLoop), until the connection ends.
+func (c *Conn) drainLoop() {
+	for {
+		d, err := c.qc.ReceiveDatagram(context.Background())
+		if err != nil {
+			return
+		}
+		if c.inbox.push(d) {
+			c.dropped.Add(1)
+		}
+	}
 }
 
 // ControlAddress is the member's address inside the tunnel (message 2).
@@ -195,12 +218,22 @@ func (c *Conn) WritePacket(p []byte) error {
 func (c *Conn) writeRaw(d []byte) error { return c.qc.SendDatagram(d) }
 
 // ReceivePacket waits for the next IP packet from the hub and returns it; the caller owns it.
-// Datagrams that do not open or are replayed are skipped and counted (Dropped).
+// Datagrams that do not open or are replayed are skipped and counted (Dropped). One goroutine at
+// a time may call it.
 func (c *Conn) ReceivePacket(ctx context.Context) ([]byte, error) {
 	for {
-		d, err := c.qc.ReceiveDatagram(ctx)
-		if err != nil {
-			return nil, c.closeErr(err)
+		d := c.inbox.pop()
+		if d == nil {
+			select {
+			case <-c.inbox.ready:
+				continue
+			case <-ctx.Done():
+				return nil, ctx.Err()
+			case <-c.qc.Context().Done():
+				if d = c.inbox.pop(); d == nil {
+					return nil, c.closeErr(context.Cause(c.qc.Context()))
+				}
+			}
 		}
 		c.recvMu.Lock()
 		p, reason := c.open.open(d)

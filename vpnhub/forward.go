@@ -2,7 +2,7 @@ package vpnhub
 
 // forward is the hub's data plane for one datagram from src (SPEC §7): open it, check the inner
 // source is src's control address, look the destination up, and queue the packet for the member
-// there, whose send loop seals it again. It runs on src's receive loop, never blocks and allocates
+// there, whose send loop seals it again. It runs on src's forward loop, never blocks and allocates
 // nothing: the packet is decrypted in place and the queue takes the datagram's buffer.
 func (h *Hub) forward(src *session, datagram []byte) {
 	packet, reason := src.open.open(datagram)

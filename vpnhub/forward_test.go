@@ -203,7 +203,7 @@ func TestMetricNames(t *testing.T) {
 	for n := range want {
 		t.Errorf("metric %q missing", n)
 	}
-	for _, r := range []string{"spoofed", "replayed", "unknown_destination", "not_unicast", "queue_full", "too_large", "expired", "malformed", "unauthenticated"} {
+	for _, r := range []string{"spoofed", "replayed", "unknown_destination", "not_unicast", "queue_full", "receive_queue_full", "too_large", "expired", "malformed", "unauthenticated"} {
 		if !labels["relay_vpnhub_dropped_packets_total{reason="+r+"}"] {
 			t.Errorf("drop reason %q missing", r)
 		}

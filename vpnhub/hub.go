@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlogwriter"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -47,6 +48,10 @@ type Config struct {
 	HandshakeBurst       int
 	GlobalHandshakeRate  float64 // 0: DefaultGlobalHandshakeRate
 	GlobalHandshakeBurst int     // 0: DefaultGlobalHandshakeBurst
+
+	// QUICTracer, when set, traces every QUIC connection (qlog). For diagnosis only: it costs an
+	// event per packet.
+	QUICTracer func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
 }
 
 // Defaults.
@@ -146,7 +151,7 @@ func Listen(cfg Config) (*Hub, error) {
 	h.ln, err = h.tr.Listen(tlsConf, &quic.Config{
 		EnableDatagrams: true, InitialPacketSize: cfg.InitialPacketSize,
 		HandshakeIdleTimeout: cfg.HandshakeTimeout, MaxIdleTimeout: cfg.IdleTimeout, KeepAlivePeriod: keepAlivePeriod,
-		MaxIncomingStreams: 1, MaxIncomingUniStreams: -1,
+		MaxIncomingStreams: 1, MaxIncomingUniStreams: -1, Tracer: cfg.QUICTracer,
 	})
 	if err != nil {
 		h.tr.Close()

@@ -35,12 +35,13 @@ const (
 	dropExpired                    // source or destination member past expiresAt
 	dropTooLarge                   // larger than the destination's mtu
 	dropQueueFull                  // the destination's queue was full: its oldest packet went
+	dropInboxFull                  // the source's receive queue was full: its oldest datagram went
 	dropReasons
 )
 
 var dropReasonNames = [dropReasons]string{
 	"", "malformed", "unauthenticated", "replayed", "spoofed", "not_unicast", "unknown_destination",
-	"expired", "too_large", "queue_full",
+	"expired", "too_large", "queue_full", "receive_queue_full",
 }
 
 func (r dropReason) String() string { return dropReasonNames[r] }

@@ -3,7 +3,7 @@ package vpnhub
 import "sync"
 
 // packetQueue is a member's bounded send queue (SPEC §7: sending to a member never blocks the
-// hub). Any number of receive loops push; the member's one send loop pops. When the queue is full
+// hub). Any number of forward loops push; the member's one send loop pops. When the queue is full
 // a push drops the oldest packet, so a slow member loses its stalest traffic and nobody waits.
 type packetQueue struct {
 	ready chan struct{} // capacity 1: signalled after a push into an empty queue
@@ -50,6 +50,19 @@ func (q *packetQueue) pop() []byte {
 	q.head = (q.head + 1) % len(q.ring)
 	q.n--
 	return p
+}
+
+// popAll appends every queued packet to dst, oldest first, and empties the queue: one lock for a
+// whole burst.
+func (q *packetQueue) popAll(dst [][]byte) [][]byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	for ; q.n > 0; q.n-- {
+		dst = append(dst, q.ring[q.head])
+		q.ring[q.head] = nil
+		q.head = (q.head + 1) % len(q.ring)
+	}
+	return dst
 }
 
 // len reports the packets queued.

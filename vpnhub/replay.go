@@ -15,7 +15,7 @@ const (
 	ReplayWindow = (replayWords - 1) * 64
 )
 
-// replayWindow is owned by one receive loop; it is not safe for concurrent use.
+// replayWindow is owned by one forward loop; it is not safe for concurrent use.
 type replayWindow struct {
 	last uint64 // highest counter accepted; 0 before the first
 	ring [replayWords]uint64

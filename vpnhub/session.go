@@ -12,9 +12,10 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// session is one member's connection to the hub. Three goroutines under one context: the receive
-// loop (datagrams in, forwarded to other members), the send loop (the member's queue out, sealed)
-// and a watcher on the handshake stream, whose end ends the session.
+// session is one member's connection to the hub. Four goroutines under one context: the drain
+// loop (datagrams out of quic-go into the inbox), the forward loop (the inbox opened and forwarded
+// to other members), the send loop (the member's queue out, sealed) and a watcher on the
+// handshake stream, whose end ends the session.
 type session struct {
 	hub       *Hub
 	conn      *quic.Conn
@@ -24,8 +25,9 @@ type session struct {
 	addr      uint32              // set at construction: the control address
 	mtu       int                 // set at construction: the largest inner packet sent to it
 	expiresAt atomic.Int64        // Unix ms; updated by newer memberships
-	queue     *packetQueue        // pushed by any receive loop, popped by sendLoop
-	open      *opener             // owned by recvLoop
+	queue     *packetQueue        // pushed by any forwardLoop, popped by sendLoop
+	inbox     *packetQueue        // pushed by drainLoop, popped by forwardLoop
+	open      *opener             // owned by forwardLoop
 	seal      *sealer             // owned by sendLoop
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
@@ -38,7 +40,8 @@ func newSession(h *Hub, conn *quic.Conn, stream *quic.Stream, acc accepted, mtu 
 	s := &session{
 		hub: h, conn: conn, stream: stream, member: acc.member, authority: acc.authority,
 		addr: addrU32(acc.member.ControlAddress), mtu: mtu,
-		queue: newPacketQueue(h.cfg.QueueLen), open: newOpener(acc.keys.recv), seal: newSealer(acc.keys.send, mtu),
+		queue: newPacketQueue(h.cfg.QueueLen), inbox: newPacketQueue(h.cfg.QueueLen),
+		open: newOpener(acc.keys.recv), seal: newSealer(acc.keys.send, mtu),
 		msg2: acc.msg2,
 	}
 	s.expiresAt.Store(acc.member.ExpiresAt)
@@ -51,14 +54,15 @@ var errSessionEnded = errors.New("vpnhub: session ended")
 // run serves the session until it ends.
 func (s *session) run() {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); s.sendLoop() }()
+	go func() { defer wg.Done(); s.forwardLoop() }()
 	go func() {
 		defer wg.Done()
 		io.Copy(io.Discard, s.stream) // returns when the member ends the stream or the connection
 		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	}()
-	s.recvLoop()
+	s.drainLoop()
 	s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	wg.Wait()
 }
@@ -85,27 +89,52 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 	})
 }
 
-// recvLoop forwards the member's datagrams until the session ends.
-func (s *session) recvLoop() {
+// drainLoop moves the member's datagrams out of quic-go's receive queue, which holds 128 and drops
+// beyond, into the session's inbox as fast as they arrive. After the process was descheduled,
+// quic-go hands over a burst faster than packets can be opened and forwarded; split this way the
+// burst waits in the inbox instead of being dropped unseen.
+func (s *session) drainLoop() {
 	for {
 		d, err := s.conn.ReceiveDatagram(s.ctx)
 		if err != nil {
 			return
 		}
-		s.hub.forward(s, d)
+		if s.inbox.push(d) {
+			s.hub.dropped(s, dropInboxFull)
+		}
+	}
+}
+
+// forwardLoop opens and forwards the inbox's datagrams until the session ends.
+func (s *session) forwardLoop() {
+	var batch [][]byte
+	for {
+		select {
+		case <-s.inbox.ready:
+		case <-s.ctx.Done():
+			return
+		}
+		batch = s.inbox.popAll(batch[:0])
+		for i, d := range batch {
+			s.hub.forward(s, d)
+			batch[i] = nil
+		}
 	}
 }
 
 // sendLoop seals and sends the member's queued packets. SendDatagram may block while quic-go's
 // own queue is full; only this loop waits then, never the hub.
 func (s *session) sendLoop() {
+	var batch [][]byte
 	for {
 		select {
 		case <-s.queue.ready:
 		case <-s.ctx.Done():
 			return
 		}
-		for p := s.queue.pop(); p != nil; p = s.queue.pop() {
+		batch = s.queue.popAll(batch[:0])
+		for i, p := range batch {
+			batch[i] = nil
 			if !s.send(p) {
 				return
 			}

@@ -33,9 +33,10 @@ type Tunnel struct {
 	// then).
 	OnJoin func(*Conn)
 
-	cur     atomic.Pointer[Conn] // the session packets from the device go to; nil between sessions
-	sent    atomic.Int64
-	dropped atomic.Int64
+	cur      atomic.Pointer[Conn] // the session packets from the device go to; nil between sessions
+	sent     atomic.Int64
+	received atomic.Int64
+	dropped  atomic.Int64
 }
 
 // Backoff bounds of a Tunnel's redial.
@@ -44,10 +45,12 @@ const (
 	redialMax = 30 * time.Second
 )
 
-// Sent counts packets sent to the hub; Dropped packets the device gave while no session was up,
-// that were too large, or not from the member's own control address.
-func (t *Tunnel) Sent() int64    { return t.sent.Load() }
-func (t *Tunnel) Dropped() int64 { return t.dropped.Load() }
+// Sent counts packets sent to the hub; Received packets from the hub written to the device;
+// Dropped packets the device gave while no session was up, that were too large, or not from the
+// member's own control address.
+func (t *Tunnel) Sent() int64     { return t.sent.Load() }
+func (t *Tunnel) Received() int64 { return t.received.Load() }
+func (t *Tunnel) Dropped() int64  { return t.dropped.Load() }
 
 // Run carries packets until ctx ends or the member is replaced. It closes the device when it
 // returns.
@@ -104,6 +107,7 @@ func (t *Tunnel) toDevice(ctx context.Context, conn *Conn) error {
 		if err := t.Device.WritePacket(p); err != nil {
 			return err
 		}
+		t.received.Add(1)
 	}
 }
 

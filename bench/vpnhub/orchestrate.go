@@ -61,6 +61,8 @@ func orchestrate(args []string) {
 	wgPath := fs.String("wireguard", "/tmp/wgbin/wireguard", "the wireguard-go binary")
 	only := fs.String("only", "vpnhub,wireguard,udpfwd", "setups to run")
 	profDir := fs.String("cpuprofile", "", "write our hub's CPU profile of each round here")
+	udp := fs.Bool("udp", true, "measure UDP packets per second in round 1")
+	quicDrops := fs.Bool("quic-drops", false, "have our hub and clients count quic-go's own drops (slows them)")
 	fs.Parse(args)
 	if os.Geteuid() != 0 {
 		fatal(fmt.Errorf("needs root (network namespaces, TUN)"))
@@ -92,14 +94,14 @@ func orchestrate(args []string) {
 	for round := 1; round <= *repeat; round++ {
 		for _, n := range names {
 			m := results[n]
-			s := start(n, self, *wgPath, dir, round, *profDir, m)
+			s := start(n, self, *wgPath, dir, round, *profDir, *quicDrops, m)
 			if err := waitReady(); err != nil {
 				stop(s)
 				dumpLogs(s)
 				fatal(fmt.Errorf("%s: %w", n, err))
 			}
 			mbps, retr := tcpRun(*duration)
-			if round == 1 {
+			if round == 1 && *udp {
 				m.udpPPS, m.udpSentPPS = udpRun(5 * time.Second)
 			}
 			hub, spokes := stop(s)
@@ -109,6 +111,14 @@ func orchestrate(args []string) {
 			m.spokeCPU = append(m.spokeCPU, spokes)
 			if n == "vpnhub" {
 				m.hubStats = strings.TrimSpace(s.procs[0].out.String())
+				for _, p := range s.procs[1:] {
+					fmt.Fprintf(os.Stderr, "  %s: %s\n", p.name, strings.TrimSpace(p.out.String()))
+				}
+				fmt.Fprintf(os.Stderr, "  hub: %s\n", m.hubStats)
+				for _, ns := range []string{nsHub, nsA, nsB} {
+					out, _ := exec.Command("ip", "netns", "exec", ns, "nstat", "-az", "UdpRcvbufErrors", "UdpSndbufErrors", "UdpInErrors").Output()
+					fmt.Fprintf(os.Stderr, "  %s: %s\n", ns, strings.Join(strings.Fields(string(out)), " "))
+				}
 			}
 			fmt.Fprintf(os.Stderr, "round %d %-9s tcp %8.1f Mbit/s  retrans %6.0f  cpu hub %.1fs spokes %.1fs\n", round, n, mbps, retr, hub, spokes)
 		}
@@ -165,7 +175,7 @@ func spawn(name, ns string, env []string, args ...string) *proc {
 	return p
 }
 
-func start(name, self, wgPath, dir string, round int, profDir string, m *measure) *setup {
+func start(name, self, wgPath, dir string, round int, profDir string, quicDrops bool, m *measure) *setup {
 	s := &setup{name: name}
 	switch name {
 	case "udpfwd":
@@ -188,12 +198,17 @@ func start(name, self, wgPath, dir string, round int, profDir string, m *measure
 		if profDir != "" {
 			hubArgs = append(hubArgs, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("vpnhub-hub-round%d.pprof", round)))
 		}
+		var extra []string
+		if quicDrops {
+			hubArgs = append(hubArgs, "-quic-drops")
+			extra = []string{"-quic-drops"}
+		}
 		s.procs = []*proc{spawn("vpnhub-hub", nsHub, nil, hubArgs...)}
 		time.Sleep(200 * time.Millisecond)
 		for _, c := range []struct{ ns, node, key, addr string }{{nsA, "node-a", "a.key", tunA}, {nsB, "node-b", "b.key", tunB}} {
-			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, self, "client", "-hub", underlayHub+":4433",
+			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, append([]string{self, "client", "-hub", underlayHub + ":4433",
 				"-hub-key", contracts.EncodeKey32(hubKey.Public), "-key", filepath.Join(dir, c.key), "-node", c.node,
-				"-authority", authority, "-addr", c.addr+"/24"))
+				"-authority", authority, "-addr", c.addr + "/24"}, extra...)...))
 		}
 	case "wireguard":
 		env := []string{"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"}

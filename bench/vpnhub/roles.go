@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/signal"
 	"runtime/pprof"
+	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -50,15 +51,26 @@ func roleHub(args []string) {
 	keyFile := fs.String("key", "", "hub key file")
 	members := fs.String("members", "", "pushClusterVpnMembership body")
 	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
+	traceDrops := fs.Bool("quic-drops", false, "count quic-go's own drops (slow)")
 	fs.Parse(args)
+	drops := newQUICDrops()
+	var tracer = drops.tracer
+	if !*traceDrops {
+		tracer = nil
+	}
 	m := vpnhub.NewMetrics()
 	reg := prometheus.NewRegistry()
 	m.Register(reg)
 	h, err := vpnhub.Listen(vpnhub.Config{Listen: *listen, Key: readKey(*keyFile), Logger: logger(), Metrics: m,
-		InitialPacketSize: quicPacketSize})
+		InitialPacketSize: quicPacketSize, QUICTracer: tracer})
 	if err != nil {
 		fatal(err)
 	}
+	defer func() {
+		if *traceDrops {
+			fmt.Println(drops)
+		}
+	}()
 	body, err := os.ReadFile(*members)
 	if err != nil {
 		fatal(err)
@@ -105,7 +117,13 @@ func roleClient(args []string) {
 	authority := fs.String("authority", "", "authority id")
 	addr := fs.String("addr", "", "control address/prefix length")
 	tunName := fs.String("tun", "bt0", "TUN name")
+	traceDrops := fs.Bool("quic-drops", false, "count quic-go's own drops (slow)")
 	fs.Parse(args)
+	drops := newQUICDrops()
+	var tracer = drops.tracer
+	if !*traceDrops {
+		tracer = nil
+	}
 	hk, err := contracts.DecodeKey32(*hubKey)
 	if err != nil {
 		fatal(err)
@@ -116,7 +134,7 @@ func roleClient(args []string) {
 		fatal(err)
 	}
 	cl, err := vpnhub.NewClient(vpnhub.ClientConfig{Hub: netip.MustParseAddrPort(*hub), HubKey: hk, AuthorityID: *authority,
-		NodeID: *node, Key: readKey(*keyFile), InitialPacketSize: quicPacketSize, Logger: logger()})
+		NodeID: *node, Key: readKey(*keyFile), InitialPacketSize: quicPacketSize, Logger: logger(), QUICTracer: tracer})
 	if err != nil {
 		fatal(err)
 	}
@@ -133,6 +151,11 @@ func roleClient(args []string) {
 	defer stop()
 	tu.Run(ctx)
 	cl.Close()
+	txDropped, _ := os.ReadFile("/sys/class/net/" + *tunName + "/statistics/tx_dropped")
+	fmt.Printf("{\"sent\":%d,\"received\":%d,\"dropped\":%d,\"tunTxDropped\":%s}\n", tu.Sent(), tu.Received(), tu.Dropped(), strings.TrimSpace(string(txDropped)))
+	if *traceDrops {
+		fmt.Println(drops)
+	}
 }
 
 // roleUDPForwarder is the physical reference: every UDP datagram is one raw IP packet, forwarded to
