@@ -245,6 +245,30 @@ func (c *Conn) ReceivePacket(ctx context.Context) ([]byte, error) {
 	}
 }
 
+// ReceivePackets waits for at least one IP packet from the hub and appends it, and every other
+// one already there, to dst. The caller owns the packets. One goroutine at a time may call it.
+func (c *Conn) ReceivePackets(ctx context.Context, dst [][]byte) ([][]byte, error) {
+	p, err := c.ReceivePacket(ctx)
+	if err != nil {
+		return dst, err
+	}
+	dst = append(dst, p)
+	start := len(dst)
+	dst = c.inbox.popAll(dst)
+	c.recvMu.Lock()
+	defer c.recvMu.Unlock()
+	out := dst[:start]
+	for _, d := range dst[start:] {
+		if p, reason := c.open.open(d); reason == dropNone {
+			out = append(out, p)
+		} else {
+			c.dropped.Add(1)
+		}
+	}
+	clear(dst[len(out):])
+	return out, nil
+}
+
 // Done is closed when the session has ended; Err then says why.
 func (c *Conn) Done() <-chan struct{} { return c.qc.Context().Done() }
 

@@ -3,8 +3,10 @@
 package vpnhub
 
 import (
+	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"net"
 	"net/netip"
 	"os"
@@ -120,7 +122,7 @@ func newNetnsTopology(t *testing.T) *netnsTopology {
 }
 
 // startTunnel opens a TUN and a UDP socket inside ns and runs a Tunnel for the member there.
-func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, key StaticKey, node string, addr netip.Addr) *Tunnel {
+func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, key StaticKey, node string, addr netip.Addr, offload bool) *Tunnel {
 	t.Helper()
 	var tun *TUN
 	var sock net.PacketConn
@@ -129,7 +131,11 @@ func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, k
 		if sock, err = net.ListenUDP("udp4", &net.UDPAddr{}); err != nil {
 			return err
 		}
-		if tun, err = OpenTUN("vpn0"); err != nil {
+		open := OpenTUN
+		if offload {
+			open = OpenTUNOffload
+		}
+		if tun, err = open("vpn0"); err != nil {
 			return err
 		}
 		return tun.Configure(netip.PrefixFrom(addr, 24), 1200)
@@ -202,8 +208,8 @@ func TestPingAcrossTheHubBetweenNetworkNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	hubAt := netip.AddrPortFrom(topo.hubAddr, uint16(h.Endpoint().QUICPort))
-	startTunnel(t, topo.a, hubAt, hubKey.Public, ka, "node-a", addrA)
-	startTunnel(t, topo.b, hubAt, hubKey.Public, kb, "node-b", addrB)
+	startTunnel(t, topo.a, hubAt, hubKey.Public, ka, "node-a", addrA, true) // with TCP offloads
+	startTunnel(t, topo.b, hubAt, hubKey.Public, kb, "node-b", addrB, false)
 
 	for _, c := range []struct{ ns, to string }{{topo.a, addrB.String()}, {topo.b, addrA.String()}} {
 		out, err := exec.Command("ip", "netns", "exec", c.ns, "ping", "-c", "3", "-i", "0.2", "-W", "3", c.to).CombinedOutput()
@@ -218,8 +224,63 @@ func TestPingAcrossTheHubBetweenNetworkNamespaces(t *testing.T) {
 	if got := testutil.ToFloat64(h.m.packets); got < 12 {
 		t.Fatalf("forwarded_packets_total = %v after two pings of 3", got)
 	}
+	tcpAcross(t, topo)
 	// Nothing reaches a node by any other path: a ping to the other node's underlay address fails.
 	if err := exec.Command("ip", "netns", "exec", topo.a, "ping", "-c", "1", "-W", "1", "10.201.2.2").Run(); err == nil {
 		t.Fatal("node a reaches node b's underlay: the test would not prove the hub carries the ping")
+	}
+}
+
+// tcpAcross moves 4 MiB each way over TCP between the nodes' control addresses: segments cut
+// from node a's TSO super-packets and merged again on its side must arrive intact.
+func tcpAcross(t *testing.T, topo *netnsTopology) {
+	t.Helper()
+	var ln net.Listener
+	if err := inNetns(topo.b, func() (err error) {
+		ln, err = net.Listen("tcp4", addrB.String()+":7000")
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	data := make([]byte, 4<<20)
+	for i := range data {
+		data[i] = byte(i*131 + i>>9)
+	}
+	echoed := make(chan error, 1)
+	go func() {
+		c, err := ln.Accept()
+		if err != nil {
+			echoed <- err
+			return
+		}
+		defer c.Close()
+		buf := make([]byte, len(data))
+		if _, err := io.ReadFull(c, buf); err != nil {
+			echoed <- err
+			return
+		}
+		_, err = c.Write(buf) // back the same way: b's plain TUN to a's merging one
+		echoed <- err
+	}()
+	var c net.Conn
+	if err := inNetns(topo.a, func() (err error) {
+		c, err = net.DialTimeout("tcp4", addrB.String()+":7000", 5*time.Second)
+		return err
+	}); err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	c.SetDeadline(time.Now().Add(60 * time.Second))
+	go c.Write(data)
+	back := make([]byte, len(data))
+	if _, err := io.ReadFull(c, back); err != nil {
+		t.Fatalf("tcp through the hub: %v", err)
+	}
+	if err := <-echoed; err != nil {
+		t.Fatal(err)
+	}
+	if !bytes.Equal(back, data) {
+		t.Fatal("tcp data changed on its way through the hub")
 	}
 }

@@ -97,17 +97,36 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	}
 }
 
-// toDevice writes the session's packets to the device until the session ends.
+// BatchWriter is a Device that takes a burst of packets at once (a TUN with offloads merges
+// them).
+type BatchWriter interface {
+	WritePackets(pkts [][]byte) error
+}
+
+// toDevice writes the session's packets to the device until the session ends, a burst at a time.
 func (t *Tunnel) toDevice(ctx context.Context, conn *Conn) error {
+	bw, batches := t.Device.(BatchWriter)
+	var batch [][]byte
 	for {
-		p, err := conn.ReceivePacket(ctx)
+		var err error
+		batch, err = conn.ReceivePackets(ctx, batch[:0])
 		if err != nil {
 			return err
 		}
-		if err := t.Device.WritePacket(p); err != nil {
+		if batches {
+			err = bw.WritePackets(batch)
+		} else {
+			for _, p := range batch {
+				if err = t.Device.WritePacket(p); err != nil {
+					break
+				}
+			}
+		}
+		if err != nil {
 			return err
 		}
-		t.received.Add(1)
+		t.received.Add(int64(len(batch)))
+		clear(batch)
 	}
 }
 

@@ -118,6 +118,7 @@ func roleClient(args []string) {
 	addr := fs.String("addr", "", "control address/prefix length")
 	tunName := fs.String("tun", "bt0", "TUN name")
 	traceDrops := fs.Bool("quic-drops", false, "count quic-go's own drops (slow)")
+	offload := fs.Bool("offload", true, "TUN with TCP segmentation and coalescing offloads")
 	fs.Parse(args)
 	drops := newQUICDrops()
 	var tracer = drops.tracer
@@ -129,7 +130,11 @@ func roleClient(args []string) {
 		fatal(err)
 	}
 	prefix := netip.MustParsePrefix(*addr)
-	tun, err := vpnhub.OpenTUN(*tunName)
+	open := vpnhub.OpenTUN
+	if *offload {
+		open = vpnhub.OpenTUNOffload
+	}
+	tun, err := open(*tunName)
 	if err != nil {
 		fatal(err)
 	}
