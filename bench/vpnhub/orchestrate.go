@@ -180,6 +180,7 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 	switch name {
 	case "udpfwd":
 		s.procs = []*proc{spawn("udpfwd-hub", nsHub, nil, self, "udpfwd-hub", "-listen", underlayHub+":5555")}
+		time.Sleep(200 * time.Millisecond)
 		for _, c := range []struct{ ns, addr string }{{nsA, tunA}, {nsB, tunB}} {
 			s.procs = append(s.procs, spawn("udpfwd-client", c.ns, nil, self, "udpfwd-client", "-hub", underlayHub+":5555", "-addr", c.addr+"/24"))
 		}

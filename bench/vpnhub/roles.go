@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"flag"
 	"fmt"
 	"net"
@@ -255,8 +256,11 @@ func roleUDPClient(args []string) {
 		buf := make([]byte, 65536)
 		for {
 			n, err := c.Read(buf)
-			if err != nil {
+			if errors.Is(err, net.ErrClosed) {
 				return
+			}
+			if err != nil {
+				continue // ECONNREFUSED from an ICMP error before the forwarder was up
 			}
 			if n >= 20 {
 				tun.WritePacket(buf[:n])
