@@ -13,6 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/vpnhub"
 )
@@ -75,8 +76,12 @@ func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHub
 // before the relay registers. A listen address without a concrete IPv4 host and an unreadable key
 // file are configuration errors naming their flag.
 func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
-	if _, err := vpnhub.ParseListen(cfg.HubListen); err != nil {
+	at, err := vpnhub.ParseListen(cfg.HubListen)
+	if err != nil {
 		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
+	}
+	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
+		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterRelay reports it to nodes"}
 	}
 	key, err := vpnhub.LoadOrCreateKeyFile(cfg.HubKeyFile)
 	if err != nil {
