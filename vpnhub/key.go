@@ -12,7 +12,8 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// StaticKey is the hub's static Curve25519 key pair. It prints nothing of the private half.
+// StaticKey is a static Curve25519 key pair: the hub's, or a member's in the client. It prints
+// nothing of the private half.
 type StaticKey struct {
 	private [32]byte
 	Public  [32]byte
@@ -33,6 +34,10 @@ func GenerateKey() (StaticKey, error) {
 	}
 	return keyFrom(priv.Bytes())
 }
+
+// KeyFromPrivate builds the key pair of a private key, such as the client key pair of a node's
+// managed VPN credential.
+func KeyFromPrivate(private [32]byte) (StaticKey, error) { return keyFrom(private[:]) }
 
 func keyFrom(b []byte) (StaticKey, error) {
 	priv, err := ecdh.X25519().NewPrivateKey(b)

@@ -5,6 +5,7 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"path/filepath"
@@ -61,11 +62,17 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
 		LogLevel: *logLevel, LogFormat: "console", BuildVersion: buildVersion,
 	}
+	cfg.HubListen, cfg.HubKeyFile = "127.0.0.1:0", filepath.Join(dir, "hub.key")
 	if err := cfg.Complete(); err != nil {
 		return err
 	}
-	r, err := build(cfg, log, relay.Options{})
+	// The hub binds loopback; the registration reports the advertise address, which Cloudly accepts.
+	r, hub, err := buildParts(cfg, log, relay.Options{}, netip.MustParseAddr(cfg.AdvertiseAddress))
 	if err != nil {
+		return err
+	}
+	sc.HubAddr = hub.Addr()
+	if _, sc.HubKey, err = sim.HubTarget(hub.Endpoint()); err != nil {
 		return err
 	}
 	if err := r.Listen(); err != nil {

@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -55,11 +56,11 @@ func TestOperatingDocListsEveryMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recorder{Registerer: relay.NewRegistry()}
-	r, err := build(cfg, zerolog.Nop(), relay.Options{Registerer: rec})
+	_, hub, err := buildParts(cfg, zerolog.Nop(), relay.Options{Registerer: rec}, netip.MustParseAddr("192.0.2.1"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	_ = r
+	hub.Close()
 	var rows []string
 	for _, d := range rec.descs {
 		m := descFields.FindStringSubmatch(d.String())

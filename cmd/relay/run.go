@@ -4,16 +4,21 @@ import (
 	"context"
 	"crypto/x509"
 	"flag"
+	"fmt"
 	"io"
+	"net/netip"
 	"os"
 	"os/signal"
 	"syscall"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/vpnhub"
 )
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
@@ -40,6 +45,14 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 // build wires the relay and its features from a completed configuration. Features register their
 // metrics in the relay's registry.
 func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
+	r, _, err := buildParts(cfg, log, opts, netip.Addr{})
+	return r, err
+}
+
+// buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
+// loopback). devHubAddress, when valid, is what registerClusterRelay reports as the hub's address
+// instead of the bound one: a dev hub binds loopback, which the registration refuses.
+func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
 	if opts.Registry == nil {
 		opts.Registry = relay.NewRegistry()
 	}
@@ -49,34 +62,75 @@ func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Rel
 	var feats relay.Features
 	rs, err := buildRestore(cfg, log, opts.Registerer)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	feats.Restore = rs
 	in, err := ingress.New(ingress.Config{Registry: opts.Registerer, Log: log})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	feats.Ingress = in
 	if cfg.RegistryUpstream != "" {
 		roots, err := caPool(cfg.RegistryCAFile, "registry-ca-file")
 		if err != nil {
-			return nil, err
+			return nil, nil, err
 		}
 		reg, err := registry.New(registry.Options{
 			Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir, CacheMaxBytes: cfg.RegistryCacheMaxBytes,
 			Metrics: opts.Registerer, Log: log.With().Str("component", "registry").Logger(), RootCAs: roots,
 		})
 		if err != nil {
-			return nil, usagef("--registry-upstream: %v", err)
+			return nil, nil, usagef("--registry-upstream: %v", err)
 		}
 		feats.Registry = reg
 	}
 	esc, err := buildEscrow(log, opts.Registerer)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	feats.Escrow = esc
-	return relay.New(cfg, feats, log, opts)
+	var hub *vpnhub.Hub
+	if cfg.HubListen != "" {
+		var err error
+		if hub, err = buildHub(cfg, log, opts.Registerer, devHubAddress); err != nil {
+			return nil, nil, err
+		}
+		feats.Hub = hub
+	}
+	r, err := relay.New(cfg, feats, log, opts)
+	if err != nil {
+		if hub != nil {
+			hub.Close()
+		}
+		return nil, nil, err
+	}
+	return r, hub, nil
+}
+
+// buildHub loads or creates the hub's static key and binds the hub, so that its endpoint is final
+// before the relay registers. A listen address without a concrete IPv4 host and an unreadable key
+// file are configuration errors naming their flag.
+func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
+	at, err := vpnhub.ParseListen(cfg.HubListen)
+	if err != nil {
+		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
+	}
+	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
+		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterRelay reports it to nodes"}
+	}
+	key, err := vpnhub.LoadOrCreateKeyFile(cfg.HubKeyFile)
+	if err != nil {
+		return nil, &relay.ConfigError{Flag: "hub-key-file", Reason: err.Error()}
+	}
+	metrics := vpnhub.NewMetrics()
+	if err := metrics.Register(reg); err != nil {
+		return nil, fmt.Errorf("register vpn hub metrics: %w", err)
+	}
+	hub, err := vpnhub.Listen(vpnhub.Config{Listen: cfg.HubListen, Key: key, Logger: log, Metrics: metrics, ReportAddress: report})
+	if err != nil {
+		return nil, fmt.Errorf("vpn hub: %w", err)
+	}
+	return hub, nil
 }
 
 func newLogger(level, format string, w io.Writer) zerolog.Logger {

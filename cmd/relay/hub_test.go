@@ -1,0 +1,130 @@
+package main
+
+import (
+	"context"
+	"io"
+	"net/http"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+func TestHubListenWithoutAnAddressIsAFlagError(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("jwt\n"), 0o600)
+	base := []string{"run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "ws://127.0.0.1:1/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--hub-key-file", filepath.Join(dir, "hub.key")}
+	for listen, want := range map[string]string{
+		":4433":        "--hub-listen: must name the IPv4 address the hub binds",
+		"0.0.0.0:4433": "--hub-listen: must name the IPv4 address the hub binds",
+		"[::1]:4433":   "--hub-listen: must name the IPv4 address the hub binds",
+		"127.0.0.1:0":  "--hub-listen: must be a unicast IPv4 address that is neither loopback nor link-local",
+	} {
+		code, _, stderr := runMain(t, nil, append(append([]string{}, base...), "--hub-listen", listen)...)
+		if code != 2 || strings.Count(stderr, "\n") != 1 || !strings.Contains(stderr, want) {
+			t.Errorf("--hub-listen %s: exit %d, stderr %q", listen, code, stderr)
+		}
+	}
+	os.WriteFile(filepath.Join(dir, "bad.key"), []byte("not a key\n"), 0o600)
+	code, _, stderr := runMain(t, nil, append(append([]string{}, base...), "--hub-listen", "192.0.2.1:0",
+		"--hub-key-file", filepath.Join(dir, "bad.key"))...)
+	if code != 2 || !strings.Contains(stderr, "--hub-key-file:") || strings.Contains(stderr, "not a key") {
+		t.Errorf("bad key file: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// TestRelayServesTheVPNHub runs the whole relay with its hub against the Cloudly stand-in:
+// registration with the hub endpoint is accepted, Cloudly's membership push reaches the hub, and
+// two simulated members exchange packets through it, counted on /metrics.
+func TestRelayServesTheVPNHub(t *testing.T) {
+	log := zerolog.Nop()
+	cloudly, err := sim.NewCloudly(log)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer cloudly.Close()
+	dir := t.TempDir()
+	token := filepath.Join(dir, "cloudly.jwt")
+	os.WriteFile(token, []byte(cloudly.Token+"\n"), 0o600)
+	cfg := relay.Config{ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: token,
+		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
+		HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(dir, "hub.key")}
+	if err := cfg.Complete(); err != nil {
+		t.Fatal(err)
+	}
+	r, hub, err := buildParts(cfg, log, relay.Options{}, netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if st, err := os.Stat(cfg.HubKeyFile); err != nil || st.Mode().Perm() != 0o600 {
+		t.Fatalf("hub key file %v %v", st, err)
+	}
+	if err := r.Listen(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- r.Serve(ctx) }()
+	defer func() { cancel(); <-served }()
+	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
+	defer wcancel()
+	// Attached, not WaitAttached: the registration may be accepted before the wait would begin.
+	for !cloudly.Attached() {
+		if wctx.Err() != nil {
+			t.Fatal("the relay's registration with the hub endpoint was not accepted")
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+
+	nodes, err := sim.NewVPNNodes(sim.SimVPNControlPrefix, log, "node-a", "node-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := sim.VPNMembershipBody(sim.SimVPNAuthority, sim.SimVPNControlPrefix, 1, time.Now().Add(time.Hour).UnixMilli(), nodes)
+	ans, err := cloudly.Call(wctx, contracts.MethodPushClusterVpnMembership, body)
+	if g, ok := contracts.ReadVPNMembershipApplied(ans); err != nil || !ok || g != 1 {
+		t.Fatalf("membership push: %s %v", ans, err)
+	}
+	_, key, err := sim.HubTarget(hub.Endpoint())
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range nodes {
+		if err := n.Join(wctx, hub.Addr(), key, sim.SimVPNAuthority); err != nil {
+			t.Fatalf("%s join: %v", n.ID, err)
+		}
+		defer n.Close()
+	}
+	if sent, err := nodes[0].Send(nodes[1], 10, 300); sent != 10 || err != nil {
+		t.Fatalf("sent %d: %v", sent, err)
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for nodes[1].Received() < 10 && time.Now().Before(deadline) {
+		time.Sleep(10 * time.Millisecond)
+	}
+	if got := nodes[1].Received(); got != 10 {
+		t.Fatalf("node-b received %d of 10", got)
+	}
+	resp, err := http.Get("http://" + r.AdminAddr().String() + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	metrics, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{"relay_vpnhub_forwarded_packets_total 10", "relay_vpnhub_members 2", "relay_vpnhub_sessions 2"} {
+		if !strings.Contains(string(metrics), want) {
+			t.Errorf("/metrics lacks %q", want)
+		}
+	}
+}

@@ -1,0 +1,323 @@
+package contracts
+
+import (
+	"net/netip"
+	"strconv"
+)
+
+// The managed VPN hub's wire (SPEC §7). Everything in this file is project-defined unless marked
+// seed-defined: the seeds state only that nodes dial a hub over QUIC with a Noise server key, a
+// client key pair, a managed authority id and an expiry, and that control addresses come from
+// vpn.controlPrefix. A node implementation written from SPEC §7 must interoperate with these
+// constants and readers.
+//
+// # Protocol flow
+//
+//  1. Cloudly pushes pushClusterVpnMembership { authorityId, controlPrefix, generation, members }
+//     (ReadVPNMembershipPush); the hub answers { appliedGeneration } (EncodeVPNMembershipApplied).
+//  2. A node dials the hub over QUIC v1 with DATAGRAM (RFC 9221), ALPN VPNHubALPN, without
+//     verifying the hub's self-signed certificate.
+//  3. On the first bidirectional stream, each message prefixed by a 2-byte big-endian length
+//     (VPNHandshakeLengthBytes), the node sends Noise IK message 1 (VPNNoiseProtocol, prologue
+//     VPNHubPrologue(authorityId)) with payload { nodeId } (EncodeVPNHello); the hub answers
+//     message 2 with payload { controlAddress, mtu, expiresAt } (EncodeVPNWelcome), or closes the
+//     connection with application error VPNCloseCodeRefused and a reason that starts with one of
+//     VPNRefusals. The stream stays open for the life of the session.
+//  4. Each QUIC datagram is one IP packet: an 8-byte big-endian counter (from 1), then the
+//     ChaCha20-Poly1305 sealing of the packet under that direction's Noise transport key, nonce =
+//     4 zero bytes ‖ counter little-endian, no associated data (VPNDataOverhead bytes in all).
+
+// Project-defined protocol constants of the VPN hub.
+const (
+	// VPNHubALPN is the QUIC ALPN a hub serves and a node offers.
+	VPNHubALPN = "servezone-vpnhub"
+	// VPNNoiseProtocol is the Noise protocol name of the handshake.
+	VPNNoiseProtocol = "Noise_IK_25519_ChaChaPoly_BLAKE2s"
+	// VPNHandshakeLengthBytes is the big-endian length prefix of each handshake message.
+	VPNHandshakeLengthBytes = 2
+	// VPNMaxHandshakeMessage is the largest handshake message the prefix can state (Noise's own
+	// limit too).
+	VPNMaxHandshakeMessage = 65535
+	// VPNCloseCodeRefused is the QUIC application error code of a refusal or removal; the reason
+	// phrase starts with a VPNRefusals name.
+	VPNCloseCodeRefused = 1
+	// VPNCloseCodeNone is the application error code of an ordinary close: hub shutdown, a node
+	// leaving, a handshake that timed out or broke off. Its reason names no refusal.
+	VPNCloseCodeNone = 0
+	// VPNCounterBytes, VPNTagBytes and VPNDataOverhead describe a data datagram: the counter, the
+	// AEAD tag, and both together (the datagram payload less the inner packet).
+	VPNCounterBytes = 8
+	VPNTagBytes     = 16
+	VPNDataOverhead = VPNCounterBytes + VPNTagBytes
+	// VPNMinMTU and VPNMaxMTU bound message 2's mtu: IPv4's minimum datagram size, and the
+	// largest IP packet.
+	VPNMinMTU = 68
+	VPNMaxMTU = 65535
+	// VPNMaxMembers bounds a membership push's member list.
+	VPNMaxMembers = 65536
+	// VPNMaxControlPrefixLength is seed-defined:
+	// runtimeNetworkAddressPlanContract.maximumControlPrefixLength.
+	VPNMaxControlPrefixLength = 30
+)
+
+// VPNHubPrologue is the Noise prologue: "servezone-vpnhub:" followed by the authority id.
+func VPNHubPrologue(authorityID string) []byte {
+	return append([]byte(VPNHubALPN+":"), authorityID...)
+}
+
+// VPNMember is one member of a membership push.
+type VPNMember struct {
+	NodeID         string
+	PublicKey      [32]byte
+	ControlAddress netip.Addr
+	ExpiresAt      int64 // Unix ms; the member is valid while now < ExpiresAt
+}
+
+// VPNMembership is pushClusterVpnMembership's request.
+type VPNMembership struct {
+	AuthorityID   string
+	ControlPrefix netip.Prefix
+	Generation    int64
+	Members       []VPNMember
+}
+
+var privateIPv4 = [...]netip.Prefix{
+	netip.MustParsePrefix("10.0.0.0/8"),
+	netip.MustParsePrefix("172.16.0.0/12"),
+	netip.MustParsePrefix("192.168.0.0/16"),
+}
+
+// ReadVPNControlPrefix is runtimeNetworkVpnControlPrefix: a canonical IPv4 prefix text
+// ("10.64.0.0/16": dotted quad without leading zeros, no host bits) inside one of the private
+// ranges 10/8, 172.16/12, 192.168/16, no longer than /30. The private-range rule keeps it at /8 or
+// longer.
+func ReadVPNControlPrefix(s string) (netip.Prefix, bool) {
+	p, err := netip.ParsePrefix(s)
+	if err != nil || !p.Addr().Is4() || p.Masked() != p || p.String() != s || p.Bits() > VPNMaxControlPrefixLength {
+		return netip.Prefix{}, false
+	}
+	for _, r := range privateIPv4 {
+		if r.Bits() <= p.Bits() && r.Contains(p.Addr()) {
+			return p, true
+		}
+	}
+	return netip.Prefix{}, false
+}
+
+// IsVPNControlAddress reports whether a is a usable control address of prefix: inside it, and
+// neither its network nor its broadcast address.
+func IsVPNControlAddress(prefix netip.Prefix, a netip.Addr) bool {
+	if !a.Is4() || !prefix.Contains(a) || a == prefix.Addr() {
+		return false
+	}
+	b := prefix.Addr().As4()
+	host := uint32(1)<<(32-prefix.Bits()) - 1
+	v := (uint32(b[0])<<24 | uint32(b[1])<<16 | uint32(b[2])<<8 | uint32(b[3])) | host
+	return a != netip.AddrFrom4([4]byte{byte(v >> 24), byte(v >> 16), byte(v >> 8), byte(v)})
+}
+
+// readIPv4 reads a canonical dotted-quad IPv4 literal.
+func readIPv4(raw []byte) (netip.Addr, bool) {
+	s, err := ReadString(raw)
+	if err != nil {
+		return netip.Addr{}, false
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil || !a.Is4() || a.String() != s {
+		return netip.Addr{}, false
+	}
+	return a, true
+}
+
+// ReadVPNMembershipPush reads pushClusterVpnMembership's request, exact-key: authorityId a
+// canonical identifier; controlPrefix per ReadVPNControlPrefix; generation a non-negative safe
+// integer; at most VPNMaxMembers members, each { nodeId, publicKey, controlAddress, expiresAt } with
+// a cluster node id, a 32-byte key in base64url without padding, a control address inside the
+// prefix (not its network or broadcast address) and a non-negative safe integer (Unix ms); node
+// ids, keys and control addresses each unique. A violation is an *InvalidError, one reason each.
+func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
+	const path = "vpn membership"
+	members, err := ReadObject(raw)
+	if err != nil || !hasExactKeys(members, "authorityId", "controlPrefix", "generation", "members") {
+		return VPNMembership{}, &InvalidError{[]string{path + " must use its exact schema"}}
+	}
+	m := byKey(members)
+	var out VPNMembership
+	var reasons []string
+	if s, err := ReadString(m["authorityId"]); err != nil || !IsCanonicalID(s) {
+		reasons = append(reasons, path+" authorityId must be a canonical identifier")
+	} else {
+		out.AuthorityID = s
+	}
+	prefixOK := false
+	if s, err := ReadString(m["controlPrefix"]); err == nil {
+		out.ControlPrefix, prefixOK = ReadVPNControlPrefix(s)
+	}
+	if !prefixOK {
+		reasons = append(reasons, path+" controlPrefix must be a private IPv4 prefix no longer than /30")
+	}
+	if g, ok := ReadCounter(m["generation"]); !ok {
+		reasons = append(reasons, path+" generation must be a non-negative safe integer")
+	} else {
+		out.Generation = g
+	}
+	elems, err := ReadArray(m["members"])
+	if err != nil || len(elems) > VPNMaxMembers {
+		reasons = append(reasons, path+" members must be an array of at most 65536 entries")
+		elems = nil
+	}
+	nodes := make(map[string]bool, len(elems))
+	keys := make(map[[32]byte]bool, len(elems))
+	addrs := make(map[netip.Addr]bool, len(elems))
+	out.Members = make([]VPNMember, 0, len(elems))
+	for i, e := range elems {
+		p := path + " members[" + strconv.Itoa(i) + "]"
+		em, err := ReadObject(e)
+		if err != nil || !hasExactKeys(em, "nodeId", "publicKey", "controlAddress", "expiresAt") {
+			reasons = append(reasons, p+" must use its exact schema")
+			continue
+		}
+		mm := byKey(em)
+		var mem VPNMember
+		bad := len(reasons)
+		if s, err := ReadString(mm["nodeId"]); err != nil || !IsClusterNodeID(s) {
+			reasons = append(reasons, p+" nodeId must be a cluster node id")
+		} else if nodes[s] {
+			reasons = append(reasons, p+" nodeId must be unique")
+		} else {
+			mem.NodeID = s
+		}
+		if s, err := ReadString(mm["publicKey"]); err != nil {
+			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
+		} else if k, err := DecodeKey32(s); err != nil {
+			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
+		} else if keys[k] {
+			reasons = append(reasons, p+" publicKey must be unique")
+		} else {
+			mem.PublicKey = k
+		}
+		if a, ok := readIPv4(mm["controlAddress"]); !ok || (prefixOK && !IsVPNControlAddress(out.ControlPrefix, a)) {
+			reasons = append(reasons, p+" controlAddress must be an IPv4 host address inside controlPrefix")
+		} else if addrs[a] {
+			reasons = append(reasons, p+" controlAddress must be unique")
+		} else {
+			mem.ControlAddress = a
+		}
+		if t, ok := ReadCounter(mm["expiresAt"]); !ok {
+			reasons = append(reasons, p+" expiresAt must be a non-negative safe integer (Unix ms)")
+		} else {
+			mem.ExpiresAt = t
+		}
+		if len(reasons) == bad {
+			nodes[mem.NodeID], keys[mem.PublicKey], addrs[mem.ControlAddress] = true, true, true
+			out.Members = append(out.Members, mem)
+		}
+	}
+	if len(reasons) > 0 {
+		return VPNMembership{}, &InvalidError{reasons}
+	}
+	return out, nil
+}
+
+// EncodeVPNMembershipPush encodes m as pushClusterVpnMembership's request, keys in the order
+// SPEC §7 lists them.
+func EncodeVPNMembershipPush(m VPNMembership) []byte {
+	b := AppendString([]byte(`{"authorityId":`), m.AuthorityID)
+	b = append(b, `,"controlPrefix":`...)
+	b = AppendString(b, m.ControlPrefix.String())
+	b = append(b, `,"generation":`...)
+	b = strconv.AppendInt(b, m.Generation, 10)
+	b = append(b, `,"members":[`...)
+	for i, mem := range m.Members {
+		if i > 0 {
+			b = append(b, ',')
+		}
+		b = AppendString(append(b, `{"nodeId":`...), mem.NodeID)
+		b = AppendString(append(b, `,"publicKey":`...), EncodeKey32(mem.PublicKey))
+		b = AppendString(append(b, `,"controlAddress":`...), mem.ControlAddress.String())
+		b = strconv.AppendInt(append(b, `,"expiresAt":`...), mem.ExpiresAt, 10)
+		b = append(b, '}')
+	}
+	return append(b, "]}"...)
+}
+
+// EncodeVPNMembershipApplied is the push's answer { appliedGeneration }: the generation the hub
+// holds after the push (an older or equal push leaves the held one).
+func EncodeVPNMembershipApplied(generation int64) []byte {
+	return append(strconv.AppendInt([]byte(`{"appliedGeneration":`), generation, 10), '}')
+}
+
+// ReadVPNMembershipApplied reads the push's answer.
+func ReadVPNMembershipApplied(raw []byte) (int64, bool) {
+	members, err := ReadObject(raw)
+	if err != nil || !hasExactKeys(members, "appliedGeneration") {
+		return 0, false
+	}
+	return ReadCounter(members[0].Value)
+}
+
+// EncodeVPNHello is message 1's payload { nodeId }.
+func EncodeVPNHello(nodeID string) []byte {
+	return append(AppendString([]byte(`{"nodeId":`), nodeID), '}')
+}
+
+// ReadVPNHello reads message 1's payload, exact-key; nodeId must be a cluster node id.
+func ReadVPNHello(raw []byte) (nodeID string, err error) {
+	members, err := ReadObject(raw)
+	if err != nil || !hasExactKeys(members, "nodeId") {
+		return "", &InvalidError{[]string{"vpn hello must use its exact schema"}}
+	}
+	s, err := ReadString(members[0].Value)
+	if err != nil || !IsClusterNodeID(s) {
+		return "", &InvalidError{[]string{"vpn hello nodeId must be a cluster node id"}}
+	}
+	return s, nil
+}
+
+// VPNWelcome is message 2's payload: the member's control address, the largest inner packet the
+// hub's side of the connection carries, and the member's expiry (Unix ms).
+type VPNWelcome struct {
+	ControlAddress netip.Addr
+	MTU            int
+	ExpiresAt      int64
+}
+
+// EncodeVPNWelcome encodes message 2's payload { controlAddress, mtu, expiresAt }.
+func EncodeVPNWelcome(w VPNWelcome) []byte {
+	b := AppendString([]byte(`{"controlAddress":`), w.ControlAddress.String())
+	b = strconv.AppendInt(append(b, `,"mtu":`...), int64(w.MTU), 10)
+	b = strconv.AppendInt(append(b, `,"expiresAt":`...), w.ExpiresAt, 10)
+	return append(b, '}')
+}
+
+// ReadVPNWelcome reads message 2's payload, exact-key: a canonical IPv4 control address, an mtu
+// from VPNMinMTU to VPNMaxMTU, and a non-negative safe integer expiry.
+func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
+	const path = "vpn welcome"
+	members, err := ReadObject(raw)
+	if err != nil || !hasExactKeys(members, "controlAddress", "mtu", "expiresAt") {
+		return VPNWelcome{}, &InvalidError{[]string{path + " must use its exact schema"}}
+	}
+	m := byKey(members)
+	var w VPNWelcome
+	var reasons []string
+	if a, ok := readIPv4(m["controlAddress"]); !ok || !IsPlausibleUnicastIPv4(a.String()) {
+		reasons = append(reasons, path+" controlAddress must be a unicast IPv4 literal")
+	} else {
+		w.ControlAddress = a
+	}
+	if n, ok := ReadCounter(m["mtu"]); !ok || n < VPNMinMTU || n > VPNMaxMTU {
+		reasons = append(reasons, path+" mtu must be an integer from 68 to 65535")
+	} else {
+		w.MTU = int(n)
+	}
+	if t, ok := ReadCounter(m["expiresAt"]); !ok {
+		reasons = append(reasons, path+" expiresAt must be a non-negative safe integer (Unix ms)")
+	} else {
+		w.ExpiresAt = t
+	}
+	if len(reasons) > 0 {
+		return VPNWelcome{}, &InvalidError{reasons}
+	}
+	return w, nil
+}

@@ -1,0 +1,534 @@
+package vpnhub
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net"
+	"net/netip"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/quic-go/quic-go"
+	"github.com/quic-go/quic-go/qlogwriter"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Config configures a hub. Zero values are the defaults.
+type Config struct {
+	// Listen is host:port; the host must be the concrete IPv4 address the hub binds (inside
+	// vpn.hubPrefix in production): the hub reports exactly what it bound.
+	Listen string
+	// Conn, when set, is an already bound UDP socket to serve on instead of binding Listen (tests
+	// bind one inside a network namespace). The hub closes it when Run ends.
+	Conn net.PacketConn
+	// ReportAddress, when valid, is reported by Endpoint instead of the bound address. Only for
+	// `relay dev`, whose hub binds loopback, which registerClusterRelay refuses.
+	ReportAddress netip.Addr
+	// Key is the hub's static Noise key.
+	Key StaticKey
+
+	Logger  zerolog.Logger
+	Metrics *Metrics // nil: new, unregistered
+	Clock   Clock    // nil: the wall clock
+
+	InitialPacketSize uint16        // QUIC packet size to start with; 0: quic-go's 1280
+	QueueLen          int           // packets queued per member; 0: DefaultQueueLen
+	HandshakeTimeout  time.Duration // QUIC plus Noise handshake; 0: 5 s
+	IdleTimeout       time.Duration // a member silent this long is gone; 0: 30 s
+
+	// Handshake admission (ratelimit.go). Per-source values below WireGuard's 20/s, burst 5
+	// are raised to them.
+	HandshakeRate        float64
+	HandshakeBurst       int
+	GlobalHandshakeRate  float64 // 0: DefaultGlobalHandshakeRate
+	GlobalHandshakeBurst int     // 0: DefaultGlobalHandshakeBurst
+
+	// QUICTracer, when set, traces every QUIC connection (qlog). For diagnosis only: it costs an
+	// event per packet.
+	QUICTracer func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
+}
+
+// Defaults.
+const (
+	DefaultQueueLen         = 1024
+	DefaultHandshakeTimeout = 5 * time.Second
+	DefaultIdleTimeout      = 30 * time.Second
+	keepAlivePeriod         = 10 * time.Second
+)
+
+// Hub is the cluster's managed VPN hub. It implements the relay's VPNHub: Endpoint,
+// PushMembership, Run.
+type Hub struct {
+	cfg      Config // set at construction, defaults filled
+	log      zerolog.Logger
+	m        *Metrics
+	clock    Clock
+	tr       *quic.Transport
+	ln       *quic.Listener
+	endpoint contracts.VPNHubEndpoint
+	limiter  *handshakeLimiter
+	logs     logLimiter
+
+	view atomic.Pointer[membershipView] // swapped under mu; read lock-free by handshakes
+
+	mu       sync.Mutex
+	sessions map[[32]byte]*session // guarded by mu: the current session of each member key
+	timer    Timer                 // guarded by mu: the next expiry
+	stopped  bool                  // guarded by mu: Run ended; sessions are refused
+
+	routesMu sync.RWMutex
+	routes   map[uint32]*session // guarded by routesMu: control address → session
+
+	wg sync.WaitGroup // handshake and session goroutines
+}
+
+// Listen binds the hub's UDP socket and QUIC listener. The hub serves once Run is called.
+func Listen(cfg Config) (*Hub, error) {
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics()
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = wallClock{}
+	}
+	if cfg.QueueLen <= 0 {
+		cfg.QueueLen = DefaultQueueLen
+	}
+	if cfg.HandshakeTimeout <= 0 {
+		cfg.HandshakeTimeout = DefaultHandshakeTimeout
+	}
+	if cfg.IdleTimeout <= 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
+	if cfg.GlobalHandshakeRate <= 0 {
+		cfg.GlobalHandshakeRate = DefaultGlobalHandshakeRate
+	}
+	if cfg.GlobalHandshakeBurst <= 0 {
+		cfg.GlobalHandshakeBurst = DefaultGlobalHandshakeBurst
+	}
+	if cfg.Key.Public == ([32]byte{}) {
+		return nil, errors.New("vpnhub: no static key")
+	}
+	conn := cfg.Conn
+	if conn == nil {
+		addr, err := ParseListen(cfg.Listen)
+		if err != nil {
+			return nil, err
+		}
+		udp, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		if err != nil {
+			return nil, fmt.Errorf("vpnhub: bind %s: %w", addr, err)
+		}
+		conn = udp
+	}
+	bound, err := netip.ParseAddrPort(conn.LocalAddr().String())
+	if err != nil || !bound.Addr().Unmap().Is4() || bound.Addr().IsUnspecified() {
+		conn.Close()
+		return nil, fmt.Errorf("vpnhub: socket bound to %s: %w", conn.LocalAddr(), ErrListenAddress)
+	}
+	report := bound.Addr().Unmap()
+	if cfg.ReportAddress.IsValid() {
+		report = cfg.ReportAddress
+	}
+	tlsConf, err := hubTLSConfig()
+	if err != nil {
+		conn.Close()
+		return nil, fmt.Errorf("vpnhub: certificate: %w", err)
+	}
+	h := &Hub{
+		cfg: cfg, log: cfg.Logger.With().Str("component", "vpnhub").Logger(), m: cfg.Metrics, clock: cfg.Clock,
+		endpoint: contracts.VPNHubEndpoint{Address: report.String(), QUICPort: int(bound.Port()),
+			NoisePublicKey: contracts.EncodeKey32(cfg.Key.Public)},
+		limiter:  newHandshakeLimiter(cfg.HandshakeRate, cfg.HandshakeBurst, cfg.GlobalHandshakeRate, cfg.GlobalHandshakeBurst, cfg.Clock.Now),
+		sessions: make(map[[32]byte]*session), routes: make(map[uint32]*session),
+	}
+	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() }}
+	h.ln, err = h.tr.Listen(tlsConf, &quic.Config{
+		EnableDatagrams: true, InitialPacketSize: cfg.InitialPacketSize,
+		HandshakeIdleTimeout: cfg.HandshakeTimeout, MaxIdleTimeout: cfg.IdleTimeout, KeepAlivePeriod: keepAlivePeriod,
+		MaxIncomingStreams: 1, MaxIncomingUniStreams: -1, Tracer: cfg.QUICTracer,
+	})
+	if err != nil {
+		h.tr.Close()
+		conn.Close()
+		return nil, fmt.Errorf("vpnhub: listen: %w", err)
+	}
+	return h, nil
+}
+
+// ParseListen reads a hub listen address: a concrete IPv4 literal and a port. An empty host or a
+// wildcard is refused: the hub reports the address it bound, and the seeds' example binds the hub
+// on its own address inside vpn.hubPrefix, apart from the relay's listener.
+func ParseListen(s string) (netip.AddrPort, error) {
+	host, port, err := net.SplitHostPort(s)
+	if err != nil || host == "" || port == "" {
+		return netip.AddrPort{}, ErrListenAddress
+	}
+	ap, err := netip.ParseAddrPort(s)
+	if err != nil || !ap.Addr().Is4() || ap.Addr().IsUnspecified() || ap.Addr().IsMulticast() ||
+		ap.Addr() == netip.AddrFrom4([4]byte{255, 255, 255, 255}) || strings.Contains(host, ":") {
+		return netip.AddrPort{}, ErrListenAddress
+	}
+	return ap, nil
+}
+
+// Endpoint is what registerClusterRelay reports as relay.vpnHub: the bound address and port and
+// the static public key.
+func (h *Hub) Endpoint() contracts.VPNHubEndpoint { return h.endpoint }
+
+// Addr is the address and port the hub's socket is bound to.
+func (h *Hub) Addr() netip.AddrPort {
+	ap, _ := netip.ParseAddrPort(h.tr.Conn.LocalAddr().String())
+	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
+}
+
+// Metrics are the hub's metrics.
+func (h *Hub) Metrics() *Metrics { return h.m }
+
+// PushMembership serves pushClusterVpnMembership: a newer generation replaces the membership and
+// closes at once every session whose member is gone (vpn-member-removed), expired
+// (vpn-member-expired), now under another authority (vpn-authority-mismatch) or given another node
+// id or control address (vpn-member-removed: it must join again to learn it). An older or equal
+// generation changes nothing. Either way the answer is { appliedGeneration }, the generation held.
+func (h *Hub) PushMembership(body json.RawMessage) (json.RawMessage, error) {
+	m, err := contracts.ReadVPNMembershipPush(body)
+	if err != nil {
+		var inv *contracts.InvalidError
+		if errors.As(err, &inv) {
+			return nil, contracts.RelayRequestInvalid.Refuse("%s", strings.Join(inv.Reasons, "; "))
+		}
+		return nil, contracts.RelayRequestInvalid.Refuse("vpn membership unreadable")
+	}
+	now := h.clock.Now().UnixMilli()
+	h.mu.Lock()
+	if cur := h.view.Load(); cur != nil && m.Generation <= cur.generation {
+		h.mu.Unlock()
+		h.log.Info().Int64("generation", m.Generation).Int64("held", cur.generation).Str("outcome", "stale").
+			Msg("vpn membership not newer than the one held")
+		return contracts.EncodeVPNMembershipApplied(cur.generation), nil
+	}
+	v := newMembershipView(m)
+	h.view.Store(v)
+	type victim struct {
+		s      *session
+		reason *contracts.Refusal
+	}
+	var victims []victim
+	for key, s := range h.sessions {
+		mem, ok := v.byKey[key]
+		var r *contracts.Refusal
+		switch {
+		case !ok:
+			r = contracts.VPNMemberRemoved.Refuse("node %s is not in membership generation %d", s.member.NodeID, v.generation)
+		case v.authorityID != s.authority:
+			r = contracts.VPNAuthorityMismatch.Refuse("membership generation %d belongs to authority %s", v.generation, v.authorityID)
+		case mem.NodeID != s.member.NodeID || mem.ControlAddress != s.member.ControlAddress:
+			r = contracts.VPNMemberRemoved.Refuse("node %s changed in membership generation %d: join again", s.member.NodeID, v.generation)
+		case now >= mem.ExpiresAt:
+			r = contracts.VPNMemberExpired.Refuse("node %s expired at %d", mem.NodeID, mem.ExpiresAt)
+		default:
+			s.expiresAt.Store(mem.ExpiresAt)
+			continue
+		}
+		h.detachLocked(s)
+		victims = append(victims, victim{s, r})
+	}
+	h.rescheduleLocked(now)
+	h.m.members.Set(float64(len(m.Members)))
+	h.m.generation.Set(float64(m.Generation))
+	h.mu.Unlock()
+	for _, vi := range victims {
+		vi.s.shut(contracts.VPNCloseCodeRefused, vi.reason, string(vi.reason.Name))
+	}
+	h.log.Info().Int64("generation", m.Generation).Int("members", len(m.Members)).Int("closed", len(victims)).
+		Str("outcome", "applied").Msg("vpn membership applied")
+	return contracts.EncodeVPNMembershipApplied(m.Generation), nil
+}
+
+// Run serves until ctx ends, then closes every session and the listener.
+func (h *Hub) Run(ctx context.Context) error {
+	h.log.Info().Str("listen", h.tr.Conn.LocalAddr().String()).Str("key", contracts.ShortKey(h.cfg.Key.Public)).
+		Msg("vpn hub serving")
+	acceptErr := make(chan error, 1)
+	go func() {
+		for {
+			conn, err := h.ln.Accept(ctx)
+			if err != nil {
+				acceptErr <- err
+				return
+			}
+			h.wg.Add(1)
+			go h.serveConn(ctx, conn)
+		}
+	}()
+	var err error
+	select {
+	case <-ctx.Done():
+	case err = <-acceptErr:
+		if ctx.Err() == nil {
+			err = fmt.Errorf("vpnhub: accept: %w", err)
+		}
+	}
+	h.mu.Lock()
+	h.stopped = true
+	all := make([]*session, 0, len(h.sessions))
+	for _, s := range h.sessions {
+		h.detachLocked(s)
+		all = append(all, s)
+	}
+	if h.timer != nil {
+		h.timer.Stop()
+	}
+	h.mu.Unlock()
+	for _, s := range all {
+		s.shut(contracts.VPNCloseCodeNone, nil, closeShutdown)
+	}
+	h.ln.Close()
+	if err == nil {
+		<-acceptErr
+	}
+	h.wg.Wait() // handshakes in flight end with ctx; their connections close while the socket is open
+	h.tr.Close()
+	h.tr.Conn.Close()
+	h.log.Info().Msg("vpn hub stopped")
+	if ctx.Err() != nil {
+		return nil
+	}
+	return err
+}
+
+// Close releases the socket of a hub that was bound but will never Run (the relay failed to
+// start). Run closes everything itself.
+func (h *Hub) Close() error {
+	h.ln.Close()
+	h.tr.Close()
+	return h.tr.Conn.Close()
+}
+
+// admit is QUIC's ConnContext: handshake admission before any TLS or Noise work.
+func (h *Hub) admit(ctx context.Context, info *quic.ClientInfo) (context.Context, error) {
+	ap, err := netip.ParseAddrPort(info.RemoteAddr.String())
+	if err == nil && h.limiter.allow(ap.Addr()) {
+		return ctx, nil
+	}
+	h.m.handshakes.WithLabelValues(outcomeRateLimited).Inc()
+	if e := h.log.Debug(); e != nil {
+		if h.logs.allow(int(dropReasons), h.clock.Now()) {
+			e.Str("remote", info.RemoteAddr.String()).Str("outcome", outcomeRateLimited).Msg("vpn handshake refused")
+		} else {
+			e.Discard()
+		}
+	}
+	return nil, errors.New("vpnhub: handshake rate limit")
+}
+
+// serveConn runs one connection: the Noise handshake, then the session.
+func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
+	defer h.wg.Done()
+	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(contracts.VPNCloseCodeNone, "hub shutting down") })
+	s, ref, err := h.handshake(ctx, conn)
+	stop()
+	switch {
+	case ref != nil:
+		h.m.handshakes.WithLabelValues(string(ref.Name)).Inc()
+		h.logRefusal(conn, ref)
+		conn.CloseWithError(contracts.VPNCloseCodeRefused, closeReason(ref))
+		return
+	case err != nil:
+		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
+		if e := h.log.Debug(); e != nil {
+			e.Str("remote", conn.RemoteAddr().String()).Str("outcome", outcomeBroken).Str("error", err.Error()).Msg("vpn handshake broke off")
+		}
+		conn.CloseWithError(contracts.VPNCloseCodeNone, "handshake failed")
+		return
+	}
+	// The session is routable before message 2 leaves, so that once the member's handshake
+	// completes its peers reach it; what they send meanwhile waits in its queue, and what it
+	// receives early waits in QUIC's datagram queue until it holds the keys.
+	if !h.register(s) {
+		return
+	}
+	if err := writeFrame(s.stream, s.msg2); err != nil {
+		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
+		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
+		return
+	}
+	s.stream.SetDeadline(time.Time{})
+	h.m.handshakes.WithLabelValues(outcomeAccepted).Inc()
+	h.log.Info().Str("node", s.member.NodeID).Str("key", contracts.ShortKey(s.member.PublicKey)).
+		Str("controlAddress", s.member.ControlAddress.String()).Int("mtu", s.mtu).Str("remote", conn.RemoteAddr().String()).
+		Str("outcome", outcomeAccepted).Msg("vpn member joined")
+	s.run()
+}
+
+func (h *Hub) logRefusal(conn *quic.Conn, ref *contracts.Refusal) {
+	e := h.log.Info()
+	if !h.logs.allow(int(dropReasons)+1, h.clock.Now()) {
+		e = h.log.Debug() // a flood of refusals is counted, not logged line by line
+	}
+	e.Str("remote", conn.RemoteAddr().String()).Str("outcome", string(ref.Name)).Str("reason", ref.Reason).Msg("vpn handshake refused")
+}
+
+// handshake reads message 1, judges it and answers message 2.
+func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contracts.Refusal, error) {
+	deadline := time.Now().Add(h.cfg.HandshakeTimeout)
+	hctx, cancel := context.WithDeadline(ctx, deadline)
+	defer cancel()
+	stream, err := conn.AcceptStream(hctx)
+	if err != nil {
+		return nil, nil, fmt.Errorf("accept handshake stream: %w", err)
+	}
+	stream.SetDeadline(deadline)
+	msg1, err := readFrame(stream, maxHandshakeMessage)
+	if err != nil {
+		return nil, nil, fmt.Errorf("read message 1: %w", err)
+	}
+	mtu, err := datagramMTU(conn)
+	if err != nil {
+		return nil, nil, err
+	}
+	acc, ref := respond(&h.cfg.Key, h.view.Load(), msg1, h.clock.Now().UnixMilli(), mtu, nil)
+	if ref != nil {
+		return nil, ref, nil
+	}
+	return newSession(h, conn, stream, acc, mtu), nil, nil
+}
+
+// datagramProbe is larger than any DATAGRAM frame, so SendDatagram refuses it and states the
+// connection's largest datagram payload. It is never written to.
+var datagramProbe = make([]byte, 1<<14+1)
+
+// datagramMTU is the largest inner packet conn carries: its largest datagram payload less the
+// counter and tag.
+func datagramMTU(conn *quic.Conn) (int, error) {
+	if st := conn.ConnectionState(); !st.SupportsDatagrams.Remote || !st.SupportsDatagrams.Local {
+		return 0, ErrNoDatagrams
+	}
+	var tooLarge *quic.DatagramTooLargeError
+	if err := conn.SendDatagram(datagramProbe); !errors.As(err, &tooLarge) {
+		return 0, fmt.Errorf("vpnhub: probe datagram size: %v", err)
+	}
+	mtu := min(int(tooLarge.MaxDatagramPayloadSize)-contracts.VPNDataOverhead, contracts.VPNMaxMTU)
+	if mtu < contracts.VPNMinMTU {
+		return 0, fmt.Errorf("vpnhub: datagrams of %d bytes carry no IPv4 packet", tooLarge.MaxDatagramPayloadSize)
+	}
+	return mtu, nil
+}
+
+// register makes s its member's current session, replacing any earlier one
+// (vpn-member-replaced). It refuses s when the membership changed under the handshake.
+func (h *Hub) register(s *session) bool {
+	h.mu.Lock()
+	v := h.view.Load()
+	var mem contracts.VPNMember
+	ok := false
+	if v != nil {
+		mem, ok = v.byKey[s.member.PublicKey]
+	}
+	var ref *contracts.Refusal
+	switch {
+	case h.stopped:
+		h.mu.Unlock()
+		s.shut(contracts.VPNCloseCodeNone, nil, closeShutdown)
+		return false
+	case !ok:
+		ref = contracts.VPNMemberRemoved.Refuse("node %s left the membership during its handshake", s.member.NodeID)
+	case v.authorityID != s.authority || mem.NodeID != s.member.NodeID || mem.ControlAddress != s.member.ControlAddress:
+		ref = contracts.VPNMemberRemoved.Refuse("node %s changed during its handshake: join again", s.member.NodeID)
+	}
+	if ref != nil {
+		h.mu.Unlock()
+		s.shut(contracts.VPNCloseCodeRefused, ref, string(ref.Name))
+		return false
+	}
+	s.expiresAt.Store(mem.ExpiresAt)
+	old := h.sessions[s.member.PublicKey]
+	if old != nil {
+		h.detachLocked(old)
+	}
+	h.sessions[s.member.PublicKey] = s
+	h.routesMu.Lock()
+	h.routes[s.addr] = s
+	h.routesMu.Unlock()
+	h.m.sessions.Inc()
+	h.rescheduleLocked(h.clock.Now().UnixMilli())
+	h.mu.Unlock()
+	if old != nil {
+		old.shut(contracts.VPNCloseCodeRefused,
+			contracts.VPNMemberReplaced.Refuse("node %s opened a newer session", old.member.NodeID), string(contracts.VPNMemberReplaced))
+	}
+	return true
+}
+
+// detachLocked takes s out of the session and route tables, if it is still in them.
+func (h *Hub) detachLocked(s *session) {
+	if h.sessions[s.member.PublicKey] != s {
+		return
+	}
+	delete(h.sessions, s.member.PublicKey)
+	h.routesMu.Lock()
+	if h.routes[s.addr] == s {
+		delete(h.routes, s.addr)
+	}
+	h.routesMu.Unlock()
+	h.m.sessions.Dec()
+}
+
+// detach is detachLocked for a session ending on its own.
+func (h *Hub) detach(s *session) {
+	h.mu.Lock()
+	h.detachLocked(s)
+	h.mu.Unlock()
+}
+
+// route returns the session at a control address.
+func (h *Hub) route(addr uint32) *session {
+	h.routesMu.RLock()
+	s := h.routes[addr]
+	h.routesMu.RUnlock()
+	return s
+}
+
+// rescheduleLocked sets the expiry timer for the earliest member expiry among the sessions.
+func (h *Hub) rescheduleLocked(nowMs int64) {
+	if h.timer != nil {
+		h.timer.Stop()
+		h.timer = nil
+	}
+	next := int64(-1)
+	for _, s := range h.sessions {
+		if e := s.expiresAt.Load(); next < 0 || e < next {
+			next = e
+		}
+	}
+	if next < 0 || h.stopped {
+		return
+	}
+	h.timer = h.clock.AfterFunc(time.Duration(max(0, next-nowMs))*time.Millisecond, h.expire)
+}
+
+// expire closes every session whose member has expired (vpn-member-expired).
+func (h *Hub) expire() {
+	now := h.clock.Now().UnixMilli()
+	h.mu.Lock()
+	var due []*session
+	for _, s := range h.sessions {
+		if now >= s.expiresAt.Load() {
+			due = append(due, s)
+		}
+	}
+	for _, s := range due {
+		h.detachLocked(s)
+	}
+	h.rescheduleLocked(now)
+	h.mu.Unlock()
+	for _, s := range due {
+		s.shut(contracts.VPNCloseCodeRefused,
+			contracts.VPNMemberExpired.Refuse("node %s expired at %d", s.member.NodeID, s.expiresAt.Load()), string(contracts.VPNMemberExpired))
+	}
+}

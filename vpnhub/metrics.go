@@ -1,0 +1,121 @@
+package vpnhub
+
+import (
+	"github.com/prometheus/client_golang/prometheus"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Metrics are the hub's Prometheus metrics: namespace relay, subsystem vpnhub. Per-packet
+// counters are resolved once at construction, so counting allocates nothing.
+type Metrics struct {
+	members    prometheus.Gauge
+	sessions   prometheus.Gauge
+	generation prometheus.Gauge
+	handshakes *prometheus.CounterVec
+	packets    prometheus.Counter
+	bytes      prometheus.Counter
+	drops      *prometheus.CounterVec
+	closes     *prometheus.CounterVec
+
+	dropBy [dropReasons]prometheus.Counter
+}
+
+// dropReason is why the data plane dropped a packet.
+type dropReason uint8
+
+const (
+	dropNone            dropReason = iota
+	dropMalformed                  // too short for a datagram, or not a well-formed IPv4 packet
+	dropUnauthenticated            // the AEAD did not open it
+	dropReplayed                   // a counter already seen or older than the window
+	dropSpoofed                    // inner source is not the member's control address
+	dropNotUnicast                 // multicast or broadcast destination
+	dropUnknownDest                // no session at the destination address
+	dropExpired                    // source or destination member past expiresAt
+	dropTooLarge                   // larger than the destination's mtu
+	dropQueueFull                  // the destination's queue was full: its oldest packet went
+	dropInboxFull                  // the source's receive queue was full: its oldest datagram went
+	dropReasons
+)
+
+var dropReasonNames = [dropReasons]string{
+	"", "malformed", "unauthenticated", "replayed", "spoofed", "not_unicast", "unknown_destination",
+	"expired", "too_large", "queue_full", "receive_queue_full",
+}
+
+func (r dropReason) String() string { return dropReasonNames[r] }
+
+// Handshake outcomes besides the refusal names.
+const (
+	outcomeAccepted    = "accepted"
+	outcomeRateLimited = "rate-limited"
+	outcomeBroken      = "broken" // timed out, I/O failed, a frame or the QUIC connection unusable
+)
+
+// Session close reasons besides the refusal names.
+const (
+	closeLeft     = "left"     // the node closed its connection, or it timed out
+	closeShutdown = "shutdown" // the hub stopped
+)
+
+// NewMetrics creates the hub's metrics, unregistered.
+func NewMetrics() *Metrics {
+	const ns, sub = "relay", "vpnhub"
+	m := &Metrics{
+		members: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "members",
+			Help: "Members in the membership the hub holds."}),
+		sessions: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sessions",
+			Help: "Established member sessions."}),
+		generation: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "membership_generation",
+			Help: "Generation of the membership the hub holds (-1: none yet)."}),
+		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "handshakes_total",
+			Help: "Handshakes by outcome: accepted, a refusal name, rate-limited or broken."}, []string{"outcome"}),
+		packets: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "forwarded_packets_total",
+			Help: "Packets forwarded from one member to another."}),
+		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "forwarded_bytes_total",
+			Help: "Inner packet bytes forwarded from one member to another."}),
+		drops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dropped_packets_total",
+			Help: "Packets dropped by reason."}, []string{"reason"}),
+		closes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "session_closes_total",
+			Help: "Sessions ended by reason: a refusal name, left or shutdown."}, []string{"reason"}),
+	}
+	m.generation.Set(-1)
+	for r := dropNone + 1; r < dropReasons; r++ {
+		m.dropBy[r] = m.drops.WithLabelValues(r.String())
+	}
+	for _, o := range []string{outcomeAccepted, outcomeRateLimited, outcomeBroken} {
+		m.handshakes.WithLabelValues(o)
+	}
+	for _, n := range contracts.VPNRefusals() {
+		switch n {
+		case contracts.VPNMemberRemoved, contracts.VPNMemberReplaced:
+			m.closes.WithLabelValues(string(n))
+		case contracts.VPNMemberExpired:
+			m.closes.WithLabelValues(string(n))
+			m.handshakes.WithLabelValues(string(n))
+		default:
+			m.handshakes.WithLabelValues(string(n))
+		}
+	}
+	m.closes.WithLabelValues(closeLeft)
+	m.closes.WithLabelValues(closeShutdown)
+	return m
+}
+
+// Collectors lists every metric, for registering in the relay's registry.
+func (m *Metrics) Collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.members, m.sessions, m.generation, m.handshakes, m.packets, m.bytes, m.drops, m.closes}
+}
+
+// Register registers every metric with r.
+func (m *Metrics) Register(r prometheus.Registerer) error {
+	for _, c := range m.Collectors() {
+		if err := r.Register(c); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func (m *Metrics) drop(r dropReason) { m.dropBy[r].Inc() }

@@ -1,0 +1,163 @@
+package vpnhub
+
+import (
+	"context"
+	"errors"
+	"io"
+	"sync"
+	"sync/atomic"
+
+	"github.com/quic-go/quic-go"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// session is one member's connection to the hub. Four goroutines under one context: the drain
+// loop (datagrams out of quic-go into the inbox), the forward loop (the inbox opened and forwarded
+// to other members), the send loop (the member's queue out, sealed) and a watcher on the
+// handshake stream, whose end ends the session.
+type session struct {
+	hub       *Hub
+	conn      *quic.Conn
+	stream    *quic.Stream
+	member    contracts.VPNMember // set at construction; ExpiresAt there is the handshake's
+	authority string              // set at construction: the authority the handshake ran under
+	addr      uint32              // set at construction: the control address
+	mtu       int                 // set at construction: the largest inner packet sent to it
+	expiresAt atomic.Int64        // Unix ms; updated by newer memberships
+	queue     *packetQueue        // pushed by any forwardLoop, popped by sendLoop
+	inbox     *packetQueue        // pushed by drainLoop, popped by forwardLoop
+	open      *opener             // owned by forwardLoop
+	seal      *sealer             // owned by sendLoop
+	msg2      []byte              // set at construction: handshake message 2, sent after register
+
+	ctx    context.Context
+	cancel context.CancelCauseFunc
+	once   sync.Once
+}
+
+func newSession(h *Hub, conn *quic.Conn, stream *quic.Stream, acc accepted, mtu int) *session {
+	s := &session{
+		hub: h, conn: conn, stream: stream, member: acc.member, authority: acc.authority,
+		addr: addrU32(acc.member.ControlAddress), mtu: mtu,
+		queue: newPacketQueue(h.cfg.QueueLen), inbox: newPacketQueue(h.cfg.QueueLen),
+		open: newOpener(acc.keys.recv), seal: newSealer(acc.keys.send, mtu),
+		msg2: acc.msg2,
+	}
+	s.expiresAt.Store(acc.member.ExpiresAt)
+	s.ctx, s.cancel = context.WithCancelCause(conn.Context())
+	return s
+}
+
+var errSessionEnded = errors.New("vpnhub: session ended")
+
+// run serves the session until it ends.
+func (s *session) run() {
+	var wg sync.WaitGroup
+	wg.Add(3)
+	go func() { defer wg.Done(); s.sendLoop() }()
+	go func() { defer wg.Done(); s.forwardLoop() }()
+	go func() {
+		defer wg.Done()
+		io.Copy(io.Discard, s.stream) // returns when the member ends the stream or the connection
+		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
+	}()
+	s.drainLoop()
+	s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
+	wg.Wait()
+}
+
+// shut ends the session once: out of the hub's tables, its connection closed with code and the
+// refusal's reason phrase (none: an ordinary close), counted under label.
+func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, label string) {
+	s.once.Do(func() {
+		s.hub.detach(s)
+		s.cancel(errSessionEnded)
+		msg := "session ended"
+		if ref != nil {
+			msg = closeReason(ref)
+		} else if label == closeShutdown {
+			msg = "hub shutting down"
+		}
+		s.conn.CloseWithError(code, msg)
+		s.hub.m.closes.WithLabelValues(label).Inc()
+		e := s.hub.log.Info().Str("node", s.member.NodeID).Str("key", contracts.ShortKey(s.member.PublicKey)).Str("outcome", label)
+		if ref != nil {
+			e = e.Str("reason", ref.Reason)
+		}
+		e.Msg("vpn member session closed")
+	})
+}
+
+// drainLoop moves the member's datagrams out of quic-go's receive queue, which holds 128 and drops
+// beyond, into the session's inbox as fast as they arrive. After the process was descheduled,
+// quic-go hands over a burst faster than packets can be opened and forwarded; split this way the
+// burst waits in the inbox instead of being dropped unseen.
+func (s *session) drainLoop() {
+	for {
+		d, err := s.conn.ReceiveDatagram(s.ctx)
+		if err != nil {
+			return
+		}
+		if s.inbox.push(d) {
+			s.hub.dropped(s, dropInboxFull)
+		}
+	}
+}
+
+// forwardLoop opens and forwards the inbox's datagrams until the session ends.
+func (s *session) forwardLoop() {
+	var batch [][]byte
+	for {
+		select {
+		case <-s.inbox.ready:
+		case <-s.ctx.Done():
+			return
+		}
+		batch = s.inbox.popAll(batch[:0])
+		for i, d := range batch {
+			s.hub.forward(s, d)
+			batch[i] = nil
+		}
+	}
+}
+
+// sendLoop seals and sends the member's queued packets. SendDatagram may block while quic-go's
+// own queue is full; only this loop waits then, never the hub.
+func (s *session) sendLoop() {
+	var batch [][]byte
+	for {
+		select {
+		case <-s.queue.ready:
+		case <-s.ctx.Done():
+			return
+		}
+		batch = s.queue.popAll(batch[:0])
+		for i, p := range batch {
+			batch[i] = nil
+			if !s.send(p) {
+				return
+			}
+		}
+	}
+}
+
+// send seals p and hands it to QUIC. It reports false when the session cannot send any more.
+func (s *session) send(p []byte) bool {
+	d, ok := s.seal.seal(p)
+	if !ok {
+		go s.shut(contracts.VPNCloseCodeNone, nil, closeLeft) // counter space spent: the member joins again
+		return false
+	}
+	if err := s.conn.SendDatagram(d); err != nil {
+		var tooLarge *quic.DatagramTooLargeError
+		if errors.As(err, &tooLarge) {
+			s.hub.m.drop(dropTooLarge)
+			return true
+		}
+		return false
+	}
+	s.hub.m.packets.Inc()
+	s.hub.m.bytes.Add(float64(len(p)))
+	return true
+}
