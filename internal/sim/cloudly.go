@@ -162,12 +162,16 @@ func (c *Cloudly) NodeRegistrations(node string) int {
 	return c.nodes[node]
 }
 
-// WaitAttached waits until a relay registration is accepted after this call began, or until ctx
-// ends. Use Attached to wait for any accepted registration.
+// WaitAttached waits until the relay's current socket holds an accepted registration, or until
+// ctx ends.
 func (c *Cloudly) WaitAttached(ctx context.Context) error {
 	c.mu.Lock()
 	sig := c.attachedSig
+	attached := c.conn != nil && c.conn == c.attachedTo
 	c.mu.Unlock()
+	if attached {
+		return nil
+	}
 	select {
 	case <-sig:
 		return nil
