@@ -206,6 +206,7 @@ func (r *Relay) drain(max time.Duration) {
 	case <-acked:
 	case <-time.After(time.Until(deadline)):
 	}
+	r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told")
 	for time.Now().Before(deadline) {
 		busy := int64(0)
 		if c := r.up.current.Load(); c != nil {
@@ -215,6 +216,7 @@ func (r *Relay) drain(max time.Duration) {
 			busy += p.conn.Inflight()
 		}
 		if busy == 0 {
+			r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: nothing in flight")
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
