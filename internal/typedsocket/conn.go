@@ -383,9 +383,12 @@ func (c *Conn) CallAsync(method string, body json.RawMessage, timeout time.Durat
 
 	env := Envelope{Method: method, ID: id, Phase: PhaseRequest, Request: body}
 	if err := c.sendq.push(env.Append(make([]byte, 0, env.Size())), true); err != nil {
-		if c.take(id) != nil {
-			p.timer.Stop()
+		if c.take(id) == nil {
+			// A shutdown or the timer took the call first and calls done: reporting the error
+			// too would complete it twice.
+			return nil
 		}
+		p.timer.Stop()
 		return err
 	}
 	return nil

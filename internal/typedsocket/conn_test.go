@@ -448,3 +448,36 @@ func TestPeerThatReadsNoAnswersIsBounded(t *testing.T) {
 		t.Fatalf("cause = %v", context.Cause(srv.Context()))
 	}
 }
+
+// TestCallCompletesExactlyOnceWhenClosing races calls against the connection closing: every call
+// is completed exactly once, by done or by CallAsync's error, never both.
+func TestCallCompletesExactlyOnceWhenClosing(t *testing.T) {
+	for round := 0; round < 20; round++ {
+		_, cli := pair(t, Options{Handler: HandlerFunc(func(*Conn, *Request) {})}, Options{MaxQueue: 1 << 20})
+		var wg sync.WaitGroup
+		var twice atomic.Int64
+		for i := 0; i < 200; i++ {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				var completions atomic.Int64
+				complete := func() {
+					if completions.Add(1) > 1 {
+						twice.Add(1)
+					}
+				}
+				if err := cli.CallAsync("m", json.RawMessage(`{}`), time.Hour, func(Reply) { complete() }); err != nil {
+					complete()
+				}
+			}()
+			if i == 100 {
+				go cli.CloseNow()
+			}
+		}
+		wg.Wait()
+		<-cli.Done()
+		if twice.Load() > 0 {
+			t.Fatalf("round %d: %d calls completed twice", round, twice.Load())
+		}
+	}
+}
