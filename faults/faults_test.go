@@ -141,6 +141,9 @@ func sendUntil(nodes []*sim.Node, ta *tally, pause time.Duration, stop <-chan st
 				_, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i})
 				cancel()
 				ta.add(err)
+				if err != nil {
+					time.Sleep(50 * time.Millisecond) // a refused node backs off, as Pallet does
+				}
 				time.Sleep(pause)
 			}
 		}()

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"net"
 	"net/http"
 	"strings"
 	"sync"
@@ -40,6 +41,7 @@ const (
 type peer struct {
 	id     uint64            // set at construction
 	conn   *typedsocket.Conn // set at construction
+	raw    net.Conn          // set at construction: the socket under it, closed when a close overruns
 	remote string            // set at construction
 	r      *Relay            // set at construction
 
@@ -107,7 +109,8 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	if err != nil {
 		return // Accept has answered
 	}
-	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, r: r}
+	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
+	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, r: r, raw: raw}
 	p.conn = typedsocket.New(ws, typedsocket.Options{
 		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, rq *typedsocket.Request) { r.servePeer(p, rq) }),
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
@@ -483,12 +486,21 @@ func (s *peerSet) closeAll(ctx context.Context) {
 	select {
 	case <-done:
 	case <-ctx.Done():
+		// The library's close handshake waits for the peer on its own timeouts, and CloseNow waits
+		// for that handshake; closing the socket under it ends both at once.
 		for _, p := range s.snapshot() {
+			if p.raw != nil {
+				p.raw.Close()
+			}
 			p.conn.CloseNow()
 		}
 		<-done
 	}
 }
+
+// rawConnKey carries a downstream connection's socket in its request context
+// (http.Server.ConnContext), for closing it under the WebSocket when a close overruns.
+type rawConnKey struct{}
 
 func (s *peerSet) queued() float64 {
 	n := 0

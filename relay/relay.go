@@ -125,7 +125,10 @@ func (r *Relay) Serve(ctx context.Context) error {
 	r.serveCtx = serveCtx
 
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: 10 * time.Second,
-		ErrorLog: newStdLogger(r.log, "downstream")}
+		ErrorLog: newStdLogger(r.log, "downstream"),
+		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
+			return context.WithValue(ctx, rawConnKey{}, c)
+		}}
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLogger(r.log, "admin")}
 	downLn := r.downLn
 	if !r.cfg.InsecurePlaintext {
@@ -156,23 +159,40 @@ func (r *Relay) Serve(ctx context.Context) error {
 	r.log.Info().Msg("relay shutting down")
 	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
+	begin := time.Now()
+	step := func(what string) { r.log.Debug().Dur("latency", time.Since(begin)).Msg("shutdown: " + what) }
 	down.Shutdown(deadline)
+	step("listener closed")
 	r.drain(ShutdownTimeout / 2)
 	r.peers.closeAll(deadline)
+	step("downstream connections closed")
 	r.up.stopping.Store(true)
 	if c := r.up.current.Load(); c != nil {
-		c.Close(websocket.StatusGoingAway, "relay shutting down")
+		go c.Close(websocket.StatusGoingAway, "relay shutting down")
+		select {
+		case <-c.Done():
+		case <-deadline.Done():
+			// The close handshake may not outlast the shutdown time: close the socket under it.
+			if raw, ok := r.up.raw.Load().(net.Conn); ok && raw != nil {
+				raw.Close()
+			}
+			c.CloseNow()
+		}
 	}
 	cancelUp()
 	<-upDone
+	step("Cloudly session closed")
 	for _, f := range []any{r.feats.Escrow, r.feats.Ingress, r.feats.Restore, r.feats.Hub, r.feats.Registry} {
 		if c, ok := f.(io.Closer); ok && c != nil {
 			c.Close()
 		}
 	}
+	step("features closed")
 	admin.Shutdown(deadline)
 	cancelServe()
-	return g.Wait()
+	err := g.Wait()
+	step("done")
+	return err
 }
 
 // Run is Listen then Serve.
@@ -206,7 +226,7 @@ func (r *Relay) drain(max time.Duration) {
 	case <-acked:
 	case <-time.After(time.Until(deadline)):
 	}
-	r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told")
+	r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told, drain")
 	for time.Now().Before(deadline) {
 		busy := int64(0)
 		if c := r.up.current.Load(); c != nil {

@@ -7,6 +7,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"sync"
@@ -45,7 +46,8 @@ type upstream struct {
 	sequence int64                            // owned by run: the next registrationSequence
 	current  atomic.Pointer[typedsocket.Conn] // the socket in use, attached or not
 	stopping atomic.Bool                      // set when the relay shuts down
-	client   *http.Client                     // set at construction
+	tlsConf  *tls.Config                      // set at construction
+	raw      atomic.Value                     // net.Conn: the socket under current
 }
 
 func newUpstream(r *Relay) (*upstream, error) {
@@ -65,8 +67,24 @@ func newUpstream(r *Relay) (*upstream, error) {
 		}
 		tlsConf.RootCAs = pool
 	}
-	u.client = &http.Client{Transport: &http.Transport{TLSClientConfig: tlsConf, Proxy: http.ProxyFromEnvironment}}
+	u.tlsConf = tlsConf
 	return u, nil
+}
+
+// dialClient is an HTTP client for one dial that keeps the socket it opens (below TLS), so that a
+// shutdown can close it under the WebSocket when the close handshake overruns.
+func (u *upstream) dialClient() (*http.Client, *net.Conn) {
+	raw := new(net.Conn)
+	var d net.Dialer
+	t := &http.Transport{
+		TLSClientConfig: u.tlsConf, Proxy: http.ProxyFromEnvironment, DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			*raw = c
+			return c, err
+		},
+	}
+	return &http.Client{Transport: t}, raw
 }
 
 // Attached reports whether the relay holds an accepted registration with Cloudly.
@@ -137,7 +155,8 @@ func (u *upstream) run(ctx context.Context) {
 // session runs one socket from dial to loss and returns how long to wait before the next.
 func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	ws, _, err := websocket.Dial(dctx, u.r.cfg.CloudlyURL, &websocket.DialOptions{HTTPClient: u.client})
+	client, raw := u.dialClient()
+	ws, _, err := websocket.Dial(dctx, u.r.cfg.CloudlyURL, &websocket.DialOptions{HTTPClient: client})
 	cancel()
 	if err != nil {
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
@@ -155,6 +174,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
 		DeadTimeout:   u.r.deadTimeout,
 	})
 	u.current.Store(conn)
+	u.raw.Store(*raw)
 	go conn.Run(ctx)
 	defer func() {
 		conn.CloseNow()

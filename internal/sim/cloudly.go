@@ -263,6 +263,8 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		}
 	case contracts.MethodRegisterPalletRuntimeSession:
 		answer(c.registerNode(req.Body))
+	case contracts.MethodGetClusterRouteTable:
+		answer(json.RawMessage(`{"table":null}`), nil) // none computed yet, until ServeIngress says otherwise
 	default:
 		answer(json.RawMessage(`{"accepted":true}`), nil)
 	}
