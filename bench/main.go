@@ -15,6 +15,7 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"path/filepath"
 	"runtime"
 	"runtime/pprof"
 	"strings"
@@ -82,32 +83,52 @@ func main() {
 	if *quick {
 		cfg.seconds = 3
 	}
-	var body bytes.Buffer
+	root, err := repoRoot()
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "bench:", err)
+		os.Exit(1)
+	}
+	sections := filepath.Join(root, "bench", "results", "sections")
+	os.MkdirAll(sections, 0o755)
+	command := "go run ./bench " + strings.Join(os.Args[1:], " ")
 	for _, s := range suites {
 		if *only != "" && !strings.Contains(","+*only+",", ","+s.name+",") {
 			continue
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s …\n", s.name)
 		start := time.Now()
-		if err := s.run(cfg, &body); err != nil {
+		var body bytes.Buffer
+		err := s.run(cfg, &body)
+		if err != nil {
 			fmt.Fprintf(&body, "\n**%s failed:** %v\n", s.name, err)
 			fmt.Fprintf(os.Stderr, "bench: %s failed: %v\n", s.name, err)
+		}
+		fmt.Fprintf(&body, "\n_Measured %s by `%s`._\n", time.Now().UTC().Format("2006-01-02 15:04 MST"), strings.TrimSpace(command))
+		if werr := os.WriteFile(filepath.Join(sections, s.name+".md"), body.Bytes(), 0o644); werr != nil {
+			fmt.Fprintln(os.Stderr, "bench:", werr)
 		}
 		fmt.Fprintf(os.Stderr, "bench: %s done in %s\n", s.name, time.Since(start).Round(time.Second))
 	}
 	var doc bytes.Buffer
 	fmt.Fprintf(&doc, "# Benchmark results\n\n")
+	fmt.Fprintf(&doc, "Written by `go run ./bench` (`-suites a,b` runs some; each section says when and how it was measured).\n\n")
 	fmt.Fprintf(&doc, "- machine: %s, %d cores (shared and noisy: compare ratios, not absolutes)\n", hostDescription(), runtime.NumCPU())
 	fmt.Fprintf(&doc, "- Go: %s %s/%s\n", runtime.Version(), runtime.GOOS, runtime.GOARCH)
-	fmt.Fprintf(&doc, "- date: %s\n", time.Now().UTC().Format("2006-01-02 15:04 MST"))
-	fmt.Fprintf(&doc, "- command: `go run ./bench %s`\n", strings.Join(os.Args[1:], " "))
-	doc.Write(body.Bytes())
-	if err := writeResults(*out, doc.Bytes()); err != nil {
+	for _, s := range suites {
+		if b, err := os.ReadFile(filepath.Join(sections, s.name+".md")); err == nil {
+			doc.Write(b)
+		}
+	}
+	path := *out
+	if !filepath.IsAbs(path) {
+		path = filepath.Join(root, path)
+	}
+	if err := writeResults(path, doc.Bytes()); err != nil {
 		fmt.Fprintln(os.Stderr, "bench:", err)
 		pprof.StopCPUProfile()
 		os.Exit(1)
 	}
-	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", *out)
+	fmt.Fprintf(os.Stderr, "bench: wrote %s\n", path)
 }
 
 // writeResults replaces the generated part of the results file and keeps any hand-written part
