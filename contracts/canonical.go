@@ -237,11 +237,16 @@ func DigestWithout(domain string, raw []byte, field string) (string, error) {
 // IsSha256Digest reports whether s is "sha256:" followed by 64 lowercase hex digits.
 func IsSha256Digest(s string) bool {
 	hexPart, ok := strings.CutPrefix(s, "sha256:")
-	if !ok || len(hexPart) != 64 {
+	return ok && IsLowerHex(hexPart, 64)
+}
+
+// IsLowerHex reports whether s is exactly n lowercase hexadecimal digits.
+func IsLowerHex(s string, n int) bool {
+	if len(s) != n {
 		return false
 	}
-	for i := 0; i < len(hexPart); i++ {
-		if c := hexPart[i]; (c < '0' || c > '9') && (c < 'a' || c > 'f') {
+	for i := 0; i < len(s); i++ {
+		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
 			return false
 		}
 	}

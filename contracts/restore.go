@@ -186,7 +186,7 @@ func ReadIsolatedRestoreWriteChunk(control []byte) (IsolatedRestoreWriteChunk, e
 	if w.Offset, offsetOK = ReadCounter(cm["offset"]); !offsetOK {
 		reasons = append(reasons, path+" chunk offset must be a non-negative safe integer")
 	}
-	if s, err := ReadString(cm["chunkSha256"]); err != nil || !isLowerHex(s, 64) {
+	if s, err := ReadString(cm["chunkSha256"]); err != nil || !IsLowerHex(s, 64) {
 		reasons = append(reasons, path+" chunk chunkSha256 must be 64 lowercase hex digits")
 	}
 	if s, err := ReadString(cm["data"]); err != nil {
@@ -226,18 +226,6 @@ func base64DecodedLen(s string) (int64, bool) {
 		}
 	}
 	return int64(len(s)/4*3 - pad), true
-}
-
-func isLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 func itoa(n int64) string { return strconv.FormatInt(n, 10) }

@@ -11,6 +11,8 @@ import (
 	"time"
 
 	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // cache is the on-disk digest cache:
@@ -85,7 +87,7 @@ func (c *cache) scan() {
 			return nil
 		}
 		hex := d.Name()
-		if !isLowerHex(hex, sha256Hex) || path != c.path(hex) {
+		if !contracts.IsLowerHex(hex, sha256Hex) || path != c.path(hex) {
 			return nil // not ours
 		}
 		info, err := d.Info()

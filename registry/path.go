@@ -1,6 +1,10 @@
 package registry
 
-import "strings"
+import (
+	"strings"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
 
 // kind is what a /v2/ path names: a blob, a manifest, or anything else (the ping, tag lists,
 // uploads, the catalog, referrers), which is only ever forwarded.
@@ -165,7 +169,7 @@ func parseDigest(s string) (digest, bool) {
 			return digest{}, false
 		}
 	}
-	if alg == "sha256" && !isLowerHex(enc, sha256Hex) {
+	if alg == "sha256" && !contracts.IsLowerHex(enc, sha256Hex) {
 		return digest{}, false
 	}
 	return digest{Algorithm: alg, Encoded: enc}, true
@@ -191,18 +195,6 @@ func validAlgorithm(a string) bool {
 			return false
 		}
 	}
-}
-
-func isLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }
 
 func isLowerAlnum(c byte) bool { return c >= 'a' && c <= 'z' || c >= '0' && c <= '9' }

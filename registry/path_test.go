@@ -4,6 +4,8 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // The slow reference: the distribution specification's grammar as regular expressions.
@@ -135,7 +137,7 @@ func FuzzParsePath(f *testing.F) {
 		if got.byDigest() && got.Digest.String() != got.Reference {
 			t.Fatalf("digest %q does not spell the reference %q", got.Digest, got.Reference)
 		}
-		if got.byDigest() && got.Digest.isSHA256() && !isLowerHex(got.Digest.Encoded, sha256Hex) {
+		if got.byDigest() && got.Digest.isSHA256() && !contracts.IsLowerHex(got.Digest.Encoded, sha256Hex) {
 			t.Fatalf("sha256 digest with encoding %q accepted", got.Digest.Encoded)
 		}
 		if !cleanPath(p, p) {

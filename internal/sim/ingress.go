@@ -10,7 +10,6 @@ import (
 	"sync"
 	"sync/atomic"
 
-	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -64,15 +63,13 @@ func NewIngress(node, bearer string, log zerolog.Logger) *Ingress {
 
 // Connect dials the relay's downstream WebSocket.
 func (in *Ingress) Connect(ctx context.Context, url string) error {
-	ws, _, err := websocket.Dial(ctx, url, nil)
+	conn, err := dialRelay(ctx, url, in.serve, in.log)
 	if err != nil {
 		return fmt.Errorf("ingress %s dial relay: %w", in.NodeID, err)
 	}
-	conn := typedsocket.New(ws, typedsocket.Options{Handler: typedsocket.HandlerFunc(in.serve), ReadLimit: 64 << 20, Logger: in.log})
 	in.mu.Lock()
 	in.conn = conn
 	in.mu.Unlock()
-	go conn.Run(context.Background())
 	return nil
 }
 

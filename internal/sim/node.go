@@ -55,16 +55,26 @@ func NewNode(id string, log zerolog.Logger) *Node {
 
 // Connect dials the relay's downstream WebSocket.
 func (n *Node) Connect(ctx context.Context, url string) error {
-	ws, _, err := websocket.Dial(ctx, url, nil)
+	conn, err := dialRelay(ctx, url, n.serve, n.log)
 	if err != nil {
 		return fmt.Errorf("node %s dial relay: %w", n.ID, err)
 	}
-	conn := typedsocket.New(ws, typedsocket.Options{Handler: typedsocket.HandlerFunc(n.serve), ReadLimit: 64 << 20, Logger: n.log})
 	n.mu.Lock()
 	n.conn = conn
 	n.mu.Unlock()
-	go conn.Run(context.Background())
 	return nil
+}
+
+// dialRelay opens a downstream connection to the relay, served by serve, as a peer of the
+// simulator: its read limit is generous (the relay's limit is what is under test).
+func dialRelay(ctx context.Context, url string, serve typedsocket.HandlerFunc, log zerolog.Logger) (*typedsocket.Conn, error) {
+	ws, _, err := websocket.Dial(ctx, url, nil)
+	if err != nil {
+		return nil, err
+	}
+	conn := typedsocket.New(ws, typedsocket.Options{Handler: serve, ReadLimit: 64 << 20, Logger: log})
+	go conn.Run(context.Background())
+	return conn, nil
 }
 
 // Conn is the node's current connection.
