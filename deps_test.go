@@ -6,6 +6,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
 )
@@ -120,4 +121,38 @@ func hasPrefixIn(s string, prefixes []string) bool {
 		}
 	}
 	return false
+}
+
+// logField finds a zerolog field name in a log event chain (not in a flag definition).
+var logField = regexp.MustCompile(`(?:[)\]]|\b(?:ev|e|l|log|event|lg))\s*\.(?:Str|Strs|Int|Int64|Uint64|Dur|Bool|Float64|Stringer|Time|Hex)\("([a-z_A-Z]+)"`)
+
+// TestLogFieldsAreDocumented fails when the relay logs a field docs/logging.md does not list: the
+// log vocabulary is fixed, so that a dashboard or an alert can rely on it.
+func TestLogFieldsAreDocumented(t *testing.T) {
+	doc, err := os.ReadFile("docs/logging.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	seen := 0
+	for _, dir := range []string{"relay", "escrow", "ingress", "restore", "corestore", "registry", "vpnhub", "internal/typedsocket", "cmd/relay"} {
+		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
+		for _, f := range files {
+			if strings.HasSuffix(f, "_test.go") {
+				continue
+			}
+			src, err := os.ReadFile(f)
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, m := range logField.FindAllStringSubmatch(string(src), -1) {
+				seen++
+				if !strings.Contains(string(doc), "`"+m[1]+"`") {
+					t.Errorf("%s logs the field %q, which docs/logging.md does not list", f, m[1])
+				}
+			}
+		}
+	}
+	if seen < 20 {
+		t.Fatalf("only %d log fields found: the scan is broken", seen)
+	}
 }
