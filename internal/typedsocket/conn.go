@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -59,6 +60,7 @@ type Options struct {
 	MaxQueueBytes int            // bytes queued for sending (16 MiB)
 	MaxInflight   int            // peer requests being served at once (1024)
 	BusyError     error          // the answer beyond MaxInflight (relay-node-busy)
+	Cork          *CorkConn      // the socket under the WebSocket, if wrapped: bursts leave in one write
 	Logger        zerolog.Logger // component logger; bodies are never logged
 }
 
@@ -298,21 +300,14 @@ func (c *Conn) sendLoop() error {
 		case <-c.ctx.Done():
 			return context.Cause(c.ctx)
 		case <-c.sendq.wake:
-			batch = c.sendq.take(batch[:0])
-			for i, f := range batch {
-				stalled.Reset(c.opts.DeadTimeout)
-				c.writing.Store(true)
-				err := c.ws.Write(context.Background(), websocket.MessageText, f.b)
-				c.writing.Store(false)
-				stalled.Stop()
-				batch[i] = frame{}
-				if err != nil {
-					return fmt.Errorf("write: %w", err)
-				}
-				if f.answer {
-					c.inflight.Add(-1)
-				}
+			if c.opts.Cork != nil {
+				runtime.Gosched() // let other senders on this multiplexed socket join the burst
 			}
+			batch = c.sendq.take(batch[:0])
+			if err := c.write(batch, stalled); err != nil {
+				return err
+			}
+			clear(batch)
 		case now := <-ticker.C:
 			if silent := now.Sub(time.Unix(0, c.lastHeard.Load())); silent > c.opts.DeadTimeout {
 				err := fmt.Errorf("%w: peer silent for %s", ErrClosed, silent.Round(time.Millisecond))
@@ -326,6 +321,43 @@ func (c *Conn) sendLoop() error {
 			}
 		}
 	}
+}
+
+// write sends a batch of frames; with Options.Cork, a batch of several leaves in one write.
+// Answers stop counting as in flight once their bytes have left.
+func (c *Conn) write(batch []frame, stalled *time.Timer) error {
+	c.writing.Store(true)
+	defer c.writing.Store(false)
+	defer stalled.Stop()
+	cork := c.opts.Cork
+	if len(batch) < 2 {
+		cork = nil
+	}
+	if cork != nil {
+		cork.Cork()
+	}
+	for _, f := range batch {
+		stalled.Reset(c.opts.DeadTimeout)
+		if err := c.ws.Write(context.Background(), websocket.MessageText, f.b); err != nil {
+			return fmt.Errorf("write: %w", err)
+		}
+		if cork == nil && f.answer {
+			c.inflight.Add(-1)
+		}
+	}
+	if cork == nil {
+		return nil
+	}
+	stalled.Reset(c.opts.DeadTimeout)
+	if err := cork.Uncork(); err != nil {
+		return fmt.Errorf("write: %w", err)
+	}
+	for _, f := range batch {
+		if f.answer {
+			c.inflight.Add(-1)
+		}
+	}
+	return nil
 }
 
 func (c *Conn) ping() {
