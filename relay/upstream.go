@@ -71,17 +71,21 @@ func newUpstream(r *Relay) (*upstream, error) {
 	return u, nil
 }
 
-// dialClient is an HTTP client for one dial that keeps the socket it opens (below TLS), so that a
+// dialClient is an HTTP client for one dial that keeps the socket it opens (below TLS), so that the
+// send loop can cork it (every node's traffic shares this socket: bursts leave in one write) and a
 // shutdown can close it under the WebSocket when the close handshake overruns.
-func (u *upstream) dialClient() (*http.Client, *net.Conn) {
-	raw := new(net.Conn)
+func (u *upstream) dialClient() (*http.Client, **typedsocket.CorkConn) {
+	raw := new(*typedsocket.CorkConn)
 	var d net.Dialer
 	t := &http.Transport{
 		TLSClientConfig: u.tlsConf, Proxy: http.ProxyFromEnvironment, DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
 			c, err := d.DialContext(ctx, network, addr)
-			*raw = c
-			return c, err
+			if err != nil {
+				return nil, err
+			}
+			*raw = typedsocket.NewCorkConn(c)
+			return *raw, nil
 		},
 	}
 	return &http.Client{Transport: t}, raw
@@ -172,6 +176,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
 		Logger:        u.log,
 		PingInterval:  u.r.pingInterval,
 		DeadTimeout:   u.r.deadTimeout,
+		Cork:          *raw,
 	})
 	u.current.Store(conn)
 	u.raw.Store(*raw)
