@@ -48,6 +48,7 @@ type peer struct {
 	mu      sync.Mutex
 	role    role                     // guarded by mu
 	session contracts.RuntimeSession // guarded by mu: set once a node registration is accepted
+	gone    bool                     // guarded by mu: the connection has ended; it binds no node
 }
 
 // ID implements Peer.
@@ -138,7 +139,14 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 }
 
 func (r *Relay) peerGone(p *peer) {
-	if id := p.nodeID(); id != "" && r.nodes.unbind(id, p) {
+	// gone is set, and the binding removed, under p.mu: bindNode binds under it too, so a
+	// registration Cloudly accepts after the connection ended cannot bind the dead connection.
+	p.mu.Lock()
+	p.gone = true
+	id := p.session.NodeID
+	unbound := id != "" && r.nodes.unbind(id, p)
+	p.mu.Unlock()
+	if unbound {
 		r.metrics.nodes.Dec()
 		if e := r.feats.Escrow; e != nil {
 			e.NodeGone(p)
@@ -252,6 +260,12 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 // only replaces the binding.
 func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	p.mu.Lock()
+	if p.gone {
+		// Cloudly answered after the connection ended: binding it would route the node to a dead
+		// connection for ever and close the node's live one as superseded.
+		p.mu.Unlock()
+		return contracts.RelayNodeNotCarried.Refuse("%s: its connection closed before the answer", s.NodeID)
+	}
 	if p.session.NodeID != "" && p.session.NodeID != s.NodeID {
 		carried := p.session.NodeID
 		p.mu.Unlock()
@@ -259,8 +273,8 @@ func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	}
 	first := p.session.NodeID == ""
 	p.session, p.role = s, roleNode
+	old := r.nodes.bind(s.NodeID, p) // under p.mu, ordered with peerGone's unbind
 	p.mu.Unlock()
-	old := r.nodes.bind(s.NodeID, p)
 	if first {
 		p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
 	}
