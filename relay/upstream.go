@@ -45,6 +45,7 @@ type upstream struct {
 
 	sequence int64                            // owned by run: the next registrationSequence
 	current  atomic.Pointer[typedsocket.Conn] // the socket in use, attached or not
+	accepted atomic.Pointer[typedsocket.Conn] // set on current's read loop when Cloudly accepts its registration
 	stopping atomic.Bool                      // set when the relay shuts down
 	tlsConf  *tls.Config                      // set at construction
 	raw      atomic.Value                     // net.Conn: the socket under current
@@ -185,6 +186,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
 		conn.CloseNow()
 		<-conn.Done()
 		u.current.Store(nil)
+		u.accepted.Store(nil)
 	}()
 
 	if wait, ok := u.attach(ctx, conn, bo); !ok {
@@ -228,7 +230,7 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 		reg.Relay.VPNHub = &ep
 	}
 	body, _ := json.Marshal(reg)
-	resp, err = conn.Call(cctx, contracts.MethodRegisterClusterRelay, body)
+	resp, err = u.register(cctx, conn, body)
 	if err != nil {
 		return u.refused("cluster relay registration", err, bo), false
 	}
@@ -245,6 +247,48 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 	u.r.metrics.upstreamRegs.WithLabelValues("accepted").Inc()
 	u.setAttached(conn, answer.Origin, seq)
 	return 0, true
+}
+
+// register sends registerClusterRelay on conn. An acceptance is recorded on conn's read loop,
+// before it reads Cloudly's next message: Cloudly may send requests right after accepting, and
+// they must be served as coming from the attached session (escrow holds) even though this
+// goroutine has not recorded the attachment yet.
+func (u *upstream) register(ctx context.Context, conn *typedsocket.Conn, body json.RawMessage) (json.RawMessage, error) {
+	timeout := attachTimeout
+	if d, ok := ctx.Deadline(); ok {
+		timeout = time.Until(d)
+	}
+	ch := make(chan typedsocket.Reply, 1)
+	err := conn.CallAsync(contracts.MethodRegisterClusterRelay, body, timeout, func(rep typedsocket.Reply) {
+		if rep.Err == nil && u.acceptable(rep.Response) {
+			u.accepted.Store(conn)
+		}
+		ch <- rep
+	})
+	if err != nil {
+		return nil, err
+	}
+	select {
+	case rep := <-ch:
+		return rep.Response, rep.Err
+	case <-ctx.Done():
+		return nil, context.Cause(ctx)
+	}
+}
+
+// acceptable reports whether a registerClusterRelay answer is one attach accepts: a compatible
+// offer and a canonical origin. No side effects: it runs on the read loop.
+func (u *upstream) acceptable(resp json.RawMessage) bool {
+	offer, err := contracts.ReadProtocolOffer(resp)
+	if err != nil {
+		return false
+	}
+	if refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer); refusal != nil {
+		return false
+	}
+	var answer contracts.RegisterClusterRelayResponse
+	return json.Unmarshal(resp, &answer) == nil && (contracts.IsCanonicalOrigin(answer.Origin, "https") ||
+		u.r.cfg.InsecurePlaintext && contracts.IsCanonicalOrigin(answer.Origin, "http"))
 }
 
 // judgeOffer negotiates the offer Cloudly answered with, from the relay's side.
@@ -351,7 +395,7 @@ func (u *upstream) serve(c *typedsocket.Conn, req *typedsocket.Request) {
 	case m == contracts.MethodPushClusterRelayConfig:
 		reply(u.pushConfig(req.Body))
 	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
-		reply(f.Escrow.Hold(c == u.attached(), req.Body))
+		reply(f.Escrow.Hold(c == u.accepted.Load(), req.Body))
 	case m == contracts.MethodPushClusterVpnMembership:
 		if f.Hub == nil {
 			reply(nil, contracts.RelayVPNHubOff.Refuse("this relay runs no VPN hub"))
