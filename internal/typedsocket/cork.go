@@ -3,6 +3,7 @@ package typedsocket
 import (
 	"net"
 	"sync"
+	"time"
 )
 
 // A CorkConn is a network connection whose writes can be held back and sent together, like
@@ -15,6 +16,9 @@ type CorkConn struct {
 	corked bool    // guarded by mu
 	buf    *[]byte // guarded by mu: the held bytes, from corkBufs while corked
 }
+
+// closeFlushTimeout bounds how long Close tries to send the held bytes.
+const closeFlushTimeout = 250 * time.Millisecond
 
 // maxCorked bounds what a CorkConn holds back; beyond it the held bytes are written at once.
 const maxCorked = 256 << 10
@@ -61,6 +65,20 @@ func (c *CorkConn) Write(p []byte) (int, error) {
 	}
 	*c.buf = append(*c.buf, p...)
 	return len(p), nil
+}
+
+// Close sends what is held back, as closing a socket sends what its kernel buffer holds, then
+// closes. The WebSocket library closes the socket right after writing its reply to a peer's close
+// frame, and that reply — with every frame of a burst the library counts as written — may be held
+// here. A write blocked on a peer that reads nothing is cut short by a deadline: Close never waits
+// more than closeFlushTimeout for it.
+func (c *CorkConn) Close() error {
+	_ = c.Conn.SetWriteDeadline(time.Now().Add(closeFlushTimeout))
+	c.mu.Lock()
+	c.corked = false
+	_ = c.flush()
+	c.mu.Unlock()
+	return c.Conn.Close()
 }
 
 // flush writes the held bytes and returns the buffer to the pool, so an idle connection holds
