@@ -1,6 +1,9 @@
 package vpnhub
 
 import (
+	"context"
+	"fmt"
+	"net"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -36,5 +39,55 @@ func TestFarFutureExpiryDoesNotSpinTheExpiryTimer(t *testing.T) {
 	case <-c.Done():
 		t.Fatalf("session ended: %v", c.Err())
 	default:
+	}
+}
+
+// dialFrom dials th from a UDP socket bound to ip, as node with key, and closes what it opened.
+func dialFrom(t *testing.T, th *testHub, ip string, key StaticKey, node string, expiresAt int64) error {
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(ip)})
+	if err != nil {
+		t.Error(err)
+		return err
+	}
+	defer udp.Close()
+	cl, err := NewClient(ClientConfig{Hub: th.addr(), HubKey: th.key.Public, AuthorityID: testAuthority, NodeID: node, Key: key, Conn: udp})
+	if err != nil {
+		t.Error(err)
+		return err
+	}
+	defer cl.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	c, err := cl.Dial(ctx)
+	if err == nil {
+		c.Close()
+	}
+	return err
+}
+
+// SPEC §7: "Handshakes are rate-limited per source address, never more strictly than WireGuard's
+// 20 per second with a burst of 5, so a flood of bogus initiations cannot starve members." Bogus
+// initiators that each stay inside their own source's limit (one handshake each) must not get a
+// member refused whose source has not handshaken at all. The hub's extra global bucket does: at
+// its defaults (500/s, burst 100) that takes a flood of more than 500 handshakes a second, which
+// this shared test machine cannot produce, so the test lowers it to 10/s, burst 10; the mechanism
+// is the same.
+func TestBogusSourcesWithinTheirOwnLimitDoNotStarveAMember(t *testing.T) {
+	th := startHub(t, func(c *Config) {
+		c.Clock = wallClock{}
+		c.HandshakeBurst = 0
+		c.GlobalHandshakeRate, c.GlobalHandshakeBurst = 10, 10
+	})
+	member, stranger := testKey(t, 2), testKey(t, 9)
+	m := testMember(member, "node-a", 2)
+	m.ExpiresAt = time.Now().Add(time.Hour).UnixMilli()
+	th.push(t, 1, m)
+	for i := 0; i < 20; i++ { // 20 sources, one handshake each
+		dialFrom(t, th, fmt.Sprintf("127.0.1.%d", 10+i), stranger, "node-x", 0)
+	}
+	err := dialFrom(t, th, "127.0.2.1", member, "node-a", 0)
+	t.Logf("rate-limited %v, refused as unknown %v", th.handshakes(outcomeRateLimited), th.handshakes("vpn-member-unknown"))
+	if err != nil {
+		t.Fatalf("a member's first handshake from its own address was refused: %v", err)
 	}
 }
