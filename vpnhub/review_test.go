@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"net"
+	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -89,5 +90,19 @@ func TestBogusSourcesWithinTheirOwnLimitDoNotStarveAMember(t *testing.T) {
 	t.Logf("rate-limited %v, refused as unknown %v", th.handshakes(outcomeRateLimited), th.handshakes("vpn-member-unknown"))
 	if err != nil {
 		t.Fatalf("a member's first handshake from its own address was refused: %v", err)
+	}
+}
+
+// StaticKey "prints nothing of the private half" (key.go); %#v, on the key or on a Config that
+// holds it, is printing too.
+func TestStaticKeyGoSyntaxPrintsNoPrivateKey(t *testing.T) {
+	k := testKey(t, 7)
+	priv := k.Private()
+	want := fmt.Sprintf("%#v", priv[:4]) // the first private bytes as %#v renders them
+	want = want[len("[]byte{") : len(want)-1]
+	for _, s := range []string{fmt.Sprintf("%#v", k), fmt.Sprintf("%#v", Config{Key: k}), fmt.Sprintf("%#v", ClientConfig{Key: k})} {
+		if strings.Contains(s, want) {
+			t.Fatalf("the private key printed: %s", s)
+		}
 	}
 }
