@@ -44,7 +44,7 @@ func TestFarFutureExpiryDoesNotSpinTheExpiryTimer(t *testing.T) {
 }
 
 // dialFrom dials th from a UDP socket bound to ip, as node with key, and closes what it opened.
-func dialFrom(t *testing.T, th *testHub, ip string, key StaticKey, node string, expiresAt int64) error {
+func dialFrom(t *testing.T, th *testHub, ip string, key StaticKey, node string) error {
 	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.ParseIP(ip)})
 	if err != nil {
 		t.Error(err)
@@ -84,9 +84,9 @@ func TestBogusSourcesWithinTheirOwnLimitDoNotStarveAMember(t *testing.T) {
 	m.ExpiresAt = time.Now().Add(time.Hour).UnixMilli()
 	th.push(t, 1, m)
 	for i := 0; i < 20; i++ { // 20 sources, one handshake each
-		dialFrom(t, th, fmt.Sprintf("127.0.1.%d", 10+i), stranger, "node-x", 0)
+		dialFrom(t, th, fmt.Sprintf("127.0.1.%d", 10+i), stranger, "node-x")
 	}
-	err := dialFrom(t, th, "127.0.2.1", member, "node-a", 0)
+	err := dialFrom(t, th, "127.0.2.1", member, "node-a")
 	t.Logf("rate-limited %v, refused as unknown %v", th.handshakes(outcomeRateLimited), th.handshakes("vpn-member-unknown"))
 	if err != nil {
 		t.Fatalf("a member's first handshake from its own address was refused: %v", err)
