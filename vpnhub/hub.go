@@ -509,7 +509,23 @@ func (h *Hub) rescheduleLocked(nowMs int64) {
 	if next < 0 || h.stopped {
 		return
 	}
-	h.timer = h.clock.AfterFunc(time.Duration(max(0, next-nowMs))*time.Millisecond, h.expire)
+	h.timer = h.clock.AfterFunc(expiryWait(next-nowMs), h.expire)
+}
+
+// maxExpiryWait bounds the expiry timer: a later expiry is looked at again after this long.
+const maxExpiryWait = 24 * time.Hour
+
+// expiryWait is how long to wait for an expiry dueMs milliseconds away. A far expiry (expiresAt
+// is any safe integer, up to 2^53 ms) would overflow time.Duration, often to a negative wait that
+// fires at once and reschedules itself forever; it waits maxExpiryWait instead.
+func expiryWait(dueMs int64) time.Duration {
+	if dueMs <= 0 {
+		return 0
+	}
+	if dueMs >= int64(maxExpiryWait/time.Millisecond) {
+		return maxExpiryWait
+	}
+	return time.Duration(dueMs) * time.Millisecond
 }
 
 // expire closes every session whose member has expired (vpn-member-expired).

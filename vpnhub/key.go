@@ -23,6 +23,9 @@ func (k StaticKey) String() string {
 	return "vpnhub.StaticKey(" + contracts.ShortKey(k.Public) + "…)"
 }
 
+// GoString keeps %#v, which would print the private array field by field, to String's form.
+func (k StaticKey) GoString() string { return k.String() }
+
 // Private returns the private key bytes, for the Noise handshake only.
 func (k *StaticKey) Private() [32]byte { return k.private }
 

@@ -8,11 +8,13 @@ import (
 )
 
 // Handshake admission (SPEC §7): a token bucket per source address, never stricter than
-// WireGuard's 20 per second with a burst of 5, and one global bucket, so that a flood of bogus
-// initiations from many addresses cannot take the hub's CPU from established members. The check
-// runs when QUIC sees a connection's first packet, before any TLS or Noise work. While the global
-// bucket is less than half full, new connections must also prove their source address with a
-// QUIC Retry, so a spoofed flood cannot spend a real member's per-source tokens.
+// WireGuard's 20 per second with a burst of 5. The check runs when QUIC sees a connection's first
+// packet, before any TLS or Noise work. One global bucket measures the load of all sources
+// together but never refuses: SPEC §7 admits every source up to its own 20/s, so that a flood of
+// bogus initiations cannot starve members, which a shared refusal bucket would let a few dozen
+// addresses do. While the global bucket is less than half full, new connections must prove their
+// source address with a QUIC Retry (WireGuard's cookie under load), so a spoofed flood cannot
+// spend a real member's per-source tokens.
 
 // Admission defaults.
 const (
@@ -65,7 +67,8 @@ func newHandshakeLimiter(rate float64, burst int, globalRate float64, globalBurs
 	}
 }
 
-// allow takes a token for a handshake from addr, from its bucket and the global one.
+// allow takes a token for a handshake from addr from its bucket. The global bucket only measures
+// the load that turns on Retry (underPressure); it refuses nobody.
 func (l *handshakeLimiter) allow(addr netip.Addr) bool {
 	addr = addr.Unmap()
 	now := l.now()
@@ -86,9 +89,9 @@ func (l *handshakeLimiter) allow(addr netip.Addr) bool {
 	if !b.take(now, l.rate, l.burst) {
 		return false
 	}
-	ok := l.global.take(now, l.globalRate, l.globalBurst)
+	l.global.take(now, l.globalRate, l.globalBurst)
 	l.pressure.Store(l.global.tokens < l.globalBurst/2)
-	return ok
+	return true
 }
 
 // sweepLocked forgets sources whose bucket has refilled: they are as good as new.
