@@ -237,15 +237,14 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 	if wait, ok := u.judgeOffer("cluster relay registration", resp, bo); !ok {
 		return wait, false
 	}
-	var answer contracts.RegisterClusterRelayResponse
-	if json.Unmarshal(resp, &answer) != nil || !contracts.IsCanonicalOrigin(answer.Origin, "https") &&
-		!(u.r.cfg.InsecurePlaintext && contracts.IsCanonicalOrigin(answer.Origin, "http")) {
+	origin, ok := u.originOf(resp)
+	if !ok {
 		u.r.metrics.upstreamRegs.WithLabelValues("failed").Inc()
 		u.log.Warn().Str("outcome", "malformed").Msg("Cloudly's registration answer names no canonical origin")
 		return bo.next(), false
 	}
 	u.r.metrics.upstreamRegs.WithLabelValues("accepted").Inc()
-	u.setAttached(conn, answer.Origin, seq)
+	u.setAttached(conn, origin, seq)
 	return 0, true
 }
 
@@ -286,9 +285,20 @@ func (u *upstream) acceptable(resp json.RawMessage) bool {
 	if refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer); refusal != nil {
 		return false
 	}
+	_, ok := u.originOf(resp)
+	return ok
+}
+
+// originOf reads the canonical origin Cloudly's registration answer names (https, or http on an
+// insecure-plaintext relay).
+func (u *upstream) originOf(resp json.RawMessage) (string, bool) {
 	var answer contracts.RegisterClusterRelayResponse
-	return json.Unmarshal(resp, &answer) == nil && (contracts.IsCanonicalOrigin(answer.Origin, "https") ||
-		u.r.cfg.InsecurePlaintext && contracts.IsCanonicalOrigin(answer.Origin, "http"))
+	if json.Unmarshal(resp, &answer) != nil {
+		return "", false
+	}
+	ok := contracts.IsCanonicalOrigin(answer.Origin, "https") ||
+		u.r.cfg.InsecurePlaintext && contracts.IsCanonicalOrigin(answer.Origin, "http")
+	return answer.Origin, ok
 }
 
 // judgeOffer negotiates the offer Cloudly answered with, from the relay's side.
