@@ -183,12 +183,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	<-upDone
 	step("Cloudly session closed")
 	for _, f := range []any{r.feats.Escrow, r.feats.Ingress, r.feats.Restore, r.feats.Hub, r.feats.Registry} {
-		// Features close either way: io.Closer, or a Close without a result (restore.Restore,
-		// which abandons its Corestore calls in flight).
-		switch c := f.(type) {
-		case io.Closer:
-			c.Close()
-		case interface{ Close() }:
+		if c, ok := f.(io.Closer); ok {
 			c.Close()
 		}
 	}

@@ -105,7 +105,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 			// Cleanups run last first: these after relaytest has stopped the relay, restore then client.
 			t.Cleanup(h.client.Close)
 			h.restore = restore.New(h.client, restore.Options{Registerer: ro.Registry, Logger: log, MaxInflightPerNode: o.maxInflightPerNode})
-			t.Cleanup(h.restore.Close)
+			t.Cleanup(func() { h.restore.Close() })
 			return relay.New(cfg, relay.Features{Restore: h.restore}, log, ro)
 		},
 	})

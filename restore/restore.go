@@ -71,13 +71,14 @@ func New(cs Corestore, opts Options) *Restore {
 }
 
 // Close abandons the calls in flight (each is answered restore-node-unreachable), refuses new
-// ones, and waits until every call has been answered.
-func (r *Restore) Close() {
+// ones, and waits until every call has been answered. It implements io.Closer and never fails.
+func (r *Restore) Close() error {
 	r.mu.Lock()
 	r.closed = true
 	r.mu.Unlock()
 	r.cancel()
 	r.wg.Wait()
+	return nil
 }
 
 // SetCorestores replaces the Corestore origins (pushClusterRelayConfig's corestores). Calls in
