@@ -139,7 +139,9 @@ func newLogger(level, format string, w io.Writer) zerolog.Logger {
 		lvl = zerolog.InfoLevel
 	}
 	if format == "console" {
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05.000"}
+		// Colour only on a terminal: escape codes in a CI log or a file are noise. Timestamps
+		// carry whole seconds.
+		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05", NoColor: !isTerminal(w)}
 	}
 	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
 }
@@ -162,4 +164,14 @@ func caPool(file, flag string) (*x509.CertPool, error) {
 		return nil, usagef("--%s: %s holds no PEM certificate", flag, file)
 	}
 	return pool, nil
+}
+
+// isTerminal reports whether w is a character device, as a terminal is.
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
