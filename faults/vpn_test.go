@@ -86,6 +86,9 @@ func TestFaultVPNHandshakeFlood(t *testing.T) {
 		if attempts.Load() == 0 {
 			t.Error("the flood made no handshake attempt")
 		}
+		if admitted := attempts.Load() - refused.Load(); admitted != 0 {
+			t.Errorf("%d of %d bogus handshakes (keys no membership names) were admitted", admitted, attempts.Load())
+		}
 	}()
 	f.leaked = leakedAfter(t, base)
 	f.check(t)
