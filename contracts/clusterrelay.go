@@ -34,7 +34,7 @@ func IsCanonicalOrigin(s, scheme string) bool {
 			return false
 		}
 		a, err := netip.ParseAddr(rest[1:end])
-		if err != nil || !a.Is6() || a.Zone() != "" || a.String() != rest[1:end] {
+		if err != nil || !a.Is6() || a.Zone() != "" || whatwgIPv6(a) != rest[1:end] {
 			return false
 		}
 		host, rest = rest[:end+1], rest[end+1:]
@@ -66,17 +66,18 @@ func IsCanonicalOrigin(s, scheme string) bool {
 }
 
 // isCanonicalHostname accepts lowercase LDH DNS names and canonical dotted-quad IPv4 literals.
-func isCanonicalHostname(h string) bool {
-	h = strings.TrimSuffix(h, ".")
+func isCanonicalHostname(host string) bool {
+	h := strings.TrimSuffix(host, ".")
 	if h == "" || len(h) > 253 {
 		return false
 	}
 	labels := strings.Split(h, ".")
 	last := labels[len(labels)-1]
 	if last != "" && last[0] >= '0' && last[0] <= '9' {
-		// The URL parser reads a host whose last label is numeric as IPv4 and rewrites it.
+		// The URL parser reads a host whose last label is numeric as IPv4 and rewrites it, dropping
+		// a trailing dot: only a dotted quad without one is kept as it is.
 		a, err := netip.ParseAddr(h)
-		return err == nil && a.Is4() && a.String() == h
+		return err == nil && a.Is4() && a.String() == h && !strings.HasSuffix(host, ".")
 	}
 	for _, l := range labels {
 		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
@@ -89,6 +90,44 @@ func isCanonicalHostname(h string) bool {
 		}
 	}
 	return true
+}
+
+// whatwgIPv6 serializes an IPv6 address as the WHATWG URL parser does: eight hex pieces without
+// leading zeros, the first longest run of two or more zero pieces written "::", and never a dotted
+// IPv4 tail (netip writes ::ffff:1.2.3.4; URL writes ::ffff:102:304).
+func whatwgIPv6(a netip.Addr) string {
+	b := a.As16()
+	var pieces [8]uint16
+	for i := range pieces {
+		pieces[i] = uint16(b[2*i])<<8 | uint16(b[2*i+1])
+	}
+	start, length := -1, 1
+	for i := 0; i < 8; {
+		j := i
+		for j < 8 && pieces[j] == 0 {
+			j++
+		}
+		if j-i > length {
+			start, length = i, j-i
+		}
+		if j == i {
+			j++
+		}
+		i = j
+	}
+	var s []byte
+	for i := 0; i < 8; i++ {
+		if i == start {
+			s = append(s, ':', ':')
+			i += length - 1
+			continue
+		}
+		if len(s) > 0 && s[len(s)-1] != ':' {
+			s = append(s, ':')
+		}
+		s = strconv.AppendUint(s, uint64(pieces[i]), 16)
+	}
+	return string(s)
 }
 
 // ClusterRelay is IClusterRelay { origin }, the cluster's relay block.

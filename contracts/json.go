@@ -100,14 +100,36 @@ func Valid(raw []byte) error {
 // validated and trimmed of surrounding whitespace. A repeated key is an error wrapping
 // ErrDuplicateKey.
 func ReadObject(raw []byte) ([]Member, error) {
+	// Small objects (every seed shape) are checked by a scan; past smallObject members a set takes
+	// over, so a peer's object of a million keys costs a million lookups, not 10^12 comparisons.
+	const smallObject = 16
 	var members []Member
+	var seen map[string]struct{}
 	err := ForEachMember(raw, func(key, value []byte) error {
-		for _, m := range members {
-			if m.Key == string(key) {
-				return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(string(key)))
+		dup := false
+		if seen == nil {
+			for _, m := range members {
+				if m.Key == string(key) {
+					dup = true
+					break
+				}
+			}
+		} else {
+			_, dup = seen[string(key)]
+		}
+		if dup {
+			return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(string(key)))
+		}
+		k := string(key)
+		members = append(members, Member{k, value})
+		if seen != nil {
+			seen[k] = struct{}{}
+		} else if len(members) > smallObject {
+			seen = make(map[string]struct{}, 2*len(members))
+			for _, m := range members {
+				seen[m.Key] = struct{}{}
 			}
 		}
-		members = append(members, Member{string(key), value})
 		return nil
 	})
 	if err != nil {
