@@ -6,7 +6,8 @@ COPY go.mod go.sum ./
 RUN go mod download
 COPY . .
 ARG VERSION=0.1.0
-RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION}" -o /out/relay ./cmd/relay
+RUN CGO_ENABLED=0 go build -trimpath -ldflags "-s -w -X main.buildVersion=${VERSION}" -o /out/relay ./cmd/relay \
+ && /out/relay version  # fails the build unless VERSION is MAJOR.MINOR.PATCH (no leading v)
 
 FROM gcr.io/distroless/static-debian12:nonroot
 COPY --from=build /out/relay /relay

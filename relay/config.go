@@ -126,8 +126,8 @@ func (c *Config) Complete() error {
 	if _, err := listenPort(c.Listen); err != nil {
 		return bad("listen", "%v", err)
 	}
-	if _, _, err := net.SplitHostPort(c.AdminListen); err != nil {
-		return bad("admin-listen", "must be host:port")
+	if _, err := listenPort(c.AdminListen); err != nil {
+		return bad("admin-listen", "%v", err)
 	}
 	if c.HubListen != "" {
 		if _, err := net.ResolveUDPAddr("udp", c.HubListen); err != nil {
@@ -200,7 +200,12 @@ func readable(path string) error {
 		}
 		return fmt.Errorf("cannot read %s", path)
 	}
-	return f.Close()
+	defer f.Close()
+	// A directory opens but cannot be read as a file: a secret mounted one level too high.
+	if st, err := f.Stat(); err != nil || st.IsDir() {
+		return fmt.Errorf("cannot read %s: is a directory, not a file", path)
+	}
+	return nil
 }
 
 // ReadToken reads the machine JWT from the token file, trimmed. Errors name the file, never its

@@ -36,6 +36,7 @@ type Relay struct {
 	registry *prometheus.Registry
 	metrics  *metrics
 
+	certs   *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
 	up      *upstream
 	nodes   nodeTable
 	peers   peerSet
@@ -64,6 +65,15 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout}
 	if r.registry == nil {
 		r.registry = NewRegistry()
+	}
+	if !cfg.InsecurePlaintext {
+		// Loaded here, not in Serve, so that an unusable pair is a configuration error (exit 2
+		// naming the flag) before anything binds.
+		certs, err := newCertReloader(cfg.TLSCertFile, cfg.TLSKeyFile)
+		if err != nil {
+			return nil, &ConfigError{Flag: "tls-cert-file", Reason: err.Error() + " (with --tls-key-file " + cfg.TLSKeyFile + ")"}
+		}
+		r.certs = certs
 	}
 	r.nodes.byID = make(map[string]*peer)
 	r.peers.byID = make(map[uint64]*peer)
@@ -131,12 +141,8 @@ func (r *Relay) Serve(ctx context.Context) error {
 		}}
 	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLogger(r.log, "admin")}
 	downLn := r.downLn
-	if !r.cfg.InsecurePlaintext {
-		certs, err := newCertReloader(r.cfg.TLSCertFile, r.cfg.TLSKeyFile)
-		if err != nil {
-			return err
-		}
-		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: certs.get,
+	if r.certs != nil {
+		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
 			NextProtos: []string{"http/1.1"}})
 	}
 

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net"
 	"net/http"
 	"os"
@@ -61,10 +60,10 @@ func newUpstream(r *Relay) (*upstream, error) {
 		}
 		pem, err := os.ReadFile(r.cfg.CloudlyCAFile)
 		if err != nil {
-			return nil, fmt.Errorf("read cloudly CA file: %w", err)
+			return nil, &ConfigError{Flag: "cloudly-ca-file", Reason: "cannot read " + r.cfg.CloudlyCAFile}
 		}
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("cloudly CA file %s holds no PEM certificate", r.cfg.CloudlyCAFile)
+			return nil, &ConfigError{Flag: "cloudly-ca-file", Reason: r.cfg.CloudlyCAFile + " holds no PEM certificate"}
 		}
 		tlsConf.RootCAs = pool
 	}

@@ -29,6 +29,9 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *nodes < 1 || *nodes > 100_000 {
 		return usagef("--nodes: must be from 1 to 100000")
 	}
+	if *duration < 0 {
+		return usagef("--duration: must not be negative (0: until Ctrl-C)")
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	if *duration > 0 {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	"strings"
+	"text/tabwriter"
 
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -17,6 +18,39 @@ type usageError struct{ msg string }
 func (e *usageError) Error() string { return e.msg }
 
 func usagef(format string, args ...any) error { return &usageError{fmt.Sprintf(format, args...)} }
+
+// helpError is -h or --help: exit status 0 with the command's flags on standard output.
+type helpError struct{ text string }
+
+func (e *helpError) Error() string { return "help requested" }
+func (e *helpError) Unwrap() error { return flag.ErrHelp }
+
+// helpText lists every flag of fs with its default and its environment variable, so that an
+// operator with only the binary (the image carries no docs) can see what a command takes.
+func helpText(fs *flag.FlagSet) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "usage: relay %s [flags]\n", fs.Name())
+	if !hasFlags(fs) {
+		return b.String()
+	}
+	b.WriteString("\nflags (each also read from its environment variable; a flag given wins):\n")
+	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', 0)
+	fs.VisitAll(func(f *flag.Flag) {
+		def := ""
+		if f.DefValue != "" && f.DefValue != "0" && f.DefValue != "0s" && f.DefValue != "false" {
+			def = " (default " + f.DefValue + ")"
+		}
+		fmt.Fprintf(tw, "  --%s\t%s\t%s%s\n", f.Name, envName(f.Name), f.Usage, def)
+	})
+	tw.Flush()
+	return b.String()
+}
+
+func hasFlags(fs *flag.FlagSet) bool {
+	n := 0
+	fs.VisitAll(func(*flag.Flag) { n++ })
+	return n > 0
+}
 
 // envName is the environment variable that supplies a flag: SERVEZONE_RELAY_<FLAG_IN_UPPER_SNAKE>.
 func envName(flagName string) string {
@@ -29,7 +63,7 @@ func parse(fs *flag.FlagSet, args []string) error {
 	fs.SetOutput(io.Discard)
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
-			return err
+			return &helpError{text: helpText(fs)}
 		}
 		msg := err.Error()
 		if name, ok := strings.CutPrefix(msg, "flag provided but not defined: -"); ok {

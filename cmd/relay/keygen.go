@@ -34,5 +34,14 @@ func cmdVersion(args []string, stdout io.Writer) error {
 	}
 	fmt.Fprintf(stdout, "relay %s (interfaces %s, accepts peers from %s)\n", buildVersion,
 		contracts.InterfacesVersion, contracts.MinimumPeerVersion)
+	return checkBuildVersion()
+}
+
+// checkBuildVersion refuses a binary whose build version registerClusterRelay cannot report. It
+// is a build fault, not a flag: `relay version` fails too, so the Dockerfile's build fails.
+func checkBuildVersion() error {
+	if !contracts.IsReleaseVersion(buildVersion) {
+		return fmt.Errorf("built as version %q, which is not MAJOR.MINOR.PATCH (-ldflags -X main.buildVersion; the Dockerfile's VERSION)", buildVersion)
+	}
 	return nil
 }

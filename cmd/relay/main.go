@@ -10,7 +10,6 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"os"
@@ -63,11 +62,12 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	}
 	var ue *usageError
 	var ce *relay.ConfigError
+	var he *helpError
 	switch {
 	case err == nil:
 		return 0
-	case errors.Is(err, flag.ErrHelp):
-		fmt.Fprintf(stdout, "relay %s: see SPEC §11 and docs/operating.md for every flag\n", cmd)
+	case errors.As(err, &he):
+		fmt.Fprint(stdout, he.text)
 		return 0
 	case errors.As(err, &ue), errors.As(err, &ce):
 		fmt.Fprintf(stderr, "relay %s: %v\n", cmd, err)

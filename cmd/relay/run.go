@@ -28,6 +28,9 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	if err := parse(fs, args); err != nil {
 		return err
 	}
+	if err := checkBuildVersion(); err != nil {
+		return err
+	}
 	cfg.BuildVersion = buildVersion
 	if err := cfg.Complete(); err != nil {
 		return err

@@ -25,3 +25,19 @@ app.kubernetes.io/instance: {{ .Release.Name }}
 true
 {{- end -}}
 {{- end -}}
+
+{{/*
+The registry cache's bound in bytes: 90% of registry.cacheSize, the emptyDir's sizeLimit, so that
+the relay evicts before the kubelet evicts the pod for exceeding it (the bound counts object bytes,
+not the filesystem's blocks and directories).
+*/}}
+{{- define "relay.registryCacheMaxBytes" -}}
+{{- $size := toString .Values.registry.cacheSize -}}
+{{- $digits := regexFind "^[0-9]+" $size -}}
+{{- $units := dict "Ki" 1024 "Mi" 1048576 "Gi" 1073741824 "Ti" 1099511627776 -}}
+{{- $unit := trimPrefix $digits $size -}}
+{{- if or (not $digits) (not (hasKey $units $unit)) -}}
+{{- fail (printf "registry.cacheSize %q must be a whole number of Ki, Mi, Gi or Ti" $size) -}}
+{{- end -}}
+{{- div (mul (int64 $digits) (get $units $unit) 9) 10 -}}
+{{- end -}}
