@@ -17,6 +17,8 @@ import (
 	"strconv"
 	"testing"
 	"time"
+
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 )
 
 // TestRunServesDownstreamTLS runs `relay run` with --tls-cert-file and --tls-key-file (no
@@ -56,7 +58,7 @@ func TestRunServesDownstreamTLS(t *testing.T) {
 
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan int, 1)
-	var stderr bytes.Buffer
+	var stderr relaytest.Buffer // log lines come from several goroutines
 	go func() {
 		done <- realMain(ctx, []string{"run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://127.0.0.1:1/",
 			"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--listen", addr, "--admin-listen", "127.0.0.1:0",
