@@ -172,11 +172,12 @@ func (c *cache) touch(hex string) {
 }
 
 // reserve makes room for a fill of size bytes, evicting least recently used objects. It fails
-// when the object is larger than the bound or fills in progress hold the room.
+// when the object is larger than the bound or fills in progress hold the room; then it evicts
+// nothing, since no eviction could make the room.
 func (c *cache) reserve(size int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size > c.max || !c.evictLocked(size) {
+	if size > c.max || c.reserved+size > c.max || !c.evictLocked(size) {
 		return false
 	}
 	c.reserved += size
