@@ -172,11 +172,12 @@ func (c *cache) touch(hex string) {
 }
 
 // reserve makes room for a fill of size bytes, evicting least recently used objects. It fails
-// when the object is larger than the bound or fills in progress hold the room.
+// when the object is larger than the bound or fills in progress hold the room; then it evicts
+// nothing, since no eviction could make the room.
 func (c *cache) reserve(size int64) bool {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if size > c.max || !c.evictLocked(size) {
+	if size > c.max || c.reserved+size > c.max || !c.evictLocked(size) {
 		return false
 	}
 	c.reserved += size
@@ -214,9 +215,18 @@ func (c *cache) gaugesLocked() {
 	c.m.cacheObjects.Set(float64(len(c.entries)))
 }
 
-// createTemp opens a new temporary file for a fill.
+// createTemp opens a new temporary file for a fill. A temporary directory removed under the
+// running relay (the cache directory emptied to free disk) is made again, so that the cache
+// comes back after its pause rather than never.
 func (c *cache) createTemp() (*os.File, error) {
-	return os.CreateTemp(filepath.Join(c.dir, "tmp"), "fill-*")
+	dir := filepath.Join(c.dir, "tmp")
+	f, err := os.CreateTemp(dir, "fill-*")
+	if errors.Is(err, fs.ErrNotExist) {
+		if err = os.MkdirAll(dir, 0o700); err == nil {
+			f, err = os.CreateTemp(dir, "fill-*")
+		}
+	}
+	return f, err
 }
 
 // publish moves a verified, synced temporary file into place and indexes it. The rename happens

@@ -208,7 +208,7 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 		r.m.bypass.WithLabelValues(reason).Inc()
 		handedOver = true
 		f.c.done(f)
-		f.abandon(resp, func() { resp.Body.Close(); cancel(nil) }, nil)
+		f.abandon(resp, func() { cancel(nil); resp.Body.Close() }, nil) // cancel first: it ends a read in progress
 	}
 	size := resp.ContentLength
 	if !cacheableAnswer(resp, f.hex) {

@@ -173,14 +173,21 @@ func (r *Registry) relativeLocation(loc string) string {
 	return p
 }
 
-// checkRedirect follows at most 5 redirects and never from https to plain http. Go's client
-// drops Authorization on a redirect to another host, so storage never sees the caller's token.
+// checkRedirect follows at most 5 redirects and never from https to plain http. A redirect off
+// the upstream's origin (scheme, host and port) carries none of the caller's credentials, so
+// storage never sees the caller's token: Go's client keeps them for the same host name on
+// another port and for subdomains, which are other origins all the same.
 func checkRedirect(req *http.Request, via []*http.Request) error {
 	if len(via) >= 5 {
 		return errors.New("stopped after 5 redirects")
 	}
 	if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
 		return errors.New("refused a redirect from https to plain http")
+	}
+	if req.URL.Scheme != via[0].URL.Scheme || !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
+		for _, h := range []string{"Authorization", "Cookie", "Cookie2"} {
+			req.Header.Del(h)
+		}
 	}
 	return nil
 }

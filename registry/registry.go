@@ -354,6 +354,9 @@ func (r *Registry) lead(x *exchange, f *fill) {
 			return
 		}
 		defer stop()
+		// The fill's request lives under the registry, not the caller: tie the answer handed
+		// over to the caller's request, as a forward is, so that it ends when the caller leaves.
+		defer context.AfterFunc(x.req.Context(), stop)()
 		x.route = "forward"
 		r.writeResponse(x, resp)
 		return
