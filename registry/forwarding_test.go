@@ -297,47 +297,61 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 	}
 }
 
+// Storage a registry redirects blob GETs to is another origin, even on the registry's own host
+// name: another port (a MinIO beside the registry) or a subdomain. Go's client drops
+// Authorization only for another host name, so the relay drops it itself for any other origin.
+// Both a blob the relay caches (sha256) and one it only forwards (sha512) are followed.
 func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
-	blob := make([]byte, 100<<10)
-	rand.Read(blob)
-	digest := sha256Of(blob)
-	var storageAuth atomic.Value
-	storageAuth.Store("")
-	storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		storageAuth.Store(r.Header.Get("Authorization"))
-		w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
-		w.Write(blob)
-	}))
-	defer storage.Close()
-	// The storage host is "localhost", the registry "127.0.0.1": another host for Go's client.
-	storageURL := strings.Replace(storage.URL, "127.0.0.1", "localhost", 1) + "/signed/object?sig=s3cr3t"
-	up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.Header.Get("Authorization") != "Bearer good" {
-			w.WriteHeader(http.StatusUnauthorized)
-			return
-		}
-		if r.Method == http.MethodHead {
-			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
-			w.Header().Set("Docker-Content-Digest", digest)
-			return
-		}
-		http.Redirect(w, r, storageURL, http.StatusTemporaryRedirect)
-	}))
-	defer up.Close()
-	e := startRelay(t, up.URL, "", nil)
-	resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "good", nil)
-	if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, blob) {
-		t.Fatalf("redirected blob: %v %v, %d bytes", resp.StatusCode, err, len(body))
-	}
-	if a := storageAuth.Load().(string); a != "" {
-		t.Fatalf("storage received the caller's Authorization %q", a)
-	}
-	e.settle()
-	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
-		t.Fatalf("redirected blob not cached: %v", err)
-	}
-	if strings.Contains(e.Logs.String(), "s3cr3t") {
-		t.Fatal("the signed storage URL appears in the log")
+	for _, tc := range []struct{ name, storageHost string }{
+		{"another host", "localhost"},
+		{"same host name, another port", "127.0.0.1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			blob := make([]byte, 100<<10)
+			rand.Read(blob)
+			digest := sha256Of(blob)
+			forwarded := "sha512:" + fmt.Sprintf("%0128x", 1)
+			var storageAuth atomic.Value
+			storageAuth.Store("")
+			storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				storageAuth.Store(r.Header.Get("Authorization"))
+				w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+				w.Write(blob)
+			}))
+			defer storage.Close()
+			storageURL := strings.Replace(storage.URL, "127.0.0.1", tc.storageHost, 1) + "/signed/object?sig=s3cr3t"
+			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("Authorization") != "Bearer good" {
+					w.WriteHeader(http.StatusUnauthorized)
+					return
+				}
+				if r.Method == http.MethodHead {
+					w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+					w.Header().Set("Docker-Content-Digest", digest)
+					return
+				}
+				http.Redirect(w, r, storageURL, http.StatusTemporaryRedirect)
+			}))
+			defer up.Close()
+			e := startRelay(t, up.URL, "", nil)
+			for _, d := range []string{digest, forwarded} {
+				storageAuth.Store("")
+				resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+d, "good", nil)
+				if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, blob) {
+					t.Fatalf("redirected blob %s: %v %v, %d bytes", d, resp.StatusCode, err, len(body))
+				}
+				if a := storageAuth.Load().(string); a != "" {
+					t.Fatalf("storage received the caller's Authorization %q for %s", a, d)
+				}
+			}
+			e.settle()
+			if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
+				t.Fatalf("redirected blob not cached: %v", err)
+			}
+			if strings.Contains(e.Logs.String(), "s3cr3t") {
+				t.Fatal("the signed storage URL appears in the log")
+			}
+		})
 	}
 }
 

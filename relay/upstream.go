@@ -252,26 +252,11 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 // they must be served as coming from the attached session (escrow holds) even though this
 // goroutine has not recorded the attachment yet.
 func (u *upstream) register(ctx context.Context, conn *typedsocket.Conn, body json.RawMessage) (json.RawMessage, error) {
-	timeout := attachTimeout
-	if d, ok := ctx.Deadline(); ok {
-		timeout = time.Until(d)
-	}
-	ch := make(chan typedsocket.Reply, 1)
-	err := conn.CallAsync(contracts.MethodRegisterClusterRelay, body, timeout, func(rep typedsocket.Reply) {
+	return conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
 		if rep.Err == nil && u.acceptable(rep.Response) {
 			u.accepted.Store(conn)
 		}
-		ch <- rep
 	})
-	if err != nil {
-		return nil, err
-	}
-	select {
-	case rep := <-ch:
-		return rep.Response, rep.Err
-	case <-ctx.Done():
-		return nil, context.Cause(ctx)
-	}
 }
 
 // acceptable reports whether a registerClusterRelay answer is one attach accepts: a compatible

@@ -436,12 +436,25 @@ func (c *Conn) take(id string) *call {
 
 // Call sends a request and waits for its answer, ctx's deadline or the default timeout.
 func (c *Conn) Call(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
+	return c.CallObserved(ctx, method, body, nil)
+}
+
+// CallObserved is Call that first hands the answer to observe (when not nil) on the read loop,
+// before the peer's next message is read: what the answer changes is recorded before the peer's
+// next request is served. observe must not block.
+func (c *Conn) CallObserved(ctx context.Context, method string, body json.RawMessage, observe func(Reply)) (json.RawMessage, error) {
 	timeout := c.opts.CallTimeout
 	if d, ok := ctx.Deadline(); ok {
 		timeout = time.Until(d)
 	}
 	ch := make(chan Reply, 1)
-	if err := c.CallAsync(method, body, timeout, func(r Reply) { ch <- r }); err != nil {
+	done := func(r Reply) {
+		if observe != nil {
+			observe(r)
+		}
+		ch <- r
+	}
+	if err := c.CallAsync(method, body, timeout, done); err != nil {
 		return nil, err
 	}
 	select {
