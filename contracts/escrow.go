@@ -574,3 +574,14 @@ func BindApplyRuntimeNetworkDnsLeaseRenewalResponse(raw []byte, sent RuntimeNetw
 	}
 	return status, nil
 }
+
+// ReadSignedRuntimeNetworkDnsLeaseRenewal reads one ISignedRuntimeNetworkDnsLeaseRenewal
+// { authority, renewal, signature } exactly, the renewal's digest included: what a node reads of
+// applyRuntimeNetworkDnsLeaseRenewal's signed member before it admits it.
+func ReadSignedRuntimeNetworkDnsLeaseRenewal(raw []byte) (SignedRuntimeNetworkDnsLeaseRenewal, error) {
+	s, reasons := readSignedRenewal(raw, "signed renewal")
+	if len(reasons) > 0 {
+		return SignedRuntimeNetworkDnsLeaseRenewal{}, &InvalidError{reasons}
+	}
+	return s, nil
+}

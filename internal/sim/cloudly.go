@@ -32,15 +32,19 @@ type Cloudly struct {
 	ln  net.Listener
 
 	mu          sync.Mutex
-	conn        *typedsocket.Conn     // guarded by mu: the relay's newest socket
-	attachedTo  *typedsocket.Conn     // guarded by mu: the socket whose registration was accepted
-	sequences   []int64               // guarded by mu: registrationSequence of every registration
-	refusals    []error               // guarded by mu: answers for the next registrations
-	refuseAll   error                 // guarded by mu: the answer to every registration while set
-	last        map[string][]byte     // guarded by mu: the newest request body per method
-	handlers    map[string]MethodFunc // guarded by mu
-	received    map[string]int        // guarded by mu: requests per method from the relay
-	nodes       map[string]int        // guarded by mu: accepted registrations per node
+	conn        *typedsocket.Conn          // guarded by mu: the relay's newest socket
+	attachedTo  *typedsocket.Conn          // guarded by mu: the socket whose registration was accepted
+	sequences   []int64                    // guarded by mu: registrationSequence of every registration
+	refusals    []error                    // guarded by mu: answers for the next registrations
+	refuseAll   error                      // guarded by mu: the answer to every registration while set
+	last        map[string][]byte          // guarded by mu: the newest request body per method
+	handlers    map[string]MethodFunc      // guarded by mu
+	received    map[string]int             // guarded by mu: requests per method from the relay
+	nodes       map[string]int             // guarded by mu: accepted registrations per node
+	sessions    map[string][]byte          // guarded by mu: the current session binding per node
+	authed      map[*typedsocket.Conn]bool // guarded by mu: sockets whose client session was accepted
+	lastSeq     int64                      // guarded by mu: the last accepted registrationSequence; -1 none
+	violations  []string                   // guarded by mu: what the relay sent that Cloudly refused as out of order
 	corestores  []contracts.CorestoreOrigin
 	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
 
@@ -63,6 +67,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		Origin: "https://relay.cluster-sim.serve.zone:8443",
 		log:    log.With().Str("component", "sim-cloudly").Logger(), ln: ln,
 		handlers: make(map[string]MethodFunc), received: make(map[string]int), nodes: make(map[string]int),
+		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
 		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
 	}
@@ -230,7 +235,51 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	if c.conn == conn {
 		c.conn = nil
 	}
+	delete(c.authed, conn)
 	c.mu.Unlock()
+}
+
+// Session is the session binding Cloudly issued node's newest accepted registration, or nil:
+// what Cloudly → node requests carry.
+func (c *Cloudly) Session(node string) json.RawMessage {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.sessions[node]
+}
+
+// Violations lists what the relay sent out of Cloudly's order: a request before its client
+// session, a forwarded request before its registration, a registrationSequence that did not
+// advance.
+func (c *Cloudly) Violations() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]string(nil), c.violations...)
+}
+
+func (c *Cloudly) violation(err *typedsocket.Error) error {
+	c.mu.Lock()
+	c.violations = append(c.violations, err.Text)
+	c.mu.Unlock()
+	return err
+}
+
+// gate is Cloudly's order on one socket: the client session first, then the relay's
+// registration, and only then anything the relay forwards or asks for itself.
+func (c *Cloudly) gate(conn *typedsocket.Conn, method string) error {
+	c.mu.Lock()
+	authed, attached := c.authed[conn], c.attachedTo == conn
+	c.mu.Unlock()
+	switch {
+	case method == contracts.MethodRegisterCloudlyClientSession:
+		return nil
+	case !authed:
+		return c.violation(&typedsocket.Error{Text: "unauthenticated: " + method + " before registerCloudlyClientSession on this socket", Data: json.RawMessage("null")})
+	case method == contracts.MethodRegisterClusterRelay:
+		return nil
+	case !attached:
+		return c.violation(&typedsocket.Error{Text: "relay-not-connected: " + method + " on a socket whose relay registration Cloudly did not accept", Data: json.RawMessage("null")})
+	}
+	return nil
 }
 
 func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
@@ -248,15 +297,25 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 	}
 	h := c.handlers[req.Method]
 	c.mu.Unlock()
+	if err := c.gate(conn, req.Method); err != nil {
+		answer(nil, err)
+		return
+	}
 	if h != nil {
 		answer(h(req.Body))
 		return
 	}
 	switch req.Method {
 	case contracts.MethodRegisterCloudlyClientSession:
-		answer(c.clientSession(req.Body))
+		body, err := c.clientSession(req.Body)
+		if err == nil {
+			c.mu.Lock()
+			c.authed[conn] = true
+			c.mu.Unlock()
+		}
+		answer(body, err)
 	case contracts.MethodRegisterClusterRelay:
-		body, err := c.registerRelay(req.Body)
+		body, err := c.registerRelay(conn, req.Body)
 		answer(body, err)
 		if err == nil {
 			c.attach(conn)
@@ -266,8 +325,27 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 	case contracts.MethodGetClusterRouteTable:
 		answer(json.RawMessage(`{"table":null}`), nil) // none computed yet, until ServeIngress says otherwise
 	default:
-		answer(json.RawMessage(`{"accepted":true}`), nil)
+		answer(c.fromNode(req.Body))
 	}
+}
+
+// fromNode answers a forwarded node → Cloudly request. One that carries a session must name a
+// node Cloudly issued a session to (the sim does not compare the whole binding: tests send
+// placeholder sessions).
+func (c *Cloudly) fromNode(body json.RawMessage) (json.RawMessage, error) {
+	id, ok, err := contracts.ReadSessionNodeID(body)
+	if err != nil {
+		return nil, &typedsocket.Error{Text: "request-invalid: the request's session is unreadable", Data: json.RawMessage("null")}
+	}
+	if ok {
+		c.mu.Lock()
+		_, known := c.sessions[id]
+		c.mu.Unlock()
+		if !known {
+			return nil, &typedsocket.Error{Text: "session-mismatch: no session was issued to node " + id, Data: json.RawMessage("null")}
+		}
+	}
+	return json.RawMessage(`{"accepted":true}`), nil
 }
 
 // refuseOffer judges a peer's offer the way every Cloudly carrier does: read as data, negotiate.
@@ -286,14 +364,17 @@ func (c *Cloudly) clientSession(body json.RawMessage) (json.RawMessage, error) {
 	if err := c.refuseOffer(body); err != nil {
 		return nil, err
 	}
-	raw, _, _ := contracts.Lookup(body, "jwt")
-	if jwt, err := contracts.ReadString(raw); err != nil || jwt != c.Token {
+	members, err := contracts.ReadObject(body)
+	if err != nil || !contracts.HasExactKeys(members, "protocol", "jwt") {
+		return nil, contracts.RelayRequestInvalid.Refuse("registerCloudlyClientSession must use its exact schema { protocol, jwt }")
+	}
+	if jwt, err := contracts.ReadString(contracts.MembersByKey(members)["jwt"]); err != nil || jwt != c.Token {
 		return nil, &typedsocket.Error{Text: "unauthenticated: the machine JWT is not valid", Data: json.RawMessage("null")}
 	}
 	return json.Marshal(contracts.CloudlyClientSessionResponse{Protocol: c.Offer})
 }
 
-func (c *Cloudly) registerRelay(body json.RawMessage) (json.RawMessage, error) {
+func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (json.RawMessage, error) {
 	if err := c.refuseOffer(body); err != nil {
 		return nil, err // a refused offer consumes no sequence
 	}
@@ -304,6 +385,15 @@ func (c *Cloudly) registerRelay(body json.RawMessage) (json.RawMessage, error) {
 	_ = json.Unmarshal(body, &reg)
 	c.mu.Lock()
 	c.sequences = append(c.sequences, reg.RegistrationSequence)
+	// registrationSequence counts up once per registration within one relay process and restarts
+	// at 0 with a new process: anything else that does not exceed the last accepted one is
+	// relay-sequence-not-advancing.
+	if reg.RegistrationSequence != 0 && reg.RegistrationSequence <= c.lastSeq {
+		last := c.lastSeq
+		c.mu.Unlock()
+		return nil, c.violation(&typedsocket.Error{Text: fmt.Sprintf("%s: registrationSequence %d does not exceed the last accepted %d",
+			contracts.RelaySequenceNotAdvancing, reg.RegistrationSequence, last), Data: json.RawMessage("null")})
+	}
 	refusal := c.refuseAll
 	if refusal == nil && len(c.refusals) > 0 {
 		refusal, c.refusals = c.refusals[0], c.refusals[1:]
@@ -312,12 +402,16 @@ func (c *Cloudly) registerRelay(body json.RawMessage) (json.RawMessage, error) {
 	if refusal != nil {
 		return nil, refusal
 	}
+	c.mu.Lock()
+	// Accepted: the socket is the relay's before the answer leaves, so whatever the relay sends
+	// once it reads the answer is judged as coming from the registered relay.
+	c.lastSeq, c.attachedTo = reg.RegistrationSequence, conn
+	c.mu.Unlock()
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
 }
 
 func (c *Cloudly) attach(conn *typedsocket.Conn) {
 	c.mu.Lock()
-	c.attachedTo = conn
 	close(c.attachedSig)
 	c.attachedSig = make(chan struct{})
 	cs := c.corestores
@@ -339,30 +433,47 @@ func (c *Cloudly) registerNode(body json.RawMessage) (json.RawMessage, error) {
 		return nil, err
 	}
 	var reg struct {
-		Bearer               string `json:"bearer"`
-		NodeID               string `json:"nodeId"`
-		CredentialGeneration int    `json:"credentialGeneration"`
-		NodeInstanceNonce    string `json:"nodeInstanceNonce"`
+		Bearer               string   `json:"bearer"`
+		NodeID               string   `json:"nodeId"`
+		CredentialGeneration int      `json:"credentialGeneration"`
+		NodeInstanceNonce    string   `json:"nodeInstanceNonce"`
+		ResolvedAuthorities  []string `json:"resolvedAuthorities"`
 	}
-	if json.Unmarshal(body, &reg) != nil || !contracts.IsClusterNodeID(reg.NodeID) || !contracts.IsCanonicalUUID(reg.NodeInstanceNonce) {
+	members, err := contracts.ReadObject(body)
+	if err != nil || !contracts.HasExactKeys(members, "protocol", "bearer", "credentialGeneration", "nodeInstanceNonce", "nodeId", "resolvedAuthorities") ||
+		json.Unmarshal(body, &reg) != nil || !contracts.IsClusterNodeID(reg.NodeID) || !contracts.IsCanonicalUUID(reg.NodeInstanceNonce) ||
+		!canonicalAuthorities(reg.ResolvedAuthorities) {
 		return nil, &typedsocket.Error{Text: "registration-invalid: the registration body is not valid", Data: json.RawMessage("null")}
 	}
 	if reg.Bearer != "bearer-"+reg.NodeID {
 		return nil, &typedsocket.Error{Text: "bearer-refused: the bearer is not the node's current credential", Data: json.RawMessage("null")}
 	}
 	c.mu.Lock()
+	defer c.mu.Unlock()
 	c.nodes[reg.NodeID]++
-	epoch := c.nodes[reg.NodeID]
-	c.mu.Unlock()
-	return json.Marshal(map[string]any{
-		"session": map[string]any{
-			"controller":       map[string]any{"kind": "cloudly", "id": "cloudly-sim"},
-			"clusterId":        c.ClusterID,
-			"nodeId":           reg.NodeID,
-			"runtimeNamespace": "rt-" + c.ClusterID,
-			"generation":       reg.CredentialGeneration,
-			"epoch":            epoch,
-		},
-		"protocol": c.Offer,
+	session, _ := json.Marshal(map[string]any{
+		"controller":       map[string]any{"kind": "cloudly", "id": "cloudly-sim"},
+		"clusterId":        c.ClusterID,
+		"nodeId":           reg.NodeID,
+		"runtimeNamespace": "rt-" + c.ClusterID,
+		"generation":       reg.CredentialGeneration,
+		"epoch":            c.nodes[reg.NodeID],
 	})
+	c.sessions[reg.NodeID] = session
+	return json.Marshal(map[string]any{"session": json.RawMessage(session), "protocol": c.Offer})
+}
+
+// canonicalAuthorities: resolvedAuthorities is a strictly increasing (sorted, duplicate-free)
+// subset of network, secrets, storage.
+func canonicalAuthorities(a []string) bool {
+	if a == nil {
+		return false
+	}
+	allowed := map[string]bool{"network": true, "secrets": true, "storage": true}
+	for i, v := range a {
+		if !allowed[v] || i > 0 && a[i-1] >= v {
+			return false
+		}
+	}
+	return true
 }

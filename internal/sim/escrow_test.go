@@ -2,6 +2,7 @@ package sim
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 
@@ -50,6 +51,7 @@ func TestCountRenewalsAdmitsByTheNodeRules(t *testing.T) {
 	n := NewNode("-node-1", zerolog.Nop())
 	now := int64(1_764_417_600_000 + 1000)
 	n.Now = func() int64 { return now }
+	n.session = simSession // the binding the node obtained: pushes must come under it
 	c := CountRenewals(n)
 	run := EscrowRun{Session: simSession, Start: time.UnixMilli(1_764_417_600_000), Count: 3, Step: 2 * time.Second, Window: 3 * time.Second}
 	h, _ := run.build()
@@ -60,9 +62,24 @@ func TestCountRenewalsAdmitsByTheNodeRules(t *testing.T) {
 		n.mu.Unlock()
 		f(body)
 	}
-	apply(0) // current: accepted
-	apply(0) // again: replay
-	apply(1) // not yet open: refused
+	n.mu.Lock()
+	f := n.handlers[contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal]
+	n.mu.Unlock()
+	otherEpoch := json.RawMessage(`{"controller":{"kind":"cloudly","id":"cloudly-sim"},"clusterId":"cluster-sim",` +
+		`"nodeId":"-node-1","runtimeNamespace":"rt-cluster-sim","generation":1,"epoch":2}`)
+	for name, body := range map[string][]byte{
+		"another session": contracts.AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(nil, otherEpoch, h.Renewals[0].AppendJSON(nil)),
+		"an extra key":    append(contracts.AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(nil, simSession, h.Renewals[0].AppendJSON(nil))[:0:0], []byte(`{"session":`+string(simSession)+`,"signed":`+string(h.Renewals[0].AppendJSON(nil))+`,"nodeId":"-node-1"}`)...),
+		"a broken digest": contracts.AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(nil, simSession, []byte(strings.Replace(string(h.Renewals[0].AppendJSON(nil)), `"sequence":1`, `"sequence":9`, 1))),
+	} {
+		if _, err := f(body); err == nil {
+			t.Fatalf("the node admitted a renewal pushed with %s", name)
+		}
+	}
+	c = CountRenewals(n) // forget the refusals above
+	apply(0)             // current: accepted
+	apply(0)             // again: replay
+	apply(1)             // not yet open: refused
 	now += 2000
 	apply(1) // open now: accepted
 	var statuses []string

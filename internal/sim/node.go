@@ -37,6 +37,8 @@ type Node struct {
 	received map[string]int        // guarded by mu: requests per method from the relay
 	last     map[string][]byte     // guarded by mu: the newest body per method
 	renewal  *admittedRenewal      // guarded by mu: the newest admitted DNS lease renewal
+	// violations: pushes from the relay no relay may send; guarded by mu
+	violations []string
 
 	registrations atomic.Int64 // accepted registrations
 	detached      atomic.Bool  // the relay said it is detaching: send nothing but registrations
@@ -115,12 +117,52 @@ func (n *Node) Register(ctx context.Context) (json.RawMessage, error) {
 	if err != nil {
 		return nil, err
 	}
-	session, _, _ := contracts.Lookup(resp, "session")
+	session, err := n.bindRegistration(resp)
+	if err != nil {
+		return nil, err
+	}
 	n.mu.Lock()
 	n.session = session
 	n.mu.Unlock()
 	n.registrations.Add(1)
 	return resp, nil
+}
+
+// bindRegistration checks the registration answer as Pallet does before it trusts the binding:
+// exactly { session, protocol }, an offer it can serve, and a session for this node — an answer
+// carried back to the wrong node, or reshaped on the way, is not this node's session.
+func (n *Node) bindRegistration(resp json.RawMessage) (json.RawMessage, error) {
+	members, err := contracts.ReadObject(resp)
+	if err != nil || !contracts.HasExactKeys(members, "session", "protocol") {
+		return nil, fmt.Errorf("node %s: registration answer must be exactly { session, protocol }", n.ID)
+	}
+	offer, err := contracts.ReadProtocolOffer(resp)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: registration answer offer: %w", n.ID, err)
+	}
+	if r, _ := contracts.NegotiateProtocol(n.Offer, offer); r != nil {
+		return nil, fmt.Errorf("node %s: %s", n.ID, contracts.DescribeProtocolRefusal(*r))
+	}
+	session := contracts.MembersByKey(members)["session"]
+	s, err := contracts.ReadRuntimeSession(session)
+	if err != nil {
+		return nil, fmt.Errorf("node %s: registration answer session: %w", n.ID, err)
+	}
+	if s.NodeID != n.ID {
+		return nil, fmt.Errorf("node %s: registration answer binds node %s", n.ID, s.NodeID)
+	}
+	return session, nil
+}
+
+// checkSession is the node's routing rule for every Cloudly → node request: the node it names
+// (request.session.nodeId, else request.nodeId) is this node. A request the relay carried to the
+// wrong node is refused, never answered as if it were this node's.
+func (n *Node) checkSession(body json.RawMessage) error {
+	id, ok, err := contracts.ReadRouteNodeID(body)
+	if err != nil || !ok || id != n.ID {
+		return &typedsocket.Error{Text: "session-mismatch: the request names node " + id + ", not " + n.ID, Data: json.RawMessage("null")}
+	}
+	return nil
 }
 
 // Registrations is the number of accepted registrations.
@@ -193,8 +235,19 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	}
 	switch req.Method {
 	case contracts.MethodPushRelayUpstreamChanged:
-		attached, _, _ := contracts.Lookup(req.Body, "attached")
-		if v, _ := contracts.ReadBool(attached); !v {
+		members, err := contracts.ReadObject(req.Body)
+		v, isBool := false, false
+		if err == nil && contracts.HasExactKeys(members, "attached") {
+			v, isBool = contracts.ReadBool(members[0].Value)
+		}
+		if !isBool {
+			n.mu.Lock()
+			n.violations = append(n.violations, "pushRelayUpstreamChanged is not exactly { attached: boolean }: "+string(req.Body))
+			n.mu.Unlock()
+			req.Fail(contracts.RelayRequestInvalid.Refuse("pushRelayUpstreamChanged must be exactly { attached: boolean }"))
+			return
+		}
+		if !v {
 			n.detached.Store(true) // before the answer: nothing is sent after it
 			req.Respond(json.RawMessage(`{}`))
 			return
@@ -214,8 +267,19 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 		body, err := n.admitRenewal(req.Body)
 		req.Answer(typedsocket.Reply{Response: body, Err: err})
 	default:
+		if err := n.checkSession(req.Body); err != nil {
+			req.Fail(err)
+			return
+		}
 		req.Respond(json.RawMessage(`{"status":"accepted"}`))
 	}
+}
+
+// Violations lists what the relay sent the node that no relay may send (malformed pushes).
+func (n *Node) Violations() []string {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	return append([]string(nil), n.violations...)
 }
 
 var nopLog = zerolog.Nop()

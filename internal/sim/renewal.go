@@ -5,68 +5,92 @@ import (
 	"encoding/json"
 	"time"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
 // admittedRenewal is the newest DNS lease renewal the node admitted.
 type admittedRenewal struct {
 	sequence int64
+	window   contracts.DnsWindow
 	signed   []byte
 }
 
+// renewalWire is the part of an apply request CountRenewals records (best effort, any body).
 type renewalWire struct {
 	Signed struct {
 		Renewal struct {
-			Projection json.RawMessage `json:"projection"`
-			Sequence   int64           `json:"sequence"`
-			Digest     string          `json:"digest"`
-			DNS        struct {
-				IssuedAt  int64 `json:"issuedAt"`
-				NotBefore int64 `json:"notBefore"`
-				ExpiresAt int64 `json:"expiresAt"`
-			} `json:"dns"`
+			Sequence int64 `json:"sequence"`
 		} `json:"renewal"`
 	} `json:"signed"`
 }
 
-// admitRenewal plays the node's admitRuntimeNetworkDnsLeaseRenewal rules that a sender's timing
-// must respect: the window must be current; a higher sequence is accepted, an equal one with
-// byte-identical content is a replay, anything else is refused. It verifies no signature (the
-// simulator holds no trust) and answers { status, renewal } with the renewal's reference.
-func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
-	var w renewalWire
-	if err := json.Unmarshal(body, &w); err != nil {
-		return nil, &typedsocket.Error{Text: "renewal-invalid: unreadable request", Data: json.RawMessage("null")}
-	}
-	signed := signedBytes(body)
-	r := w.Signed.Renewal
-	now := n.Now()
-	if now < r.DNS.NotBefore || now >= r.DNS.ExpiresAt {
-		return nil, &typedsocket.Error{Text: "renewal-not-current: the window is not current", Data: json.RawMessage("null")}
-	}
-	status := "accepted"
-	n.mu.Lock()
-	prev := n.renewal
-	switch {
-	case prev != nil && r.Sequence == prev.sequence && bytes.Equal(prev.signed, signed):
-		status = "replay"
-	case prev != nil && r.Sequence <= prev.sequence:
-		n.mu.Unlock()
-		return nil, &typedsocket.Error{Text: "renewal-stale: the sequence does not advance", Data: json.RawMessage("null")}
-	default:
-		n.renewal = &admittedRenewal{sequence: r.Sequence, signed: signed}
-	}
-	n.mu.Unlock()
-	return json.Marshal(map[string]any{
-		"status":  status,
-		"renewal": map[string]any{"projection": r.Projection, "sequence": r.Sequence, "digest": r.Digest},
-	})
+func renewalRefused(text string) error {
+	return &typedsocket.Error{Text: text, Data: json.RawMessage("null")}
 }
 
-func signedBytes(body json.RawMessage) []byte {
-	var m map[string]json.RawMessage
-	_ = json.Unmarshal(body, &m)
-	return m["signed"]
+// admitRenewal plays the node's side of applyRuntimeNetworkDnsLeaseRenewal (seed:
+// bindApplyRuntimeNetworkDnsLeaseRenewalRequest, then admitRuntimeNetworkDnsLeaseRenewal):
+//   - the request is exactly { session, signed };
+//   - session is the node's current session binding ("requires the node's current
+//     physical-session binding", whoever sent it: a relay pushes under the binding the node
+//     obtained itself);
+//   - signed is an exact ISignedRuntimeNetworkDnsLeaseRenewal whose renewal's digest is valid,
+//     in that session's scope (controller, nodeId, runtimeNamespace);
+//   - an equal sequence with byte-identical content is a replay, whatever now is; otherwise the
+//     window must be current (notBefore <= now < expiresAt), the sequence higher than the
+//     previous one, and the window must not move issuedAt back and must end later.
+//
+// It verifies no signature (the simulator holds no trust) and answers { status, renewal } with
+// the renewal's reference.
+func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
+	members, err := contracts.ReadObject(body)
+	if err != nil || !contracts.HasExactKeys(members, "session", "signed") {
+		return nil, renewalRefused("renewal-invalid: the request must be exactly { session, signed }")
+	}
+	m := contracts.MembersByKey(members)
+	n.mu.Lock()
+	current := n.session
+	n.mu.Unlock()
+	if current == nil || !contracts.EqualJSON(m["session"], current) {
+		return nil, renewalRefused("session-mismatch: the request does not carry the node's current session binding")
+	}
+	session, err := contracts.ReadRuntimeSession(current)
+	if err != nil {
+		return nil, renewalRefused("session-mismatch: the node's session binding is unreadable")
+	}
+	signed, err := contracts.ReadSignedRuntimeNetworkDnsLeaseRenewal(m["signed"])
+	if err != nil {
+		return nil, renewalRefused("renewal-invalid: " + err.Error())
+	}
+	r := signed.Renewal
+	if r.NodeID != session.NodeID || r.RuntimeNamespace != session.RuntimeNamespace || !contracts.EqualJSON(r.Controller, session.Controller) {
+		return nil, renewalRefused("renewal-foreign-scope: the renewal is not in the session's scope")
+	}
+	reference := func(status string) (json.RawMessage, error) {
+		return json.Marshal(map[string]any{
+			"status": status,
+			"renewal": map[string]any{"projection": map[string]any{
+				"id": r.Projection.ID, "generation": r.Projection.Generation, "digest": r.Projection.Digest,
+			}, "sequence": r.Sequence, "digest": r.Digest},
+		})
+	}
+	now := n.Now()
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	prev := n.renewal
+	switch {
+	case prev != nil && r.Sequence == prev.sequence && bytes.Equal(prev.signed, m["signed"]):
+		return reference(contracts.ApplyStatusReplay)
+	case !r.Dns.Current(now):
+		return nil, renewalRefused("renewal-not-current: the window is not current")
+	case prev != nil && r.Sequence <= prev.sequence:
+		return nil, renewalRefused("renewal-stale: the sequence does not advance")
+	case prev != nil && (r.Dns.IssuedAt < prev.window.IssuedAt || r.Dns.ExpiresAt <= prev.window.ExpiresAt):
+		return nil, renewalRefused("renewal-window-regressed: the window must not move issuedAt back and must end later")
+	}
+	n.renewal = &admittedRenewal{sequence: r.Sequence, window: r.Dns, signed: append([]byte(nil), m["signed"]...)}
+	return reference(contracts.ApplyStatusAccepted)
 }
 
 // AdmittedRenewalSequence is the sequence of the newest admitted renewal, or 0.

@@ -293,7 +293,8 @@ func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 				defer wg.Done()
 				cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
 				defer cancel()
-				body, _ := json.Marshal(map[string]any{"session": map[string]any{"nodeId": n.ID}, "assignment": map[string]any{"sequence": seq}})
+				// Cloudly addresses the node by the session it issued it, as every runtime-session request does.
+				body, _ := json.Marshal(map[string]any{"session": s.Cloudly.Session(n.ID), "assignment": map[string]any{"sequence": seq}})
 				if _, err := s.Cloudly.Call(cctx, "readRuntimeAssignmentStats", body); err == nil {
 					s.requests.Add(1)
 				}
