@@ -131,7 +131,13 @@ func (e *Env) Shutdown() { e.stopOnce.Do(e.stop) }
 // earlier to count what outlives them.
 func (e *Env) Close() {
 	e.Shutdown()
-	e.closeOnce.Do(e.Cloudly.Close)
+	e.closeOnce.Do(func() {
+		e.Cloudly.Close()
+		// The Cloudly stand-in judges the relay's order; whatever it refused fails the test.
+		for _, v := range e.Cloudly.Violations() {
+			e.T.Errorf("the relay broke Cloudly's order: %s", v)
+		}
+	})
 }
 
 // WaitAttached waits until the relay and Cloudly both see an accepted registration.
@@ -161,7 +167,12 @@ func (e *Env) Dial(id string) *sim.Node {
 	if err := n.Connect(ctx, e.URL); err != nil {
 		e.T.Fatal(err)
 	}
-	e.T.Cleanup(n.Close)
+	e.T.Cleanup(func() {
+		n.Close()
+		for _, v := range n.Violations() {
+			e.T.Errorf("the relay sent %s what no relay may send: %s", id, v)
+		}
+	})
 	return n
 }
 
