@@ -184,7 +184,8 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
 	case contracts.IsLocalOnlyMethod(m):
 		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	case contracts.IsServedToCloudly(m) || m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
+	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) ||
+		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
 		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
 	default:
 		r.forwardToCloudly(p, req)
