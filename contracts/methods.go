@@ -58,6 +58,19 @@ func IsServedToCloudly(m string) bool {
 	return IsIsolatedRestoreMethod(m)
 }
 
+// IsRelayCallToCloudly reports whether m is one of the methods the relay calls on Cloudly for
+// itself (SPEC §5: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable).
+// Cloudly answers them on the relay's socket as the relay's own, so they are never forwarded for a
+// downstream peer: a node could otherwise read the route table with its keys, or re-register the
+// relay.
+func IsRelayCallToCloudly(m string) bool {
+	switch m {
+	case MethodRegisterCloudlyClientSession, MethodRegisterClusterRelay, MethodGetClusterRouteTable:
+		return true
+	}
+	return false
+}
+
 // IsLocalOnlyMethod reports whether m belongs to a controller on the node's own host and never
 // crosses the relay (seed: exec and volume archives are Onebox-only; the local controller binds
 // itself with bindPalletLocalRuntimeController). Refused with relay-method-local-only.

@@ -49,6 +49,11 @@ type peer struct {
 	role    role                     // guarded by mu
 	session contracts.RuntimeSession // guarded by mu: set once a node registration is accepted
 	gone    bool                     // guarded by mu: the connection has ended; it binds no node
+	// escrowBound (guarded by mu) is set once escrow has been told NodeBound for this connection
+	// and not yet NodeGone. bindNode tells escrow outside mu, so a connection may end in between;
+	// whichever of bindNode and peerGone sees both gone and escrowBound tells NodeGone, so escrow
+	// always hears NodeGone after the last NodeBound of a connection that has ended.
+	escrowBound bool
 }
 
 // ID implements Peer.
@@ -145,12 +150,14 @@ func (r *Relay) peerGone(p *peer) {
 	p.gone = true
 	id := p.session.NodeID
 	unbound := id != "" && r.nodes.unbind(id, p)
+	tellEscrow := unbound && p.escrowBound
+	p.escrowBound = false
 	p.mu.Unlock()
 	if unbound {
 		r.metrics.nodes.Dec()
-		if e := r.feats.Escrow; e != nil {
-			e.NodeGone(p)
-		}
+	}
+	if e := r.feats.Escrow; e != nil && tellEscrow {
+		e.NodeGone(p)
 	}
 	if in := r.feats.Ingress; in != nil {
 		in.PeerGone(p)
@@ -184,7 +191,8 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
 	case contracts.IsLocalOnlyMethod(m):
 		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	case contracts.IsServedToCloudly(m) || m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
+	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) ||
+		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
 		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
 	default:
 		r.forwardToCloudly(p, req)
@@ -287,6 +295,15 @@ func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "accepted").Msg("node registered")
 	if e := r.feats.Escrow; e != nil {
 		e.NodeBound(p)
+		// The connection may have ended since it was bound, its end reported before escrow heard
+		// of the binding: escrow must not keep a dead connection as the node's carrier.
+		p.mu.Lock()
+		p.escrowBound = !p.gone
+		ended := p.gone
+		p.mu.Unlock()
+		if ended {
+			e.NodeGone(p)
+		}
 	}
 	return nil
 }

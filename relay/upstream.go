@@ -250,10 +250,16 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 // register sends registerClusterRelay on conn. An acceptance is recorded on conn's read loop,
 // before it reads Cloudly's next message: Cloudly may send requests right after accepting, and
 // they must be served as coming from the attached session (escrow holds) even though this
-// goroutine has not recorded the attachment yet.
+// goroutine has not recorded the attachment yet. Custody resumes there too, so that the
+// configuration push that follows an acceptance (relay: null ends it again) is not undone.
 func (u *upstream) register(ctx context.Context, conn *typedsocket.Conn, body json.RawMessage) (json.RawMessage, error) {
 	return conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
 		if rep.Err == nil && u.acceptable(rep.Response) {
+			// Cloudly dispatches to the relay again: custody resumes here, ordered before the
+			// configuration push that follows the acceptance, which may end it again (relay: null).
+			u.mu.Lock()
+			u.custody = ""
+			u.mu.Unlock()
 			u.accepted.Store(conn)
 		}
 	})
@@ -350,7 +356,7 @@ func (u *upstream) endCustody(name contracts.RefusalName) {
 
 func (u *upstream) setAttached(conn *typedsocket.Conn, origin string, seq int64) {
 	u.mu.Lock()
-	u.conn, u.origin, u.custody = conn, origin, ""
+	u.conn, u.origin = conn, origin // custody resumed on the read loop (register)
 	u.mu.Unlock()
 	u.r.metrics.attached.Set(1)
 	u.r.metrics.attaches.Inc()
