@@ -138,8 +138,10 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	go func() {
 		p.conn.Run(r.serveCtx)
 		r.metrics.connections.Dec()
-		r.peers.remove(p)
+		// peerGone before remove: shutdown waits for every peer to be removed, then closes the
+		// features peerGone reports to.
 		r.peerGone(p)
+		r.peers.remove(p)
 	}()
 }
 
