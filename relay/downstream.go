@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/coder/websocket"
@@ -24,6 +25,10 @@ const (
 	nodeMaxQueueBytes = 16 << 20
 	nodeMaxInflight   = 256
 )
+
+// MaxRegistrationsInFlight bounds the registrations (node or ingress) one downstream connection
+// has at Cloudly at once; more are refused relay-node-busy without being forwarded.
+const MaxRegistrationsInFlight = 4
 
 // closeSuperseded is the WebSocket close status of a connection whose node registered again on
 // another connection (project-defined, in the application range).
@@ -54,6 +59,34 @@ type peer struct {
 	// whichever of bindNode and peerGone sees both gone and escrowBound tells NodeGone, so escrow
 	// always hears NodeGone after the last NodeBound of a connection that has ended.
 	escrowBound bool
+	// registering counts this connection's registrations at Cloudly (MaxRegistrationsInFlight).
+	registering atomic.Int32
+}
+
+// startRegistration takes one of the connection's registration slots; false when all are taken.
+// endRegistration gives it back.
+func (p *peer) startRegistration() bool {
+	if p.registering.Add(1) > MaxRegistrationsInFlight {
+		p.registering.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (p *peer) endRegistration() { p.registering.Add(-1) }
+
+// errRegistrationBusy is the answer to a registration beyond MaxRegistrationsInFlight.
+func errRegistrationBusy() error {
+	return contracts.RelayNodeBusy.Refuse("%d registrations of this connection are already with Cloudly", MaxRegistrationsInFlight)
+}
+
+// takeBody hands over a request's body for forwarding and drops the request's hold on it: the
+// request waits for its answer (up to the call timeout) and needs nothing of its body meanwhile,
+// which would otherwise keep the whole frame it was read from.
+func takeBody(req *typedsocket.Request) json.RawMessage {
+	b := req.Body
+	req.Body = nil
+	return b
 }
 
 // ID implements Peer.
@@ -178,7 +211,12 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 			reply(nil, contracts.RelaySessionForeign.Refuse("this connection carries node %s; one connection carries one peer", p.nodeID()))
 			return
 		}
-		f.Ingress.Register(p, req.Body, func(body json.RawMessage, err error) {
+		if !p.startRegistration() {
+			reply(nil, errRegistrationBusy())
+			return
+		}
+		f.Ingress.Register(p, takeBody(req), func(body json.RawMessage, err error) {
+			p.endRegistration()
 			if err == nil && f.Ingress.IsIngress(p) {
 				p.setRole(roleIngress)
 				p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
@@ -246,7 +284,12 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, name.Refuse("Cloudly does not dispatch to this relay"))
 		return
 	}
-	r.up.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+	if !p.startRegistration() {
+		outcome(nil, errRegistrationBusy())
+		return
+	}
+	r.up.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
+		p.endRegistration()
 		if err != nil {
 			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
 			return
@@ -329,10 +372,10 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
 		return
 	}
-	start := time.Now()
-	r.up.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+	start, size := time.Now(), len(req.Body)
+	r.up.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		r.forwarded("to_cloudly", err)
-		r.logForward(req.Method, node, len(req.Body), err, start)
+		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
 	})
 }
@@ -356,10 +399,10 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelayNodeNotCarried.Refuse("%s", node))
 		return
 	}
-	start := time.Now()
-	p.Call(req.Method, req.Body, func(body json.RawMessage, err error) {
+	start, size := time.Now(), len(req.Body)
+	p.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		r.forwarded("to_node", err)
-		r.logForward(req.Method, node, len(req.Body), err, start)
+		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
 	})
 }

@@ -39,6 +39,7 @@ type Cloudly struct {
 	refuseAll   error                      // guarded by mu: the answer to every registration while set
 	last        map[string][]byte          // guarded by mu: the newest request body per method
 	handlers    map[string]MethodFunc      // guarded by mu
+	async       map[string]AsyncMethodFunc // guarded by mu
 	received    map[string]int             // guarded by mu: requests per method from the relay
 	nodes       map[string]int             // guarded by mu: accepted registrations per node
 	sessions    map[string][]byte          // guarded by mu: the current session binding per node
@@ -56,6 +57,10 @@ type Cloudly struct {
 // MethodFunc serves one method Cloudly receives.
 type MethodFunc func(body json.RawMessage) (json.RawMessage, error)
 
+// AsyncMethodFunc serves one method Cloudly receives and answers it later, from any goroutine,
+// through reply (exactly once). It runs on the socket's read loop and must not block.
+type AsyncMethodFunc func(body json.RawMessage, reply func(json.RawMessage, error))
+
 // NewCloudly starts a Cloudly stand-in on a loopback port.
 func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
@@ -66,7 +71,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		ClusterID: "cluster-sim", Token: "sim-machine-jwt", Offer: contracts.RelayOffer,
 		Origin: "https://relay.cluster-sim.serve.zone:8443",
 		log:    log.With().Str("component", "sim-cloudly").Logger(), ln: ln,
-		handlers: make(map[string]MethodFunc), received: make(map[string]int), nodes: make(map[string]int),
+		handlers: make(map[string]MethodFunc), async: make(map[string]AsyncMethodFunc), received: make(map[string]int), nodes: make(map[string]int),
 		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
 		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
@@ -100,6 +105,15 @@ func (c *Cloudly) Drop() {
 func (c *Cloudly) Handle(method string, f MethodFunc) {
 	c.mu.Lock()
 	c.handlers[method] = f
+	c.mu.Unlock()
+}
+
+// HandleAsync serves method with f, which may hold its answer: Cloudly keeps reading meanwhile.
+// The request body is handed to f and not kept by Cloudly, so that what a held request costs is
+// the relay's alone.
+func (c *Cloudly) HandleAsync(method string, f AsyncMethodFunc) {
+	c.mu.Lock()
+	c.async[method] = f
 	c.mu.Unlock()
 }
 
@@ -296,9 +310,16 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		c.last[req.Method] = append([]byte(nil), req.Body...)
 	}
 	h := c.handlers[req.Method]
+	ah := c.async[req.Method]
 	c.mu.Unlock()
 	if err := c.gate(conn, req.Method); err != nil {
 		answer(nil, err)
+		return
+	}
+	if ah != nil {
+		body := req.Body
+		req.Body = nil
+		ah(body, answer)
 		return
 	}
 	if h != nil {
