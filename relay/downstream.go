@@ -26,6 +26,12 @@ const (
 	nodeMaxInflight   = 256
 )
 
+// NodeMaxUpstreamBytes bounds the bytes of one connection's requests forwarded to Cloudly and not
+// yet answered: its share of the one upstream socket's queue (256 MiB), so that a node sending
+// max-size messages cannot fill the queue every node shares. A request beyond it is refused
+// relay-node-busy; one request always fits when none is in flight.
+const NodeMaxUpstreamBytes = 32 << 20
+
 // MaxRegistrationsInFlight bounds the registrations (node or ingress) one downstream connection
 // has at Cloudly at once; more are refused relay-node-busy without being forwarded.
 const MaxRegistrationsInFlight = 4
@@ -61,6 +67,22 @@ type peer struct {
 	escrowBound bool
 	// registering counts this connection's registrations at Cloudly (MaxRegistrationsInFlight).
 	registering atomic.Int32
+	// upstreamBytes is the size of this connection's requests at Cloudly (NodeMaxUpstreamBytes).
+	upstreamBytes atomic.Int64
+}
+
+// reserveUpstream takes n bytes of the connection's share of the upstream socket; false when they
+// do not fit. The first request always fits.
+func (p *peer) reserveUpstream(n int) bool {
+	for {
+		held := p.upstreamBytes.Load()
+		if held > 0 && held+int64(n) > NodeMaxUpstreamBytes {
+			return false
+		}
+		if p.upstreamBytes.CompareAndSwap(held, held+int64(n)) {
+			return true
+		}
+	}
 }
 
 // startRegistration takes one of the connection's registration slots; false when all are taken.
@@ -373,7 +395,12 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		return
 	}
 	start, size := time.Now(), len(req.Body)
+	if !p.reserveUpstream(size) {
+		r.answer(req, nil, contracts.RelayNodeBusy.Refuse("node %s has %d MiB of requests at Cloudly already", node, NodeMaxUpstreamBytes>>20))
+		return
+	}
 	r.up.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
+		p.upstreamBytes.Add(-int64(size))
 		r.forwarded("to_cloudly", err)
 		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
