@@ -23,9 +23,6 @@ import (
 // while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
 // node's 1 MiB log batch must still be taken.
 func TestOneNodeCannotTakeTheWholeUpstreamQueue(t *testing.T) {
-	if raceEnabled {
-		t.Skip("moves 256 MiB through the relay's JSON readers; far too slow under the race detector")
-	}
 	e := start(t, relay.Features{})
 	stalled, unblock := make(chan struct{}), make(chan struct{})
 	e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) {
