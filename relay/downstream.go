@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net"
 	"net/http"
 	"strings"
@@ -31,6 +32,16 @@ const (
 // max-size messages cannot fill the queue every node shares. A request beyond it is refused
 // relay-node-busy; one request always fits when none is in flight.
 const NodeMaxUpstreamBytes = 32 << 20
+
+// Downstream connections that have not registered (no accepted node or ingress registration):
+// at most MaxUnregistered at once, beyond which an upgrade is answered 503, and each is closed
+// (1008) when it has none RegisterDeadline after connecting and none is in flight. Every
+// WebSocket peer of the relay registers first, so only an anonymous client is affected; the
+// bound is above a reconnect storm of 10 000 nodes.
+const (
+	MaxUnregistered  = 16384
+	RegisterDeadline = 60 * time.Second
+)
 
 // MaxRegistrationsInFlight bounds the registrations (node or ingress) one downstream connection
 // has at Cloudly at once; more are refused relay-node-busy without being forwarded.
@@ -65,6 +76,11 @@ type peer struct {
 	// whichever of bindNode and peerGone sees both gone and escrowBound tells NodeGone, so escrow
 	// always hears NodeGone after the last NodeBound of a connection that has ended.
 	escrowBound bool
+	// waiting (guarded by mu) is set while the connection counts in Relay.waiting: from the
+	// upgrade until a registration is accepted or the connection ends. deadline closes it when
+	// RegisterDeadline passes first.
+	waiting  bool
+	deadline *time.Timer
 	// registering counts this connection's registrations at Cloudly (MaxRegistrationsInFlight).
 	registering atomic.Int32
 	// upstreamBytes is the size of this connection's requests at Cloudly (NodeMaxUpstreamBytes).
@@ -166,8 +182,15 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		r.feats.Registry.ServeHTTP(w, req)
 		return
 	}
+	if r.waiting.Add(1) > r.maxWaiting {
+		r.waiting.Add(-1)
+		r.metrics.unregistered.WithLabelValues("limit").Inc()
+		http.Error(w, "too many connections waiting to register", http.StatusServiceUnavailable)
+		return
+	}
 	ws, err := websocket.Accept(w, req, nil)
 	if err != nil {
+		r.waiting.Add(-1)
 		return // Accept has answered
 	}
 	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
@@ -183,9 +206,14 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		DeadTimeout:   r.deadTimeout,
 	})
 	if !r.peers.add(p) {
+		r.waiting.Add(-1)
 		p.conn.CloseNow() // shutting down
 		return
 	}
+	p.mu.Lock()
+	p.waiting = true
+	p.deadline = time.AfterFunc(r.registerDeadline, func() { r.registrationOverdue(p) })
+	p.mu.Unlock()
 	r.metrics.connections.Inc()
 	// Serve the connection on a fresh goroutine and let the HTTP handler return: the hijacked
 	// socket is ours, and the server's goroutine, its deep stack and the upgrade request it holds
@@ -205,6 +233,7 @@ func (r *Relay) peerGone(p *peer) {
 	// registration Cloudly accepts after the connection ended cannot bind the dead connection.
 	p.mu.Lock()
 	p.gone = true
+	p.leaveWaitingLocked()
 	id := p.session.NodeID
 	unbound := id != "" && r.nodes.unbind(id, p)
 	tellEscrow := unbound && p.escrowBound
@@ -238,7 +267,7 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 			return
 		}
 		f.Ingress.Register(p, takeBody(req), func(body json.RawMessage, err error) {
-			p.endRegistration()
+			defer p.endRegistration() // after the binding: a registration in flight holds off the deadline
 			if err == nil && f.Ingress.IsIngress(p) {
 				p.setRole(roleIngress)
 				p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
@@ -270,7 +299,37 @@ func (p *peer) roleIs(want role) bool {
 func (p *peer) setRole(ro role) {
 	p.mu.Lock()
 	p.role = ro
+	p.leaveWaitingLocked()
 	p.mu.Unlock()
+}
+
+// leaveWaitingLocked takes the connection out of the unregistered ones, when a registration is
+// accepted or the connection ends. Called with p.mu held.
+func (p *peer) leaveWaitingLocked() {
+	if !p.waiting {
+		return
+	}
+	p.waiting = false
+	p.deadline.Stop()
+	p.r.waiting.Add(-1)
+}
+
+// registrationOverdue closes a connection that has no accepted registration RegisterDeadline
+// after connecting; one with a registration at Cloudly gets another RegisterDeadline.
+func (r *Relay) registrationOverdue(p *peer) {
+	p.mu.Lock()
+	overdue := p.waiting
+	if overdue && p.registering.Load() > 0 {
+		p.deadline.Reset(r.registerDeadline)
+		overdue = false
+	}
+	p.mu.Unlock()
+	if !overdue {
+		return
+	}
+	r.metrics.unregistered.WithLabelValues("overdue").Inc()
+	r.downLog.Info().Str("remote", p.remote).Str("outcome", "registration-overdue").Msg("closing a connection that did not register")
+	p.conn.Close(websocket.StatusPolicyViolation, fmt.Sprintf("no accepted registration within %s", r.registerDeadline))
 }
 
 // registerNode judges a node registration in the seed's server order — the bounded body (the
@@ -311,7 +370,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		return
 	}
 	r.up.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
-		p.endRegistration()
+		defer p.endRegistration() // after the binding: a registration in flight holds off the deadline
 		if err != nil {
 			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
 			return
@@ -348,6 +407,7 @@ func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	}
 	first := p.session.NodeID == ""
 	p.session, p.role = s, roleNode
+	p.leaveWaitingLocked()
 	old := r.nodes.bind(s.NodeID, p) // under p.mu, ordered with peerGone's unbind
 	p.mu.Unlock()
 	if first {

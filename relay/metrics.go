@@ -20,6 +20,7 @@ type metrics struct {
 	forwarded     *prometheus.CounterVec // direction, outcome
 	refusals      *prometheus.CounterVec // name
 	dropped       *prometheus.CounterVec // reason
+	unregistered  *prometheus.CounterVec // reason: connections refused or closed before registering
 	upstreamQueue prometheus.GaugeFunc
 }
 
@@ -46,13 +47,15 @@ func newMetrics(reg prometheus.Registerer, upstreamQueue, downstreamQueue func()
 			Help: "Requests the relay itself refused, by refusal name."}, []string{"name"}),
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "dropped_total",
 			Help: "Messages the relay did not deliver, by reason."}, []string{"reason"}),
+		unregistered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "unregistered_closed_total",
+			Help: "Connections refused or closed before a registration was accepted, by reason: limit, overdue."}, []string{"reason"}),
 		upstreamQueue: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "queued_frames",
 			Help: "Frames waiting to be written to Cloudly."}, upstreamQueue),
 	}
 	downQueue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "queued_frames",
 		Help: "Frames waiting to be written to downstream connections, summed."}, downstreamQueue)
 	reg.MustRegister(m.attached, m.attaches, m.detaches, m.upstreamRegs, m.connections, m.nodes, m.nodeRegs,
-		m.forwarded, m.refusals, m.dropped, m.upstreamQueue, downQueue)
+		m.forwarded, m.refusals, m.dropped, m.unregistered, m.upstreamQueue, downQueue)
 	return m
 }
 

@@ -48,6 +48,10 @@ type Relay struct {
 
 	// Timings of every socket; zero means the SPEC §2 defaults. Tests shorten them.
 	pingInterval, deadTimeout time.Duration
+
+	waiting          atomic.Int64  // downstream connections without an accepted registration
+	maxWaiting       int64         // set at construction: more are refused at the upgrade
+	registerDeadline time.Duration // set at construction: a connection registers within it or is closed
 }
 
 // Options adjust a Relay beyond its Config, for tests and `relay dev`.
@@ -56,13 +60,24 @@ type Options struct {
 	Registerer   prometheus.Registerer // where metrics are registered; nil: Registry
 	PingInterval time.Duration
 	DeadTimeout  time.Duration
+	// Bounds on downstream connections that have not registered; zero means the defaults
+	// (MaxUnregistered, RegisterDeadline). Tests lower them.
+	MaxUnregistered  int
+	RegisterDeadline time.Duration
 }
 
 // New builds a relay. cfg must have been completed (Config.Complete).
 func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, error) {
 	r := &Relay{cfg: cfg, feats: feats, log: log, registry: opts.Registry,
 		downLog:      log.With().Str("component", "downstream").Logger(),
-		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout}
+		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout,
+		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline}
+	if r.maxWaiting <= 0 {
+		r.maxWaiting = MaxUnregistered
+	}
+	if r.registerDeadline <= 0 {
+		r.registerDeadline = RegisterDeadline
+	}
 	if r.registry == nil {
 		r.registry = NewRegistry()
 	}

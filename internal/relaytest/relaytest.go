@@ -41,9 +41,12 @@ type Options struct {
 	Features     relay.Features
 	PingInterval time.Duration // zero: the relay's default (15 s)
 	DeadTimeout  time.Duration // zero: the relay's default (45 s)
-	Configure    func(*relay.Config)
-	Quiet        bool               // log nothing (benchmarks): debug logging costs per request
-	Cloudly      func(*sim.Cloudly) // runs before the relay dials
+	// Bounds on unregistered downstream connections; zero: the relay's defaults.
+	MaxUnregistered  int
+	RegisterDeadline time.Duration
+	Configure        func(*relay.Config)
+	Quiet            bool               // log nothing (benchmarks): debug logging costs per request
+	Cloudly          func(*sim.Cloudly) // runs before the relay dials
 	// LogLevel is the level of Env.Log; zero is debug.
 	LogLevel zerolog.Level
 	// Logs collects the log lines; nil: a new Buffer. Pass one to share it with peers started
@@ -96,7 +99,8 @@ func Start(t testing.TB, o Options) *Env {
 			return relay.New(cfg, o.Features, log, opts)
 		}
 	}
-	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout})
+	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout,
+		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline})
 	if err != nil {
 		t.Fatal(err)
 	}
