@@ -311,6 +311,7 @@ func (p *peer) leaveWaitingLocked() {
 	}
 	p.waiting = false
 	p.deadline.Stop()
+	p.deadline = nil // an idle registered connection holds no timer
 	p.r.waiting.Add(-1)
 }
 
