@@ -34,6 +34,7 @@ func startStack(direct bool) (*stack, error) {
 		return nil, err
 	}
 	if direct {
+		c.AcceptNodesDirectly()
 		return &stack{cloudly: c, url: c.URL(), stop: c.Close}, nil
 	}
 	dir, err := os.MkdirTemp("", "relay-bench-")

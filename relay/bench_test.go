@@ -87,6 +87,7 @@ func benchTarget(b *testing.B, via string) (string, func()) {
 		if err != nil {
 			b.Fatal(err)
 		}
+		c.AcceptNodesDirectly()
 		return c.URL(), c.Close
 	}
 	e := relaytest.Start(b, relaytest.Options{Quiet: true, PingInterval: typedsocket.DefaultPingInterval, DeadTimeout: typedsocket.DefaultDeadTimeout})

@@ -51,6 +51,7 @@ type Cloudly struct {
 
 	registrations atomic.Int64 // accepted relay registrations
 	slowness      atomic.Int64 // nanoseconds added before every answer
+	direct        atomic.Bool  // nodes may talk to this Cloudly without a relay (AcceptNodesDirectly)
 	unavailable   atomic.Bool  // refuse the relay's sockets, as an unreachable Cloudly would
 }
 
@@ -277,6 +278,11 @@ func (c *Cloudly) violation(err *typedsocket.Error) error {
 	return err
 }
 
+// AcceptNodesDirectly lets nodes talk to this Cloudly with no relay between them, the baseline of
+// the benchmarks: a socket that opened no client session is served as a node's own. A relay's
+// socket is judged as before.
+func (c *Cloudly) AcceptNodesDirectly() { c.direct.Store(true) }
+
 // gate is Cloudly's order on one socket: the client session first, then the relay's
 // registration, and only then anything the relay forwards or asks for itself.
 func (c *Cloudly) gate(conn *typedsocket.Conn, method string) error {
@@ -286,6 +292,8 @@ func (c *Cloudly) gate(conn *typedsocket.Conn, method string) error {
 	switch {
 	case method == contracts.MethodRegisterCloudlyClientSession:
 		return nil
+	case !authed && c.direct.Load():
+		return nil // a node's own socket, no relay between (AcceptNodesDirectly)
 	case !authed:
 		return c.violation(&typedsocket.Error{Text: "unauthenticated: " + method + " before registerCloudlyClientSession on this socket", Data: json.RawMessage("null")})
 	case method == contracts.MethodRegisterClusterRelay:
