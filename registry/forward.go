@@ -193,14 +193,24 @@ func checkRedirect(req *http.Request, via []*http.Request) error {
 }
 
 // safeError is an error fit for a log: a *url.Error quotes the URL (and its query, which may
-// carry a signed token), so only its cause is kept.
+// carry a signed token), so only its cause is kept. A cause that quotes a URL itself — Go's
+// client quotes a redirect's whole Location when it does not parse, a signed storage URL
+// included — is replaced by errUnfollowable.
 func safeError(err error) error {
 	var ue *url.Error
 	if errors.As(err, &ue) {
-		return ue.Err
+		err = ue.Err
+	}
+	if err != nil {
+		if msg := err.Error(); strings.Contains(msg, "Location") || strings.Contains(msg, "://") {
+			return errUnfollowable
+		}
 	}
 	return err
 }
+
+// errUnfollowable stands in the log for an error that would quote a URL.
+var errUnfollowable = errors.New("the upstream's answer names a URL that cannot be followed")
 
 // countingWriter counts body bytes and keeps the status for the log. It passes ReadFrom on, so
 // a file copied to a plain-TCP caller still goes by sendfile.
