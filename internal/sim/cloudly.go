@@ -48,11 +48,21 @@ type Cloudly struct {
 	violations  []string                   // guarded by mu: what the relay sent that Cloudly refused as out of order
 	corestores  []contracts.CorestoreOrigin
 	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
+	afterAccept []afterCall   // guarded by mu: sent right after every accepted registration
 
 	registrations atomic.Int64 // accepted relay registrations
 	slowness      atomic.Int64 // nanoseconds added before every answer
 	direct        atomic.Bool  // nodes may talk to this Cloudly without a relay (AcceptNodesDirectly)
 	unavailable   atomic.Bool  // refuse the relay's sockets, as an unreachable Cloudly would
+	disabled      atomic.Bool  // the operator disabled the relay: config pushes carry relay: null
+	configPushes  atomic.Int64 // pushClusterRelayConfig answered without error
+}
+
+// afterCall is a request Cloudly sends on the relay's socket right after accepting its registration.
+type afterCall struct {
+	method string
+	body   json.RawMessage
+	done   func(typedsocket.Reply)
 }
 
 // MethodFunc serves one method Cloudly receives.
@@ -278,6 +288,22 @@ func (c *Cloudly) violation(err *typedsocket.Error) error {
 	return err
 }
 
+// CallAfterAccepting has Cloudly send method with body on the relay's socket right after every
+// registration it accepts (after the configuration push), before the relay can have recorded its
+// attachment; done gets each answer.
+func (c *Cloudly) CallAfterAccepting(method string, body json.RawMessage, done func(typedsocket.Reply)) {
+	c.mu.Lock()
+	c.afterAccept = append(c.afterAccept, afterCall{method, body, done})
+	c.mu.Unlock()
+}
+
+// DisableRelay plays an operator disabling the relay: every configuration push carries
+// relay: null, and node registrations are refused relay-cluster-not-enabled.
+func (c *Cloudly) DisableRelay() { c.disabled.Store(true) }
+
+// ConfigPushes is the number of pushClusterRelayConfig the relay answered without error.
+func (c *Cloudly) ConfigPushes() int64 { return c.configPushes.Load() }
+
 // AcceptNodesDirectly lets nodes talk to this Cloudly with no relay between them, the baseline of
 // the benchmarks: a socket that opened no client session is served as a node's own. A relay's
 // socket is judged as before.
@@ -345,9 +371,10 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		answer(body, err)
 	case contracts.MethodRegisterClusterRelay:
 		body, err := c.registerRelay(conn, req.Body)
+		cfg := c.configPush() // built first: the push leaves right behind the answer, as Cloudly's does
 		answer(body, err)
 		if err == nil {
-			c.attach(conn)
+			c.attach(conn, cfg)
 		}
 	case contracts.MethodRegisterPalletRuntimeSession:
 		answer(c.registerNode(req.Body))
@@ -439,20 +466,37 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
 }
 
-func (c *Cloudly) attach(conn *typedsocket.Conn) {
+// configPush is the pushClusterRelayConfig body Cloudly sends after accepting a registration.
+func (c *Cloudly) configPush() json.RawMessage {
 	c.mu.Lock()
-	close(c.attachedSig)
-	c.attachedSig = make(chan struct{})
 	cs := c.corestores
 	c.mu.Unlock()
-	c.registrations.Add(1)
 	if cs == nil {
 		cs = []contracts.CorestoreOrigin{}
 	}
-	cfg, _ := json.Marshal(map[string]any{"config": contracts.ClusterRelayConfig{
-		ClusterID: c.ClusterID, Relay: &contracts.ClusterRelay{Origin: c.Origin}, Corestores: cs,
-	}})
-	conn.CallAsync(contracts.MethodPushClusterRelayConfig, cfg, 0, func(typedsocket.Reply) {})
+	relay := &contracts.ClusterRelay{Origin: c.Origin}
+	if c.disabled.Load() {
+		relay = nil
+	}
+	cfg, _ := json.Marshal(map[string]any{"config": contracts.ClusterRelayConfig{ClusterID: c.ClusterID, Relay: relay, Corestores: cs}})
+	return cfg
+}
+
+func (c *Cloudly) attach(conn *typedsocket.Conn, cfg json.RawMessage) {
+	c.mu.Lock()
+	close(c.attachedSig)
+	c.attachedSig = make(chan struct{})
+	after := append([]afterCall(nil), c.afterAccept...)
+	c.mu.Unlock()
+	c.registrations.Add(1)
+	conn.CallAsync(contracts.MethodPushClusterRelayConfig, cfg, 0, func(rep typedsocket.Reply) {
+		if rep.Err == nil {
+			c.configPushes.Add(1)
+		}
+	})
+	for _, a := range after {
+		conn.CallAsync(a.method, a.body, 0, a.done)
+	}
 }
 
 // registerNode plays Cloudly's node registration: the offer first, then the bearer, then a
@@ -460,6 +504,9 @@ func (c *Cloudly) attach(conn *typedsocket.Conn) {
 func (c *Cloudly) registerNode(body json.RawMessage) (json.RawMessage, error) {
 	if err := c.refuseOffer(body); err != nil {
 		return nil, err
+	}
+	if c.disabled.Load() {
+		return nil, contracts.RelayClusterNotEnabled.Refuse("the relay of cluster %s is disabled", c.ClusterID)
 	}
 	var reg struct {
 		Bearer               string   `json:"bearer"`
