@@ -87,9 +87,11 @@ func TestBogusSourcesWithinTheirOwnLimitDoNotStarveAMember(t *testing.T) {
 		dialFrom(t, th, fmt.Sprintf("127.0.1.%d", 10+i), stranger, "node-x")
 	}
 	err := dialFrom(t, th, "127.0.2.1", member, "node-a")
-	t.Logf("rate-limited %v, refused as unknown %v", th.handshakes(outcomeRateLimited), th.handshakes("vpn-member-unknown"))
 	if err != nil {
 		t.Fatalf("a member's first handshake from its own address was refused: %v", err)
+	}
+	if unknown, limited := th.handshakes("vpn-member-unknown"), th.handshakes(outcomeRateLimited); unknown != 20 || limited != 0 {
+		t.Fatalf("20 strangers inside their own limits: %v refused vpn-member-unknown, %v rate-limited; want 20 and 0", unknown, limited)
 	}
 }
 
