@@ -18,14 +18,15 @@ const module = "code.foss.global/serve.zone/relay"
 // centre, feature packages beside each other, relay wiring them, cmd/relay on top.
 var layers = map[string]struct{ own, third []string }{
 	"contracts":            {},
+	"internal/backoff":     {},
 	"internal/typedsocket": {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
 	"escrow":               {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"ingress":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"restore":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"vpnhub":               {own: []string{"contracts"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
-	"relay":                {own: []string{"contracts", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"vpnhub":               {own: []string{"contracts", "internal/backoff"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
+	"relay":                {own: []string{"contracts", "internal/backoff", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"faults":               {}, // tests only
 	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},

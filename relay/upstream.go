@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/backoff"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -139,7 +140,7 @@ func upstreamError(err error, method string) error {
 
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.
 func (u *upstream) run(ctx context.Context) {
-	bo := newBackoff()
+	bo := backoff.New()
 	for {
 		wait := u.session(ctx, bo)
 		if ctx.Err() != nil {
@@ -157,14 +158,14 @@ func (u *upstream) run(ctx context.Context) {
 }
 
 // session runs one socket from dial to loss and returns how long to wait before the next.
-func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
+func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Duration {
 	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	client, raw := u.dialClient()
 	ws, _, err := websocket.Dial(dctx, u.r.cfg.CloudlyURL, &websocket.DialOptions{HTTPClient: client})
 	cancel()
 	if err != nil {
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
-		return bo.next()
+		return bo.Next()
 	}
 	conn := typedsocket.New(ws, typedsocket.Options{
 		Handler:       typedsocket.HandlerFunc(u.serve),
@@ -191,18 +192,18 @@ func (u *upstream) session(ctx context.Context, bo *backoff) time.Duration {
 	if wait, ok := u.attach(ctx, conn, bo); !ok {
 		return wait
 	}
-	bo.reset()
+	bo.Reset()
 	<-conn.Done()
 	u.detach(context.Cause(conn.Context()), ctx.Err() != nil || u.stopping.Load())
-	return bo.next()
+	return bo.Next()
 }
 
 // attach opens the Cloudly client session and registers the relay on conn.
-func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backoff) (time.Duration, bool) {
+func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backoff.Backoff) (time.Duration, bool) {
 	jwt, err := ReadToken(u.r.cfg.CloudlyTokenFile)
 	if err != nil {
 		u.log.Error().Err(err).Msg("cannot open a Cloudly session")
-		return bo.next(), false
+		return bo.Next(), false
 	}
 	cctx, cancel := context.WithTimeout(ctx, attachTimeout)
 	defer cancel()
@@ -240,7 +241,7 @@ func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backo
 	if !ok {
 		u.r.metrics.upstreamRegs.WithLabelValues("failed").Inc()
 		u.log.Warn().Str("outcome", "malformed").Msg("Cloudly's registration answer names no canonical origin")
-		return bo.next(), false
+		return bo.Next(), false
 	}
 	u.r.metrics.upstreamRegs.WithLabelValues("accepted").Inc()
 	u.setAttached(conn, origin, seq)
@@ -292,11 +293,11 @@ func (u *upstream) originOf(resp json.RawMessage) (string, bool) {
 }
 
 // judgeOffer negotiates the offer Cloudly answered with, from the relay's side.
-func (u *upstream) judgeOffer(what string, resp json.RawMessage, bo *backoff) (time.Duration, bool) {
+func (u *upstream) judgeOffer(what string, resp json.RawMessage, bo *backoff.Backoff) (time.Duration, bool) {
 	offer, err := contracts.ReadProtocolOffer(resp)
 	if err != nil {
 		u.log.Warn().Str("step", what).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
-		return bo.next(), false
+		return bo.Next(), false
 	}
 	refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer)
 	if refusal != nil {
@@ -307,14 +308,14 @@ func (u *upstream) judgeOffer(what string, resp json.RawMessage, bo *backoff) (t
 }
 
 // refused handles a refused or failed attach step and returns the wait before the next try.
-func (u *upstream) refused(what string, err error, bo *backoff) time.Duration {
+func (u *upstream) refused(what string, err error, bo *backoff.Backoff) time.Duration {
 	var remote *typedsocket.Error
 	if !errors.As(err, &remote) {
 		if what == "cluster relay registration" {
 			u.r.metrics.upstreamRegs.WithLabelValues("failed").Inc()
 		}
 		u.log.Warn().Err(err).Str("step", what).Str("outcome", "failed").Msg("attach failed")
-		return bo.next()
+		return bo.Next()
 	}
 	if pr, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
@@ -336,7 +337,7 @@ func (u *upstream) refused(what string, err error, bo *backoff) time.Duration {
 	if contracts.IsUndispatchedRefusal(name) {
 		u.endCustody(name)
 	}
-	return bo.next()
+	return bo.Next()
 }
 
 // endCustody: Cloudly says it does not dispatch to this relay. Drop what is held for the nodes,
