@@ -29,6 +29,16 @@ const (
 	MethodPushClusterIngressRouteTableChanged = "pushClusterIngressRouteTableChanged"
 )
 
+// The seed's relay → Cloudly rows (platform desired state, database closures, secret recipient
+// enrollment): calls the relay makes for itself, never accepted from a node or the ingress.
+const (
+	MethodGetClusterPlatformDesiredState    = "getClusterPlatformDesiredState"
+	MethodBackupServiceDatabaseClosure      = "backupServiceDatabaseClosure"
+	MethodRestoreServiceDatabaseClosure     = "restoreServiceDatabaseClosure"
+	MethodBeginSecretRecipientEnrollment    = "beginSecretRecipientEnrollment"
+	MethodCompleteSecretRecipientEnrollment = "completeSecretRecipientEnrollment"
+)
+
 var isolatedRestoreMethods = [...]string{
 	MethodPrepareIsolatedRestoreOnNode, MethodStageIsolatedRestoreArchive, MethodGetIsolatedRestoreProgressOnNode,
 	MethodExecuteIsolatedRestoreOnNode, MethodCleanupIsolatedRestoreOnNode,
@@ -59,13 +69,15 @@ func IsServedToCloudly(m string) bool {
 }
 
 // IsRelayCallToCloudly reports whether m is one of the methods the relay calls on Cloudly for
-// itself (SPEC §5: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable).
-// Cloudly answers them on the relay's socket as the relay's own, so they are never forwarded for a
-// downstream peer: a node could otherwise read the route table with its keys, or re-register the
-// relay.
+// itself (SPEC §5: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable and the
+// seed's five relay → Cloudly rows). Cloudly answers them on the relay's socket as the relay's
+// own, so they are never forwarded for a downstream peer: a node could otherwise read the route
+// table with its keys, re-register the relay, or act for the cluster.
 func IsRelayCallToCloudly(m string) bool {
 	switch m {
-	case MethodRegisterCloudlyClientSession, MethodRegisterClusterRelay, MethodGetClusterRouteTable:
+	case MethodRegisterCloudlyClientSession, MethodRegisterClusterRelay, MethodGetClusterRouteTable,
+		MethodGetClusterPlatformDesiredState, MethodBackupServiceDatabaseClosure, MethodRestoreServiceDatabaseClosure,
+		MethodBeginSecretRecipientEnrollment, MethodCompleteSecretRecipientEnrollment:
 		return true
 	}
 	return false

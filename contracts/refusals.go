@@ -181,15 +181,20 @@ const (
 	RelayCallTimeout RefusalName = "relay-call-timeout"
 	// A node → Cloudly request while the upstream socket's send queue is full.
 	RelayUpstreamBusy RefusalName = "relay-upstream-busy"
+	// A VirtualStream frame naming a stream the relay never bound to the sender's side (§5.1).
+	RelayStreamUnknown RefusalName = "relay-stream-unknown"
+	// A VirtualStream frame from Cloudly for a stream whose node connection has ended (§5.1).
+	RelayStreamGone RefusalName = "relay-stream-gone"
 )
 
 var relayRefusals = [...]RefusalName{
 	RelayMethodUnknown, RelayUpstreamDetached, RelayNodeNotCarried, RelaySessionForeign, RelayNodeBusy,
 	RelayMethodLocalOnly, RelayIngressOnly, RelayVPNHubOff, RelayRequestInvalid, RelayCallTimeout, RelayUpstreamBusy,
+	RelayStreamUnknown, RelayStreamGone,
 }
 
 // RelayRefusals lists the project-defined relay refusal names.
-func RelayRefusals() [11]RefusalName { return relayRefusals }
+func RelayRefusals() [13]RefusalName { return relayRefusals }
 
 // Project-defined VPN hub refusals (SPEC §7): the reason phrase of the QUIC application close
 // (error code 1) starts with one of them.

@@ -1,0 +1,137 @@
+package contracts
+
+import "bytes"
+
+// Streams (SPEC §5.1; seed-named, shaped by the published TypedRequest library 3.3.0). A stream
+// travels inside a request or answer body as the marker { "_isVirtualStream": true, "streamId" }
+// at any depth; its own traffic is frames with method MethodVirtualStream whose request (or, in a
+// chunk's answer, whose response) carries streamId. The library correlates a stream's cycles
+// itself (cycleId), sends stream frames without an envelope correlation and answers them without
+// switching phase, and ends a stream with a chunk whose data is StreamClosingBit.
+const (
+	MethodVirtualStream = "##VirtualStream##"
+	StreamClosingBit    = "#############CLOSING BIT#############"
+	// MaxStreamIDLen bounds a streamId the relay keeps (project-defined): the library's ids are
+	// short unique strings.
+	MaxStreamIDLen = 256
+)
+
+var (
+	streamMarkerKey  = []byte(`"_isVirtualStream"`)
+	streamClosingBit = []byte(`"` + StreamClosingBit + `"`)
+)
+
+// HasStreamMarker is the cheap test before FindStreamMarkers: whether body may hold a marker. A
+// body without the marker's key spelled plainly holds none the relay binds.
+func HasStreamMarker(body []byte) bool { return bytes.Contains(body, streamMarkerKey) }
+
+// IsStreamClosing reports whether a stream frame carries the library's closing chunk.
+func IsStreamClosing(frame []byte) bool { return bytes.Contains(frame, streamClosingBit) }
+
+// FindStreamMarkers calls fn with the streamId of every stream marker in body: an object, at any
+// depth, whose "_isVirtualStream" member is true and whose "streamId" member is a string of 1 to
+// MaxStreamIDLen bytes. Other members of a marker are ignored. It reads body in one pass and
+// allocates only the ids it reports; an error from fn stops the walk and is returned, as is a
+// syntax error in body.
+func FindStreamMarkers(body []byte, fn func(streamID string) error) error {
+	if !HasStreamMarker(body) {
+		return nil
+	}
+	i := skipSpace(body, 0)
+	end, err := walkMarkers(body, i, 0, fn)
+	if err != nil {
+		return err
+	}
+	return trailing(body, end)
+}
+
+// walkMarkers reads the value at b[i], reporting the markers inside it, and returns the offset
+// just after it. Every byte is read once: scalars are scanned, composites walked.
+func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
+	if i >= len(b) {
+		return i, &SyntaxError{i, "unexpected end of input"}
+	}
+	switch b[i] {
+	case '{', '[':
+	default:
+		return scanValue(b, i, depth)
+	}
+	if depth >= MaxJSONDepth {
+		return i, &SyntaxError{i, "nesting too deep"}
+	}
+	closer := byte(']')
+	if b[i] == '{' {
+		closer = '}'
+	}
+	var marked, hasID bool
+	var id []byte
+	i = skipSpace(b, i+1)
+	if i < len(b) && b[i] == closer {
+		return i + 1, nil
+	}
+	for {
+		var key []byte
+		if closer == '}' {
+			keyEnd, err := scanString(b, i)
+			if err != nil {
+				return keyEnd, err
+			}
+			key = decodeStringBytes(b[i:keyEnd]) // no copy unless escaped
+			i = skipSpace(b, keyEnd)
+			if i >= len(b) || b[i] != ':' {
+				return i, &SyntaxError{i, "expected : after object key"}
+			}
+			i = skipSpace(b, i+1)
+		}
+		start := i
+		end, err := walkMarkers(b, i, depth+1, fn)
+		if err != nil {
+			return end, err
+		}
+		switch {
+		case closer != '}':
+		case string(key) == "_isVirtualStream":
+			marked = string(b[start:end]) == "true"
+		case string(key) == "streamId":
+			id, hasID = nil, false
+			if b[start] == '"' {
+				id, hasID = decodeStringBytes(b[start:end]), true
+			}
+		}
+		i = skipSpace(b, end)
+		if i >= len(b) {
+			return i, &SyntaxError{i, "unterminated object or array"}
+		}
+		if b[i] == closer {
+			if marked && hasID && len(id) > 0 && len(id) <= MaxStreamIDLen {
+				if err := fn(string(id)); err != nil {
+					return i, err
+				}
+			}
+			return i + 1, nil
+		}
+		if b[i] != ',' {
+			return i, &SyntaxError{i, "expected , or " + string(closer)}
+		}
+		i = skipSpace(b, i+1)
+	}
+}
+
+// ReadStreamFrameID reads the streamId a stream frame names: request.streamId, else (a chunk's
+// answer, whose request the library sets to null) response.streamId. ok is false when neither
+// holds a string of 1 to MaxStreamIDLen bytes.
+func ReadStreamFrameID(request, response []byte) (streamID string, ok bool) {
+	for _, body := range [2][]byte{request, response} {
+		if KindOf(body) != KindObject {
+			continue
+		}
+		raw, has, err := Lookup(body, "streamId")
+		if err != nil || !has {
+			continue
+		}
+		if id, err := ReadString(raw); err == nil && id != "" && len(id) <= MaxStreamIDLen {
+			return id, true
+		}
+	}
+	return "", false
+}
