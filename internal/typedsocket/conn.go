@@ -32,6 +32,8 @@ var (
 	ErrClosed    = errors.New("typedsocket: connection closed")
 	ErrTimeout   = errors.New("typedsocket: no answer within the call timeout")
 	ErrQueueFull = errors.New("typedsocket: send queue full")
+	// ErrOverShare is a request or frame whose bytes do not fit the share it is charged to.
+	ErrOverShare = errors.New("typedsocket: over the peer's share of the memory budget")
 	// ErrMalformedAnswer is an answer whose envelope could be correlated but not read.
 	ErrMalformedAnswer = errors.New("typedsocket: malformed answer")
 )
@@ -43,6 +45,27 @@ type Handler interface {
 	ServeRequest(c *Conn, r *Request)
 }
 
+// StreamHandler takes the peer's VirtualStream frames (SPEC §5.1) on the read loop, in the order
+// the peer sent them. It must not block.
+type StreamHandler interface {
+	ServeStream(c *Conn, f *StreamFrame)
+}
+
+// StreamHandlerFunc adapts a function to StreamHandler.
+type StreamHandlerFunc func(c *Conn, f *StreamFrame)
+
+// ServeStream calls f.
+func (f StreamHandlerFunc) ServeStream(c *Conn, sf *StreamFrame) { f(c, sf) }
+
+// StreamFrame is one VirtualStream frame as read: routed by StreamID, forwarded whole.
+type StreamFrame struct {
+	StreamID string
+	ID       string // correlation.id; "" when the frame carries none
+	Phase    Phase  // correlation.phase; 0 without a correlation
+	Closing  bool   // the frame carries the library's closing chunk
+	Frame    []byte // the whole frame, to forward untouched
+}
+
 // HandlerFunc adapts a function to Handler.
 type HandlerFunc func(c *Conn, r *Request)
 
@@ -51,17 +74,20 @@ func (f HandlerFunc) ServeRequest(c *Conn, r *Request) { f(c, r) }
 
 // Options configure a Conn.
 type Options struct {
-	Handler       Handler        // nil answers every request relay-method-unknown
-	PingInterval  time.Duration  // WebSocket ping cadence (15 s)
-	DeadTimeout   time.Duration  // a peer silent this long is gone; also bounds one write (45 s)
-	CallTimeout   time.Duration  // per-call default (60 s)
-	ReadLimit     int64          // largest message read (64 KiB); raise with SetReadLimit
-	MaxQueue      int            // requests queued for sending (256)
-	MaxQueueBytes int            // bytes queued for sending (16 MiB)
-	MaxInflight   int            // peer requests being served at once (1024)
-	BusyError     error          // the answer beyond MaxInflight (relay-node-busy)
-	Cork          *CorkConn      // the socket under the WebSocket, if wrapped: bursts leave in one write
-	Logger        zerolog.Logger // component logger; bodies are never logged
+	Handler       Handler             // nil answers every request relay-method-unknown
+	PingInterval  time.Duration       // WebSocket ping cadence (15 s)
+	DeadTimeout   time.Duration       // a peer silent this long is gone; also bounds one write (45 s)
+	CallTimeout   time.Duration       // per-call default (60 s)
+	ReadLimit     int64               // largest message read (64 KiB); raise with SetReadLimit
+	MaxQueue      int                 // requests queued for sending (256)
+	MaxQueueBytes int                 // bytes queued for sending (16 MiB)
+	MaxInflight   int                 // peer requests being served at once (1024)
+	BusyError     error               // the answer beyond MaxInflight (relay-node-busy)
+	Share         Share               // charged for what this connection holds for its peer; nil: nothing charged
+	Streams       StreamHandler       // nil answers every stream frame relay-stream-unknown
+	Dropped       func(reason string) // counts a frame dropped without an answer; nil: not counted
+	Cork          *CorkConn           // the socket under the WebSocket, if wrapped: bursts leave in one write
+	Logger        zerolog.Logger      // component logger; bodies are never logged
 }
 
 func (o *Options) fill() {
@@ -97,6 +123,9 @@ type Reply struct {
 	Response json.RawMessage
 	Err      error
 	Retry    json.RawMessage
+	// Charge, on an answer, is the share that holds its bytes until written (SPEC §15): the
+	// downstream peer the answer comes from. nil: the connection's own Options.Share.
+	Charge Share
 }
 
 // Conn is one TypedRequest peer on a WebSocket: it calls and serves concurrently. One read loop
@@ -120,6 +149,7 @@ type Conn struct {
 	lastHeard atomic.Int64 // unix nanos of the last message or pong
 	pinging   atomic.Bool  // a ping is outstanding
 	writing   atomic.Bool  // the send loop is inside a write
+	lastWrite atomic.Int64 // unix nanos when the send loop last finished a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
 }
@@ -137,6 +167,7 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
 	ws.SetReadLimit(opts.ReadLimit)
 	c.lastHeard.Store(time.Now().UnixNano())
+	c.lastWrite.Store(time.Now().UnixNano())
 	return c
 }
 
@@ -152,6 +183,12 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Inflight is the number of the peer's requests whose answer has not been written yet.
 func (c *Conn) Inflight() int64 { return c.inflight.Load() }
+
+// Stalled reports whether the peer is not reading: frames wait to be written and no write has
+// finished for d.
+func (c *Conn) Stalled(d time.Duration) bool {
+	return (c.sendq.len() > 0 || c.writing.Load()) && time.Since(time.Unix(0, c.lastWrite.Load())) > d
+}
 
 // QueueLen is the number of frames waiting to be written.
 func (c *Conn) QueueLen() int { return c.sendq.len() }
@@ -221,33 +258,59 @@ func (c *Conn) readLoop() error {
 			return errors.New("peer sent a binary message")
 		}
 		env, err := Decode(frame)
-		if err != nil {
-			var de *DecodeError
-			errors.As(err, &de)
-			if de.ID != "" && de.Phase == PhaseRequest {
-				c.answer(de.Method, de.ID, Reply{Err: contracts.RelayRequestInvalid.Refuse("%s", de.Reason)})
+		switch {
+		case err == nil && env.IsStream():
+			f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame)}
+			if c.opts.Streams == nil {
+				c.RefuseStream(f, contracts.RelayStreamUnknown.Refuse("%s: this connection carries no streams", f.StreamID))
 				continue
 			}
-			c.opts.Logger.Debug().Int("bytes", len(frame)).Str("outcome", "malformed").Msg(de.Reason)
-			if de.ID == "" {
-				c.ws.Close(websocket.StatusPolicyViolation, "malformed envelope")
+			c.opts.Streams.ServeStream(c, f)
+		case err == nil && env.Phase == PhaseRequest:
+			c.dispatch(env, nil)
+		case err == nil:
+			c.resolve(env)
+		default:
+			if err := c.malformed(err.(*DecodeError), len(frame)); err != nil {
 				return err
 			}
-			if p := c.take(de.ID); p != nil {
-				p.timer.Stop()
-				p.done(Reply{Err: fmt.Errorf("%w: %s", ErrMalformedAnswer, de.Reason)})
-			}
-			continue
-		}
-		if env.Phase == PhaseRequest {
-			c.dispatch(env)
-		} else {
-			c.resolve(env)
 		}
 	}
 }
 
-func (c *Conn) dispatch(env Envelope) {
+// malformed handles a frame Decode refused. What names a request is answered by name, an answer
+// completes its call as malformed, a stream frame without a correlation is dropped; only a frame
+// that breaks the framing itself (no usable correlation on anything but a stream frame) ends the
+// connection, and then the returned error says why.
+func (c *Conn) malformed(de *DecodeError, size int) error {
+	switch {
+	case de.ID != "" && de.Phase == PhaseRequest:
+		c.dispatch(Envelope{Method: de.Method, ID: de.ID}, contracts.RelayRequestInvalid.Refuse("%s", de.Reason))
+	case de.ID != "":
+		if p := c.take(de.ID); p != nil {
+			p.timer.Stop()
+			p.done(Reply{Err: fmt.Errorf("%w: %s", ErrMalformedAnswer, de.Reason)})
+		}
+	case de.Stream:
+		c.dropped("stream-frame-malformed")
+	default:
+		c.opts.Logger.Warn().Int("bytes", size).Str("outcome", "malformed").Msg("closing: " + de.Reason)
+		c.ws.Close(websocket.StatusPolicyViolation, "malformed envelope")
+		return de
+	}
+	return nil
+}
+
+func (c *Conn) dropped(reason string) {
+	if c.opts.Dropped != nil {
+		c.opts.Dropped(reason)
+	}
+}
+
+// dispatch serves one request of the peer; refusal, when set, is its answer. Every request,
+// refused or served, counts as in flight until its answer is written, so the inflight bound holds
+// for all of them.
+func (c *Conn) dispatch(env Envelope, refusal error) {
 	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
 	switch n := c.inflight.Add(1); {
 	case n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
@@ -259,6 +322,9 @@ func (c *Conn) dispatch(env Envelope) {
 		return
 	case n > int64(c.opts.MaxInflight):
 		r.Fail(c.opts.BusyError)
+		return
+	case refusal != nil:
+		r.Fail(refusal)
 		return
 	}
 	if c.opts.Handler == nil {
@@ -323,12 +389,15 @@ func (c *Conn) sendLoop() error {
 	}
 }
 
-// write sends a batch of frames; with Options.Cork, a batch of several leaves in one write.
-// Answers stop counting as in flight once their bytes have left.
+// write sends a batch of frames; with Options.Cork, a batch of several leaves in one write. A
+// frame's charge is released, and an answer stops counting as in flight, once its bytes have left
+// — or when the write fails and they never will.
 func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 	c.writing.Store(true)
 	defer c.writing.Store(false)
 	defer stalled.Stop()
+	sent := 0 // frames of batch released
+	defer func() { c.settle(batch[sent:]) }()
 	cork := c.opts.Cork
 	if len(batch) < 2 {
 		cork = nil
@@ -336,13 +405,14 @@ func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 	if cork != nil {
 		cork.Cork()
 	}
-	for _, f := range batch {
+	for i := range batch {
 		stalled.Reset(c.opts.DeadTimeout)
-		if err := c.ws.Write(context.Background(), websocket.MessageText, f.b); err != nil {
+		if err := c.ws.Write(context.Background(), websocket.MessageText, batch[i].b); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
-		if cork == nil && f.answer {
-			c.inflight.Add(-1)
+		if cork == nil {
+			c.settle(batch[i : i+1])
+			sent++
 		}
 	}
 	if cork == nil {
@@ -352,12 +422,20 @@ func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 	if err := cork.Uncork(); err != nil {
 		return fmt.Errorf("write: %w", err)
 	}
-	for _, f := range batch {
-		if f.answer {
+	return nil
+}
+
+// settle releases frames that were written or will never be.
+func (c *Conn) settle(frames []frame) {
+	if len(frames) > 0 {
+		c.lastWrite.Store(time.Now().UnixNano())
+	}
+	for i := range frames {
+		if frames[i].answer {
 			c.inflight.Add(-1)
 		}
+		frames[i].done()
 	}
-	return nil
 }
 
 func (c *Conn) ping() {
@@ -377,7 +455,7 @@ func (c *Conn) shutdown() {
 	pending := c.pending
 	c.pending = nil
 	c.mu.Unlock()
-	c.sendq.close()
+	c.inflight.Add(-int64(c.sendq.close()))
 	err := fmt.Errorf("%w: %w", ErrClosed, context.Cause(c.ctx))
 	if errors.Is(context.Cause(c.ctx), ErrClosed) {
 		err = context.Cause(c.ctx)
@@ -393,12 +471,26 @@ func (c *Conn) shutdown() {
 // error means the request was not sent and done will not be called: ErrClosed, or ErrQueueFull
 // when the peer is not draining its queue.
 func (c *Conn) CallAsync(method string, body json.RawMessage, timeout time.Duration, done func(Reply)) error {
+	return c.CallFor(c.opts.Share, method, body, timeout, done)
+}
+
+// CallFor is CallAsync with the request's bytes charged to share until written: the downstream
+// peer a request is sent on behalf of. A charge that does not fit is ErrOverShare.
+func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout time.Duration, done func(Reply)) error {
+	env := Envelope{Method: method, Phase: PhaseRequest, Request: body}
+	size := env.Size() + MaxIDLen
+	if share != nil && !share.Charge(size) {
+		return ErrOverShare
+	}
 	if timeout <= 0 {
 		timeout = c.opts.CallTimeout
 	}
 	c.mu.Lock()
 	if c.closed {
 		c.mu.Unlock()
+		if share != nil {
+			share.Release(size)
+		}
 		return ErrClosed
 	}
 	c.nextID++
@@ -413,8 +505,12 @@ func (c *Conn) CallAsync(method string, body json.RawMessage, timeout time.Durat
 	})
 	c.mu.Unlock()
 
-	env := Envelope{Method: method, ID: id, Phase: PhaseRequest, Request: body}
-	if err := c.sendq.push(env.Append(make([]byte, 0, env.Size())), true); err != nil {
+	env.ID = id
+	b := env.Append(make([]byte, 0, size))
+	if share != nil && len(b) != size {
+		share.Release(size - len(b)) // the charge is the frame's exact size from here on
+	}
+	if err := c.sendq.push(frame{b: b, charge: share}, true); err != nil {
 		if c.take(id) == nil {
 			// A shutdown or the timer took the call first and calls done: reporting the error
 			// too would complete it twice.
@@ -465,6 +561,36 @@ func (c *Conn) CallObserved(ctx context.Context, method string, body json.RawMes
 	}
 }
 
+// SendFrame queues a frame already encoded, untouched: a stream frame forwarded whole, charged to
+// the connection's share until written. Like a call, it is refused at once when the share
+// (ErrOverShare) or the queue (ErrQueueFull) is full or the connection is closed.
+func (c *Conn) SendFrame(b []byte) error { return c.SendFrameFor(c.opts.Share, b) }
+
+// SendFrameFor is SendFrame charged to share: the downstream peer the frame is sent for.
+func (c *Conn) SendFrameFor(share Share, b []byte) error {
+	if share != nil && !share.Charge(len(b)) {
+		return ErrOverShare
+	}
+	return c.sendq.push(frame{b: b, charge: share}, true)
+}
+
+// RefuseStream answers a stream frame the receiver cannot route with err when the frame carries a
+// correlation id in phase request, and reports true; any other frame cannot be answered (an
+// answer to an answer could echo for ever) and is dropped, counted under the refusal's name.
+func (c *Conn) RefuseStream(f *StreamFrame, err error) bool {
+	if f.ID == "" || f.Phase != PhaseRequest {
+		var r *contracts.Refusal
+		reason := "stream-frame-unanswerable"
+		if errors.As(err, &r) {
+			reason = string(r.Name)
+		}
+		c.dropped(reason)
+		return false
+	}
+	c.dispatch(Envelope{Method: contracts.MethodVirtualStream, ID: f.ID}, err)
+	return true
+}
+
 // answer queues a response. Responses are never refused for queue space: the request stays in
 // flight until its answer is written, so their number is bounded by MaxInflight.
 func (c *Conn) answer(method, id string, rep Reply) {
@@ -473,7 +599,17 @@ func (c *Conn) answer(method, id string, rep Reply) {
 		env.Error = ErrorFrom(rep.Err)
 		env.Response = nil
 	}
-	_ = c.sendq.push(env.Append(make([]byte, 0, env.Size())), false)
+	b := env.Append(make([]byte, 0, env.Size()))
+	share := rep.Charge
+	if share == nil {
+		share = c.opts.Share
+	}
+	if share != nil {
+		share.Force(len(b))
+	}
+	if c.sendq.push(frame{b: b, answer: true, charge: share}, false) != nil {
+		c.inflight.Add(-1) // closed: the request ends unanswered with its connection
+	}
 }
 
 // Request is one request from the peer. Answer it exactly once.

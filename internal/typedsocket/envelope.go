@@ -31,15 +31,21 @@ func (p Phase) String() string {
 // they were read from, never decoded into maps or re-encoded.
 type Envelope struct {
 	Method   string
-	ID       string // correlation.id: each hop has its own id space
-	Phase    Phase
+	ID       string          // correlation.id: each hop has its own id space; "" only on a stream frame sent without one
+	Phase    Phase           // 0 only on a stream frame sent without a correlation
 	Request  json.RawMessage // the request body (phase request)
-	Response json.RawMessage // the answer body (phase response, no error); "null" is a body
+	Response json.RawMessage // the answer body (phase response, no error); nil or "null" is no body
 	Error    *Error          // the answer's error (phase response)
 	Retry    json.RawMessage // optional retry hint of an answer, passed through raw
+	StreamID string          // a stream frame's streamId (SPEC §5.1)
 }
 
-// Error is a TypedResponseError: text and data, both passed on exactly as received.
+// IsStream reports whether the envelope is a VirtualStream frame, routed by StreamID. (A refusal
+// answering a stream frame names no stream: it is an answer like any other.)
+func (env *Envelope) IsStream() bool { return env.StreamID != "" }
+
+// Error is a TypedResponseError: text and data, both passed on exactly as received. Data is nil
+// when the error was sent without data, and is then sent on without it.
 type Error struct {
 	Text string
 	Data json.RawMessage
@@ -75,25 +81,30 @@ func ErrorFrom(err error) *Error {
 	return &Error{Text: "relay-internal: the relay failed to handle the request", Data: json.RawMessage("null")}
 }
 
-// MaxMethodLen and MaxIDLen bound the two strings of an envelope a receiver echoes.
+// MaxMethodLen and MaxIDLen bound the two strings of an envelope a receiver echoes (SPEC §2: a
+// method is any string of 1 to 256 bytes).
 const (
-	MaxMethodLen = 128
+	MaxMethodLen = 256
 	MaxIDLen     = 128
 )
 
-// DecodeError is a frame that is not an envelope. When the frame named a request well enough to
-// answer it, Method and ID are set.
+// DecodeError is a frame that is not an envelope the relay can serve. When the frame named a
+// request or answer well enough to answer or complete it, ID and Phase are set; Stream marks a
+// stream frame, which never closes a connection.
 type DecodeError struct {
 	Method, ID string
 	Phase      Phase
+	Stream     bool
 	Reason     string
 }
 
 func (e *DecodeError) Error() string { return "malformed envelope: " + e.Reason }
 
-// Decode reads one envelope. Unknown envelope keys (authInfo, localData, serverData, …) are
-// ignored and never forwarded; a repeated key among the envelope's own members is refused. Decode
-// allocates only the method and id strings: bodies are sub-slices of frame.
+// Decode reads one envelope as the published TypedRequest library writes it (SPEC §2). Unknown
+// envelope keys (authInfo, localData, serverData, …) are ignored and never forwarded, null or not;
+// a repeated key among the envelope's own members is refused. A stream frame needs no
+// correlation. An answer may carry neither response nor error (no body). Decode allocates only
+// the method, id and stream id strings: bodies are sub-slices of frame.
 func Decode(frame []byte) (Envelope, error) {
 	var env Envelope
 	var method, correlation, request, response, errRaw, retry []byte
@@ -125,38 +136,37 @@ func Decode(frame []byte) (Envelope, error) {
 	if err != nil {
 		return Envelope{}, &DecodeError{Reason: "not a JSON object with distinct keys: " + err.Error()}
 	}
-	if env.Method, err = contracts.ReadString(method); err != nil || !isMethod(env.Method) {
-		return Envelope{}, &DecodeError{Reason: "method must be a method name"}
+	m, err := contracts.ReadString(method)
+	methodOK := err == nil && m != "" && len(m) <= MaxMethodLen
+	if methodOK {
+		env.Method = m
 	}
-	var id, phase []byte
-	var ids, phases, others int
-	err = contracts.ForEachMember(correlation, func(key, value []byte) error {
-		switch string(key) {
-		case "id":
-			id, ids = value, ids+1
-		case "phase":
-			phase, phases = value, phases+1
-		default:
-			others++
-		}
-		return nil
-	})
-	if err != nil || ids != 1 || phases != 1 || others != 0 {
-		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation must be { id, phase }"}
-	}
-	if env.ID, err = contracts.ReadString(id); err != nil || env.ID == "" || len(env.ID) > MaxIDLen {
-		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation id must be a string of 1 to 128 bytes"}
-	}
-	switch p, _ := contracts.ReadString(phase); p {
-	case "request":
-		env.Phase = PhaseRequest
-	case "response":
-		env.Phase = PhaseResponse
-	default:
-		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation phase must be request or response"}
+	id, phase, corrOK := readCorrelation(correlation)
+	if corrOK {
+		env.ID, env.Phase = id, phase
 	}
 	bad := func(reason string) (Envelope, error) {
-		return Envelope{}, &DecodeError{Method: env.Method, ID: env.ID, Phase: env.Phase, Reason: reason}
+		return Envelope{}, &DecodeError{Method: env.Method, ID: env.ID, Phase: env.Phase, Stream: env.Method == contracts.MethodVirtualStream, Reason: reason}
+	}
+	if env.Method == contracts.MethodVirtualStream {
+		// The library's stream frames carry no correlation and keep phase "request" in their
+		// answers; they are routed by streamId alone and forwarded whole. A frame naming no
+		// stream is either a refusal answering a stream frame sent with a correlation (phase
+		// response: read as any answer) or one nobody can route.
+		id, ok := contracts.ReadStreamFrameID(request, response)
+		switch {
+		case ok:
+			env.StreamID, env.Request, env.Response = id, request, response
+			return env, nil
+		case !corrOK || env.Phase == PhaseRequest:
+			return bad("a stream frame must name its streamId")
+		}
+	}
+	if !corrOK {
+		return Envelope{}, &DecodeError{Method: env.Method, Reason: "correlation must carry an id of 1 to 128 bytes and a phase"}
+	}
+	if !methodOK {
+		return bad("method must be a string of 1 to 256 bytes")
 	}
 	if env.Phase == PhaseRequest {
 		if contracts.KindOf(request) != contracts.KindObject {
@@ -166,49 +176,64 @@ func Decode(frame []byte) (Envelope, error) {
 		return env, nil
 	}
 	if errRaw != nil && !contracts.IsNull(errRaw) {
-		em, err := contracts.ReadObject(errRaw)
-		if err != nil || !contracts.HasExactKeys(em, "text", "?", "data") {
-			return bad("error must be { text, data }")
+		var text, data []byte
+		var texts, datas int
+		err := contracts.ForEachMember(errRaw, func(key, value []byte) error {
+			switch string(key) {
+			case "text":
+				text, texts = value, texts+1
+			case "data":
+				data, datas = value, datas+1
+			}
+			return nil
+		})
+		if err != nil || texts != 1 || datas > 1 {
+			return bad("error must be an object with one text")
 		}
-		e := contracts.MembersByKey(em)
-		text, err := contracts.ReadString(e["text"])
+		t, err := contracts.ReadString(text)
 		if err != nil {
 			return bad("error text must be a string")
 		}
-		data := e["data"]
-		if data == nil {
-			data = json.RawMessage("null")
-		}
-		env.Error = &Error{Text: text, Data: data}
-	} else {
-		switch contracts.KindOf(response) {
-		case contracts.KindObject, contracts.KindNull:
-			env.Response = response
-		default:
-			return bad("response must be an object or null")
-		}
+		env.Error = &Error{Text: t, Data: data}
+	} else if response != nil {
+		env.Response = response // any JSON value, passed on untouched
 	}
 	if retry != nil && !contracts.IsNull(retry) {
-		if contracts.KindOf(retry) != contracts.KindObject {
-			return bad("retry must be an object")
-		}
 		env.Retry = retry
 	}
 	return env, nil
 }
 
-// isMethod accepts a TypedRequest method name: a letter, then letters, digits and underscores.
-func isMethod(s string) bool {
-	if s == "" || len(s) > MaxMethodLen {
-		return false
+// readCorrelation reads { id, phase } (other members ignored). ok is false when the id is not a
+// string of 1 to MaxIDLen bytes or the phase is neither request nor response.
+func readCorrelation(raw []byte) (id string, phase Phase, ok bool) {
+	if raw == nil {
+		return "", 0, false
 	}
-	for i := 0; i < len(s); i++ {
-		c := s[i]
-		if !(c >= 'a' && c <= 'z' || c >= 'A' && c <= 'Z' || i > 0 && (c >= '0' && c <= '9' || c == '_')) {
-			return false
+	var idRaw, phaseRaw []byte
+	var ids, phases int
+	err := contracts.ForEachMember(raw, func(key, value []byte) error {
+		switch string(key) {
+		case "id":
+			idRaw, ids = value, ids+1
+		case "phase":
+			phaseRaw, phases = value, phases+1
 		}
+		return nil
+	})
+	if err != nil || ids != 1 || phases != 1 {
+		return "", 0, false
 	}
-	return true
+	if id, err = contracts.ReadString(idRaw); err != nil || id == "" || len(id) > MaxIDLen {
+		return "", 0, false
+	}
+	switch p, _ := contracts.ReadString(phaseRaw); p {
+	case "request":
+		return id, PhaseRequest, true
+	case "response":
+		return id, PhaseResponse, true
+	}
+	return "", 0, false
 }
 
 // Append appends the envelope's wire form to dst. Bodies are copied byte for byte.
@@ -234,8 +259,10 @@ func (env *Envelope) Append(dst []byte) []byte {
 	if env.Error != nil {
 		dst = append(dst, `,"error":{"text":`...)
 		dst = contracts.AppendString(dst, env.Error.Text)
-		dst = append(dst, `,"data":`...)
-		dst = appendRaw(dst, env.Error.Data, "null")
+		if env.Error.Data != nil {
+			dst = append(dst, `,"data":`...)
+			dst = append(dst, env.Error.Data...)
+		}
 		dst = append(dst, '}')
 	}
 	if env.Retry != nil {

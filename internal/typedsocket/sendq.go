@@ -2,6 +2,16 @@ package typedsocket
 
 import "sync"
 
+// Share charges the bytes a connection holds on behalf of a downstream peer (SPEC §15);
+// *budget.Share implements it. A frame queued with a share is released from it exactly once: when
+// it has been written, or when it is dropped because the connection ended.
+type Share interface {
+	Charge(n int) bool // take n bytes if they fit; false: nothing taken
+	Force(n int)       // take n bytes whatever the caps (an answer that may not be lost)
+	Release(n int)
+	Over() bool // holds more than its cap
+}
+
 // sendQueue holds encoded frames for the send loop. Requests are bounded by frame count and
 // bytes; a request that does not fit is refused at once (ErrQueueFull) instead of waiting, so a
 // peer that stops reading never blocks the goroutine that called it. Answers are never refused:
@@ -19,10 +29,20 @@ type sendQueue struct {
 	wake chan struct{} // capacity 1: the send loop has work
 }
 
-// frame is one encoded message; answer marks the answer to a peer's request.
+// frame is one encoded message; answer marks the answer to a peer's request; charge, when set,
+// holds len(b) bytes until the frame is written or dropped.
 type frame struct {
 	b      []byte
 	answer bool
+	charge Share
+}
+
+// done releases what the frame held.
+func (f *frame) done() {
+	if f.charge != nil {
+		f.charge.Release(len(f.b))
+		f.charge = nil
+	}
 }
 
 func (q *sendQueue) init(maxCount, maxBytes int) {
@@ -30,21 +50,27 @@ func (q *sendQueue) init(maxCount, maxBytes int) {
 	q.wake = make(chan struct{}, 1)
 }
 
-func (q *sendQueue) push(b []byte, bounded bool) error {
+// push queues f; a bounded frame that does not fit is refused with ErrQueueFull. The queue owns
+// f's charge from here on: a refused frame's charge is released at once.
+func (q *sendQueue) push(f frame, bounded bool) error {
 	q.mu.Lock()
-	if q.closed {
-		q.mu.Unlock()
-		return ErrClosed
-	}
+	var err error
+	switch {
+	case q.closed:
+		err = ErrClosed
 	// The first frame always fits, so one message up to the read limit can always be sent.
-	if bounded && len(q.frames) > 0 && (len(q.frames) >= q.maxCount || q.bytes+len(b) > q.maxBytes) {
-		q.mu.Unlock()
-		return ErrQueueFull
+	case bounded && len(q.frames) > 0 && (len(q.frames) >= q.maxCount || q.bytes+len(f.b) > q.maxBytes):
+		err = ErrQueueFull
 	}
-	q.frames = append(q.frames, frame{b: b, answer: !bounded})
-	q.bytes += len(b)
-	if !bounded {
-		q.answers += len(b)
+	if err != nil {
+		q.mu.Unlock()
+		f.done()
+		return err
+	}
+	q.frames = append(q.frames, f)
+	q.bytes += len(f.b)
+	if f.answer {
+		q.answers += len(f.b)
 	}
 	q.mu.Unlock()
 	select {
@@ -54,7 +80,7 @@ func (q *sendQueue) push(b []byte, bounded bool) error {
 	return nil
 }
 
-// take moves every queued frame to dst, in order.
+// take moves every queued frame to dst, in order. The caller releases each one (frame.done).
 func (q *sendQueue) take(dst []frame) []frame {
 	q.mu.Lock()
 	dst = append(dst, q.frames...)
@@ -78,9 +104,20 @@ func (q *sendQueue) len() int {
 	return len(q.frames)
 }
 
-func (q *sendQueue) close() {
+// close refuses every later frame and drops (releases) the queued ones. It returns the number of
+// answers dropped.
+func (q *sendQueue) close() int {
 	q.mu.Lock()
 	q.closed = true
-	q.frames, q.bytes = nil, 0
+	frames := q.frames
+	q.frames, q.bytes, q.answers = nil, 0, 0
 	q.mu.Unlock()
+	answers := 0
+	for i := range frames {
+		if frames[i].answer {
+			answers++
+		}
+		frames[i].done()
+	}
+	return answers
 }
