@@ -19,6 +19,7 @@ const module = "code.foss.global/serve.zone/relay"
 var layers = map[string]struct{ own, third []string }{
 	"contracts":            {},
 	"internal/backoff":     {},
+	"internal/budget":      {},
 	"internal/typedsocket": {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
 	"escrow":               {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"ingress":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
@@ -26,7 +27,7 @@ var layers = map[string]struct{ own, third []string }{
 	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":               {own: []string{"contracts", "internal/backoff"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
-	"relay":                {own: []string{"contracts", "internal/backoff", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"relay":                {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"faults":               {}, // tests only
 	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
