@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/budget"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -25,6 +26,15 @@ const (
 	nodeMaxQueue      = 256
 	nodeMaxQueueBytes = 16 << 20
 	nodeMaxInflight   = 256
+)
+
+// Shares of the peer memory budget (SPEC §15): what the relay may hold for one downstream
+// connection. An unregistered connection's share is small enough that MaxUnregistered of them fit
+// the default budget; its registrations are charged to the anonymous pool instead.
+const (
+	DefaultPeerMemoryBytes = 256 << 20
+	AnonymousShare         = 16 << 10
+	RegisteredShare        = 32 << 20
 )
 
 // NodeMaxUpstreamBytes bounds the bytes of one connection's requests forwarded to Cloudly and not
@@ -66,6 +76,7 @@ type peer struct {
 	raw    net.Conn          // set at construction: the socket under it, closed when a close overruns
 	remote string            // set at construction
 	r      *Relay            // set at construction
+	share  *budget.Share     // set at construction: what the relay holds for this peer (SPEC §15)
 
 	mu      sync.Mutex
 	role    role                     // guarded by mu
@@ -162,6 +173,8 @@ func (p *peer) callError(err error, method string) error {
 		return nil
 	case errors.Is(err, typedsocket.ErrQueueFull):
 		return contracts.RelayNodeBusy.Refuse("the send queue of %s is full", who)
+	case errors.Is(err, typedsocket.ErrOverShare):
+		return contracts.RelayNodeBusy.Refuse("%s holds its whole share of the relay's memory", who)
 	case errors.Is(err, typedsocket.ErrTimeout):
 		return contracts.RelayCallTimeout.Refuse("%s did not answer %s in time", who, method)
 	case errors.Is(err, typedsocket.ErrMalformedAnswer):
@@ -195,8 +208,17 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	}
 	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
 	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, r: r, raw: raw}
+	p.share = r.budget.NewShare(AnonymousShare, func() bool { return p.conn.Stalled(time.Second) }, func() {
+		r.metrics.dropped.WithLabelValues("evicted-over-budget").Inc()
+		r.downLog.Warn().Str("remote", p.remote).Str("node", p.nodeID()).Str("outcome", "evicted").
+			Msg("closing the heaviest connection that reads nothing: the relay's peer memory budget is spent")
+		go p.conn.Close(websocket.StatusPolicyViolation, "over the relay's memory budget")
+	})
 	p.conn = typedsocket.New(ws, typedsocket.Options{
 		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, rq *typedsocket.Request) { r.servePeer(p, rq) }),
+		Streams:       typedsocket.StreamHandlerFunc(func(_ *typedsocket.Conn, f *typedsocket.StreamFrame) { r.serveNodeStream(p, f) }),
+		Share:         p.share,
+		Dropped:       r.countDropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
@@ -207,6 +229,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	})
 	if !r.peers.add(p) {
 		r.waiting.Add(-1)
+		p.share.Close()
 		p.conn.CloseNow() // shutting down
 		return
 	}
@@ -248,6 +271,8 @@ func (r *Relay) peerGone(p *peer) {
 	if in := r.feats.Ingress; in != nil {
 		in.PeerGone(p)
 	}
+	r.streams.peerGone(p, time.Now())
+	p.share.Close()
 }
 
 // servePeer dispatches one request from a downstream connection.
@@ -282,7 +307,7 @@ func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
 	case contracts.IsLocalOnlyMethod(m):
 		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) ||
+	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) || m == contracts.MethodPushRelayUpstreamChanged ||
 		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
 		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
 	default:
@@ -301,6 +326,7 @@ func (p *peer) setRole(ro role) {
 	p.role = ro
 	p.leaveWaitingLocked()
 	p.mu.Unlock()
+	p.share.SetLimit(RegisteredShare)
 }
 
 // leaveWaitingLocked takes the connection out of the unregistered ones, when a registration is
@@ -413,6 +439,7 @@ func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	p.mu.Unlock()
 	if first {
 		p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
+		p.share.SetLimit(RegisteredShare)
 	}
 	if old != nil && old != p {
 		r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "superseded").Msg("node registered on a newer connection")
@@ -443,12 +470,21 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s from a connection with no node session; register first", req.Method))
 		return
 	}
+	// SPEC §5: every node → Cloudly request carries the node's own session. The upstream socket is
+	// authenticated as the relay, so nothing without one may ride on it.
 	switch claimed, present, err := contracts.ReadSessionNodeID(req.Body); {
 	case err != nil:
 		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%v", err))
 		return
-	case present && claimed != node:
+	case !present:
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s carries no session of node %s", req.Method, node))
+		return
+	case claimed != node:
 		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
+		return
+	}
+	if err := r.bindMarkers(p, req.Body); err != nil {
+		r.answer(req, nil, err)
 		return
 	}
 	if r.draining.Load() {
@@ -462,6 +498,9 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	}
 	r.up.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		p.upstreamBytes.Add(-int64(size))
+		if err == nil {
+			err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
+		}
 		r.forwarded("to_cloudly", err)
 		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
@@ -473,10 +512,10 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 	node, ok, err := contracts.ReadRouteNodeID(req.Body)
 	switch {
 	case err != nil:
-		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%s: body is not a readable JSON object", req.Method))
+		r.refuseCloudly(req, "", contracts.RelayRequestInvalid.Refuse("%s: body is not a readable JSON object", req.Method))
 		return
 	case !ok || !contracts.IsClusterNodeID(node):
-		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%s names no node (session.nodeId or nodeId)", req.Method))
+		r.refuseCloudly(req, "", contracts.RelayRequestInvalid.Refuse("%s names no node (session.nodeId or nodeId)", req.Method))
 		return
 	}
 	p := r.nodes.get(node)
@@ -484,15 +523,31 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		p = nil // the relay is shutting down: its nodes are about to be carried by no one
 	}
 	if p == nil {
-		r.answer(req, nil, contracts.RelayNodeNotCarried.Refuse("%s", node))
+		r.refuseCloudly(req, node, contracts.RelayNodeNotCarried.Refuse("%s", node))
+		return
+	}
+	if err := r.bindMarkers(p, req.Body); err != nil {
+		r.refuseCloudly(req, node, err)
 		return
 	}
 	start, size := time.Now(), len(req.Body)
 	p.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
+		if err == nil {
+			err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
+		}
 		r.forwarded("to_node", err)
 		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
 	})
+}
+
+// refuseCloudly answers a Cloudly request the relay cannot route, and says so in the log: Cloudly
+// is the one peer whose misrouted requests an operator must be able to see. Sampled, so that a
+// burst cannot flood the log.
+func (r *Relay) refuseCloudly(req *typedsocket.Request, node string, err error) {
+	r.refusalLog.Info().Str("component", "upstream").Str("method", req.Method).Str("node", node).
+		Str("outcome", refusalLabel(err)).Msg("refused a Cloudly request")
+	r.answer(req, nil, err)
 }
 
 // answer sends the outcome of a request and counts the relay's own refusals.

@@ -21,6 +21,7 @@ type metrics struct {
 	refusals      *prometheus.CounterVec // name
 	dropped       *prometheus.CounterVec // reason
 	unregistered  *prometheus.CounterVec // reason: connections refused or closed before registering
+	streamFrames  *prometheus.CounterVec // direction
 	upstreamQueue prometheus.GaugeFunc
 }
 
@@ -49,13 +50,15 @@ func newMetrics(reg prometheus.Registerer, upstreamQueue, downstreamQueue func()
 			Help: "Messages the relay did not deliver, by reason."}, []string{"reason"}),
 		unregistered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "unregistered_closed_total",
 			Help: "Connections refused or closed before a registration was accepted, by reason: limit, overdue."}, []string{"reason"}),
+		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
+			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 		upstreamQueue: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "queued_frames",
 			Help: "Frames waiting to be written to Cloudly."}, upstreamQueue),
 	}
 	downQueue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "queued_frames",
 		Help: "Frames waiting to be written to downstream connections, summed."}, downstreamQueue)
 	reg.MustRegister(m.attached, m.attaches, m.detaches, m.upstreamRegs, m.connections, m.nodes, m.nodeRegs,
-		m.forwarded, m.refusals, m.dropped, m.unregistered, m.upstreamQueue, downQueue)
+		m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.upstreamQueue, downQueue)
 	return m
 }
 

@@ -37,6 +37,14 @@ func TestNodeCannotCallTheRelaysOwnCloudlyMethods(t *testing.T) {
 		contracts.MethodRegisterClusterRelay:         mustJSON(hijack),
 		contracts.MethodRegisterCloudlyClientSession: contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, contracts.NewSecret(e.cloudly.Token)),
 	}
+	// The seed's relay → Cloudly rows, and the relay's own push to its peers, are the relay's too.
+	for _, m := range []string{contracts.MethodGetClusterPlatformDesiredState, contracts.MethodBackupServiceDatabaseClosure,
+		contracts.MethodRestoreServiceDatabaseClosure, contracts.MethodBeginSecretRecipientEnrollment,
+		contracts.MethodCompleteSecretRecipientEnrollment, contracts.MethodPushRelayUpstreamChanged} {
+		methods = append(methods, m)
+		before[m] = e.cloudly.Received(m)
+		bodies[m] = json.RawMessage(`{"session":{"nodeId":"node-a"},"nodeId":"node-a"}`)
+	}
 	for _, m := range methods {
 		got, err := n.Call(ctx5(t), m, bodies[m])
 		if err == nil {

@@ -21,6 +21,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/budget"
 )
 
 // ShutdownTimeout bounds a graceful shutdown: open connections get a close handshake until then.
@@ -41,6 +42,10 @@ type Relay struct {
 	nodes   nodeTable
 	peers   peerSet
 	peerIDs atomic.Uint64
+	streams *streamTable   // set at construction
+	budget  *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
+
+	refusalLog zerolog.Logger // set at construction: sampled, for refusals a peer can repeat at will
 
 	downLn, adminLn net.Listener // set by Listen
 	serveCtx        context.Context
@@ -70,6 +75,9 @@ type Options struct {
 func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, error) {
 	r := &Relay{cfg: cfg, feats: feats, log: log, registry: opts.Registry,
 		downLog:      log.With().Str("component", "downstream").Logger(),
+		refusalLog:   log.Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
+		streams:      newStreamTable(),
+		budget:       budget.New(DefaultPeerMemoryBytes),
 		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout,
 		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline}
 	if r.maxWaiting <= 0 {
@@ -107,8 +115,17 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 		}
 		return 0
 	}, r.peers.queued)
+	reg.MustRegister(
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "streams",
+			Help: "VirtualStreams bound to node connections."}, func() float64 { return float64(r.streams.len()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "peer_memory_bytes",
+			Help: "Bytes held for downstream peers, charged to the peer memory budget."}, func() float64 { return float64(r.budget.Used()) }),
+	)
 	return r, nil
 }
+
+// countDropped counts a frame dropped without an answer, by reason.
+func (r *Relay) countDropped(reason string) { r.metrics.dropped.WithLabelValues(reason).Inc() }
 
 // NewRegistry is a metrics registry with the Go runtime and process collectors.
 func NewRegistry() *prometheus.Registry {
@@ -173,6 +190,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	if h := r.feats.Hub; h != nil {
 		g.Go(func() error { return h.Run(gctx) })
 	}
+	g.Go(func() error { r.sweepStreams(gctx); return nil })
 	r.log.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
 		Str("cloudly", r.cfg.CloudlyURL).Msg("relay serving")
 

@@ -121,11 +121,23 @@ func (u *upstream) Call(method string, body json.RawMessage, done func(json.RawM
 	}
 }
 
+// sendFrame forwards a node's stream frame to Cloudly whole, charged to the node's share until
+// written.
+func (u *upstream) sendFrame(p *peer, frame []byte) error {
+	conn := u.attached()
+	if conn == nil {
+		return contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")
+	}
+	return upstreamError(conn.SendFrameFor(p.share, frame), contracts.MethodVirtualStream)
+}
+
 // upstreamError names a local failure of a call to Cloudly; Cloudly's own errors pass untouched.
 func upstreamError(err error, method string) error {
 	switch {
 	case err == nil:
 		return nil
+	case errors.Is(err, typedsocket.ErrOverShare):
+		return contracts.RelayNodeBusy.Refuse("this connection's share of the relay's memory is spent")
 	case errors.Is(err, typedsocket.ErrQueueFull):
 		return contracts.RelayUpstreamBusy.Refuse("the Cloudly socket's send queue is full")
 	case errors.Is(err, typedsocket.ErrTimeout):
@@ -169,6 +181,8 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 	}
 	conn := typedsocket.New(ws, typedsocket.Options{
 		Handler:       typedsocket.HandlerFunc(u.serve),
+		Streams:       typedsocket.StreamHandlerFunc(u.r.serveCloudlyStream),
+		Dropped:       u.r.countDropped,
 		ReadLimit:     u.r.cfg.MaxMessageBytes,
 		MaxQueue:      upstreamMaxQueue,
 		MaxQueueBytes: upstreamMaxQueueBytes,

@@ -39,7 +39,7 @@ func TestOneNodeCannotTakeTheWholeUpstreamQueue(t *testing.T) {
 	t.Cleanup(release)
 	honest := e.node("node-honest")
 	flooder := e.node("node-flooder")
-	if err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{}`), time.Minute, func(typedsocket.Reply) {}); err != nil {
+	if err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), time.Minute, func(typedsocket.Reply) {}); err != nil {
 		t.Fatal(err)
 	}
 	<-stalled

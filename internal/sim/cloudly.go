@@ -50,6 +50,8 @@ type Cloudly struct {
 	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
 	afterAccept []afterCall   // guarded by mu: sent right after every accepted registration
 
+	streams *streams // set at construction: VirtualStreams on the relay's socket
+
 	registrations atomic.Int64 // accepted relay registrations
 	slowness      atomic.Int64 // nanoseconds added before every answer
 	direct        atomic.Bool  // nodes may talk to this Cloudly without a relay (AcceptNodesDirectly)
@@ -86,6 +88,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
 		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
+		streams:     newStreams(),
 	}
 	c.srv = &http.Server{Handler: http.HandlerFunc(c.accept), ReadHeaderTimeout: 5 * time.Second}
 	go c.srv.Serve(ln)
@@ -250,6 +253,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	}
 	conn := typedsocket.New(ws, typedsocket.Options{
 		Handler:   typedsocket.HandlerFunc(c.serve),
+		Streams:   typedsocket.StreamHandlerFunc(c.streams.serve),
 		ReadLimit: 64 << 20, MaxQueue: 1 << 16, MaxQueueBytes: 256 << 20, MaxInflight: 1 << 16, Logger: c.log,
 	})
 	c.mu.Lock()
@@ -263,6 +267,37 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	delete(c.authed, conn)
 	c.mu.Unlock()
 }
+
+// PushImage streams data to node in a pushImageVersion request's imageStream, through the relay,
+// and checks the node received exactly those bytes.
+func (c *Cloudly) PushImage(ctx context.Context, node string, data []byte, chunkSize int) error {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	return c.streams.pushImage(ctx, conn, c.Session(node), data, chunkSize)
+}
+
+// TapStreams hands f every stream frame Cloudly receives, as it arrived (nil: stop). Tests use it
+// to see what the relay forwarded; f runs on the read loop and must not block.
+func (c *Cloudly) TapStreams(f func(frame []byte)) {
+	c.streams.mu.Lock()
+	c.streams.tap = f
+	c.streams.mu.Unlock()
+}
+
+// SendStreamFrame sends frame, as given, on the relay's socket.
+func (c *Cloudly) SendStreamFrame(frame []byte) error {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn == nil {
+		return typedsocket.ErrClosed
+	}
+	return conn.SendFrame(frame)
+}
+
+// StreamsReceived is the number of streams Cloudly received whole.
+func (c *Cloudly) StreamsReceived() int64 { return c.streams.completed.Load() }
 
 // Session is the session binding Cloudly issued node's newest accepted registration, or nil:
 // what Cloudly → node requests carry.
@@ -378,6 +413,12 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		}
 	case contracts.MethodRegisterPalletRuntimeSession:
 		answer(c.registerNode(req.Body))
+	case MethodPushImageVersion:
+		if _, err := c.fromNode(req.Body); err != nil {
+			answer(nil, err)
+			return
+		}
+		c.streams.receiveImage(req.Body, answer)
 	case contracts.MethodGetClusterRouteTable:
 		answer(json.RawMessage(`{"table":null}`), nil) // none computed yet, until ServeIngress says otherwise
 	default:
@@ -392,6 +433,13 @@ func (c *Cloudly) fromNode(body json.RawMessage) (json.RawMessage, error) {
 	id, ok, err := contracts.ReadSessionNodeID(body)
 	if err != nil {
 		return nil, &typedsocket.Error{Text: "request-invalid: the request's session is unreadable", Data: json.RawMessage("null")}
+	}
+	if !ok && !c.direct.Load() {
+		// SPEC §5: the relay's socket is authenticated as the relay; it never carries a node's
+		// request without that node's session.
+		c.mu.Lock()
+		c.violations = append(c.violations, "the relay forwarded a node request without a session")
+		c.mu.Unlock()
 	}
 	if ok {
 		c.mu.Lock()

@@ -63,7 +63,7 @@ func NewIngress(node, bearer string, log zerolog.Logger) *Ingress {
 
 // Connect dials the relay's downstream WebSocket.
 func (in *Ingress) Connect(ctx context.Context, url string) error {
-	conn, err := dialRelay(ctx, url, in.serve, in.log)
+	conn, err := dialRelay(ctx, url, in.serve, nil, in.log)
 	if err != nil {
 		return fmt.Errorf("ingress %s dial relay: %w", in.NodeID, err)
 	}

@@ -40,6 +40,8 @@ type Node struct {
 	// violations: pushes from the relay no relay may send; guarded by mu
 	violations []string
 
+	streams *streams // set at construction: the node's VirtualStreams
+
 	registrations atomic.Int64 // accepted registrations
 	detached      atomic.Bool  // the relay said it is detaching: send nothing but registrations
 	Now           func() int64 // Unix ms; default the wall clock
@@ -51,13 +53,13 @@ func NewNode(id string, log zerolog.Logger) *Node {
 		ID: id, Bearer: "bearer-" + id, Offer: contracts.RelayOffer, Nonce: newUUID(), Generation: 1,
 		AutoReregister: true, log: log.With().Str("component", "sim-node").Str("node", id).Logger(),
 		handlers: make(map[string]MethodFunc), received: make(map[string]int), last: make(map[string][]byte),
-		Now: nowMillis,
+		Now: nowMillis, streams: newStreams(),
 	}
 }
 
 // Connect dials the relay's downstream WebSocket.
 func (n *Node) Connect(ctx context.Context, url string) error {
-	conn, err := dialRelay(ctx, url, n.serve, n.log)
+	conn, err := dialRelay(ctx, url, n.serve, n.streams.serve, n.log)
 	if err != nil {
 		return fmt.Errorf("node %s dial relay: %w", n.ID, err)
 	}
@@ -69,12 +71,16 @@ func (n *Node) Connect(ctx context.Context, url string) error {
 
 // dialRelay opens a downstream connection to the relay, served by serve, as a peer of the
 // simulator: its read limit is generous (the relay's limit is what is under test).
-func dialRelay(ctx context.Context, url string, serve typedsocket.HandlerFunc, log zerolog.Logger) (*typedsocket.Conn, error) {
+func dialRelay(ctx context.Context, url string, serve typedsocket.HandlerFunc, streams typedsocket.StreamHandlerFunc, log zerolog.Logger) (*typedsocket.Conn, error) {
 	ws, _, err := websocket.Dial(ctx, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	conn := typedsocket.New(ws, typedsocket.Options{Handler: serve, ReadLimit: 64 << 20, Logger: log})
+	opts := typedsocket.Options{Handler: serve, ReadLimit: 64 << 20, Logger: log}
+	if streams != nil {
+		opts.Streams = streams
+	}
+	conn := typedsocket.New(ws, opts)
 	go conn.Run(context.Background())
 	return conn, nil
 }
@@ -201,6 +207,18 @@ func (n *Node) Report(ctx context.Context, method string, fields map[string]any)
 	return n.Call(ctx, method, b)
 }
 
+// PushImage streams data to Cloudly in a pushImageVersion request's imageStream, chunkSize bytes
+// a chunk, and checks that Cloudly received exactly those bytes.
+func (n *Node) PushImage(ctx context.Context, data []byte, chunkSize int) error {
+	if n.detached.Load() {
+		return ErrRelayDetaching
+	}
+	return n.streams.pushImage(ctx, n.Conn(), n.Session(), data, chunkSize)
+}
+
+// StreamsReceived is the number of streams the node received whole.
+func (n *Node) StreamsReceived() int64 { return n.streams.completed.Load() }
+
 // Handle answers method with f.
 func (n *Node) Handle(method string, f MethodFunc) {
 	n.mu.Lock()
@@ -263,6 +281,12 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 				}
 			}()
 		}
+	case MethodPushImageVersion:
+		if err := n.checkSession(req.Body); err != nil {
+			req.Fail(err)
+			return
+		}
+		n.streams.receiveImage(req.Body, func(b json.RawMessage, err error) { req.Answer(typedsocket.Reply{Response: b, Err: err}) })
 	case contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal:
 		body, err := n.admitRenewal(req.Body)
 		req.Answer(typedsocket.Reply{Response: body, Err: err})

@@ -26,12 +26,13 @@ type Counts struct {
 	EscrowReleased int64 // DNS lease renewals nodes admitted from escrow
 	RouteTables    int64 // route tables the ingress received
 	Restores       int64 // isolated restores completed end to end
+	Streams        int64 // VirtualStreams received whole, both directions
 }
 
 // Summary is the one line `relay dev` ends with.
 func (c Counts) Summary() string {
-	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d",
-		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores)
+	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d",
+		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores, c.Streams)
 }
 
 // Scenario drives real traffic through a relay with every simulated peer: nodes register, report
@@ -48,6 +49,7 @@ type Scenario struct {
 	ingress   *IngressControl
 
 	requests, restores atomic.Int64
+	streams            atomic.Int64
 	registered         atomic.Int64
 	in                 atomic.Pointer[Ingress]
 	renewals           []*RenewalCounter // set by Run before any traffic
@@ -91,7 +93,7 @@ var NotYet []string
 
 // Snapshot reads the counts so far.
 func (s *Scenario) Snapshot() Counts {
-	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load()}
+	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load(), Streams: s.streams.Load()}
 	if in := s.in.Load(); in != nil {
 		c.RouteTables = in.TablesReceived()
 	}
@@ -144,6 +146,7 @@ func (s *Scenario) Run(ctx context.Context, relayURL string) error {
 	g.Go(func() error { s.escrowLoop(ctx, nodes); return nil })
 	g.Go(func() error { s.traffic(ctx, nodes); return nil })
 	g.Go(func() error { s.routeTables(ctx); return nil })
+	g.Go(func() error { s.streamsLoop(ctx, nodes); return nil })
 	g.Go(func() error { return s.restoresLoop(ctx) })
 	return g.Wait()
 }
@@ -300,6 +303,43 @@ func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 				}
 			}()
 		}
+	}
+}
+
+// streamsLoop: every second while attached, one node streams an image to Cloudly and Cloudly
+// streams one to the next node, each 256 KiB in 32 KiB chunks, as the published library's
+// VirtualStream carries them. (While the relay is detached a node's stream frames have nowhere to
+// go: the relay drops them, and the stream times out, as it would for a real node.)
+func (s *Scenario) streamsLoop(ctx context.Context, nodes []*Node) {
+	image := bytes.Repeat([]byte("serve.zone image layer "), 256<<10/23)
+	for i := 0; i == 0 || sleepCtx(ctx, time.Second); i++ {
+		if !s.Cloudly.Attached() {
+			continue
+		}
+		up, down := nodes[i%len(nodes)], nodes[(i+1)%len(nodes)]
+		var wg sync.WaitGroup
+		wg.Add(2)
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := up.PushImage(cctx, image, 32<<10); err == nil {
+				s.streams.Add(1)
+			} else {
+				s.Log.Debug().Err(err).Str("node", up.ID).Msg("image stream to Cloudly failed")
+			}
+		}()
+		go func() {
+			defer wg.Done()
+			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
+			if err := s.Cloudly.PushImage(cctx, down.ID, image, 32<<10); err == nil {
+				s.streams.Add(1)
+			} else {
+				s.Log.Debug().Err(err).Str("node", down.ID).Msg("image stream to the node failed")
+			}
+		}()
+		wg.Wait()
 	}
 }
 
