@@ -459,10 +459,29 @@ func (r *Registry) serveFill(x *exchange, f *fill, hdr http.Header) bool {
 			}
 		}
 	}
-	cachedHeaders(x.w, hdr, x.t)
-	x.w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	x.w.WriteHeader(http.StatusOK)
-	if err := f.tail(x.req.Context(), x.w, file); err == errFillFailed {
+	head := func() {
+		cachedHeaders(x.w, hdr, x.t)
+		x.w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		x.w.WriteHeader(http.StatusOK)
+	}
+	if size == 0 {
+		head()
+		head = nil
+	}
+	err = f.tail(x.req.Context(), x.w, file, &head)
+	switch {
+	case err != errFillFailed:
+	case head != nil: // failed before the caller's first byte: refuse, as for an empty object
+		f.mu.Lock()
+		err := f.err
+		f.mu.Unlock()
+		if badContent(err) {
+			writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
+				RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+		} else {
+			r.unreachable(x, err)
+		}
+	default:
 		x.err = errFillFailed
 		panic(http.ErrAbortHandler) // cut short of Content-Length: the caller sees a broken transfer
 	}
