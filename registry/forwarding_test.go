@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -451,6 +452,138 @@ func TestCallerLifetime(t *testing.T) {
 		case <-upstreamGone:
 		case <-time.After(5 * time.Second):
 			t.Fatal("the caller left 5s ago, but the relay still holds its upstream request open")
+		}
+	})
+
+	// Finding 5 (issue 15): a /v2/ caller that stops reading held its handler for ever, and with
+	// it an upstream connection, a stored object's file (evicted or not) or a fill's. Every write
+	// to a caller, and every read of its body, must now complete within the progress timeout.
+	// The caller here is a raw connection that sends its request and never reads (or, uploading,
+	// stops sending) with a small receive buffer, so the relay's writes block once the socket
+	// buffers are full.
+	const progress = 300 * time.Millisecond
+	stalled := func(t *testing.T, e *relayEnv, request string) {
+		t.Helper()
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("finding 5: a forwarded answer ends when its caller stops reading", func(t *testing.T) {
+		upstreamGone := make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			buf := make([]byte, 64<<10)
+			for { // an endless manifest: only the caller's pace stops it
+				if _, err := w.Write(buf); err != nil {
+					close(upstreamGone)
+					return
+				}
+			}
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		stalled(t, e, "GET /v2/r/manifests/latest HTTP/1.1\r\nHost: relay\r\n\r\n")
+		select {
+		case <-upstreamGone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("10s after its caller stopped reading, the relay still holds the upstream request")
+		}
+	})
+	t.Run("finding 5: a stored object is let go when its caller stops reading", func(t *testing.T) {
+		blob := make([]byte, 16<<20) // well beyond the socket buffers
+		rand.Read(blob)
+		digest := sha256Of(blob)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+			w.Header().Set("Docker-Content-Digest", digest)
+			if r.Method == http.MethodGet {
+				w.Write(blob)
+			}
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		path := "/v2/r/blobs/" + digest
+		if resp, body, err := rawGet(t, e, http.MethodGet, path, "", nil); err != nil || resp.StatusCode != http.StatusOK || len(body) != len(blob) {
+			t.Fatalf("fill: %v %v", resp.StatusCode, err)
+		}
+		e.settle()
+		stalled(t, e, "GET "+path+" HTTP/1.1\r\nHost: relay\r\n\r\n")
+		// A hit's handler logs its request once it has closed the object's file.
+		e.Eventually("the stalled hit's handler returned", func() bool {
+			return strings.Contains(e.Logs.String(), `"outcome":"hit"`)
+		})
+	})
+	t.Run("finding 5: an upload ends when its caller stops sending", func(t *testing.T) {
+		bodyEnded := make(chan error, 1)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.Copy(io.Discard, r.Body)
+			bodyEnded <- err
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		stalled(t, e, "PUT /v2/r/blobs/uploads/u1 HTTP/1.1\r\nHost: relay\r\nContent-Length: 1048576\r\n\r\n"+
+			strings.Repeat("x", 1000))
+		select {
+		case err := <-bodyEnded:
+			if err == nil {
+				t.Fatal("the upstream received a whole upload its caller never sent")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("10s after its caller stopped sending, the relay still holds the upload open")
+		}
+	})
+}
+
+// TestUpstreamTransport: how the relay connects to the upstream.
+func TestUpstreamTransport(t *testing.T) {
+	// Finding 5 (issue 15): the registry transport had no per-host connection cap, so callers
+	// the upstream answers slowly each held an upstream connection of their own, without bound.
+	t.Run("finding 5: at most MaxUpstreamConns connections per host", func(t *testing.T) {
+		const limit, callers = 2, 6
+		var open, peak atomic.Int64
+		release := make(chan struct{})
+		up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-release
+			w.Write([]byte("{}"))
+		}))
+		up.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				n := open.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+			case http.StateClosed, http.StateHijacked:
+				open.Add(-1)
+			}
+		}
+		up.Start()
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxUpstreamConns = limit })
+		errs := make(chan error, callers)
+		for i := range callers {
+			go func() {
+				resp, _, err := rawGet(t, e, http.MethodGet, fmt.Sprintf("/v2/r/manifests/t%d", i), "", nil)
+				if err == nil && resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+				errs <- err
+			}()
+		}
+		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
+		time.Sleep(200 * time.Millisecond) // room for any connection beyond the cap to open
+		close(release)
+		for range callers {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if got := peak.Load(); got != limit {
+			t.Fatalf("the upstream saw %d connections at once, want %d", got, limit)
 		}
 	})
 }
