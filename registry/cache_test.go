@@ -11,6 +11,15 @@ import (
 	"github.com/rs/zerolog"
 )
 
+func unregisteredMetrics(t *testing.T) *metrics {
+	t.Helper()
+	m, err := newMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
 func hexOf(i int) string { return fmt.Sprintf("%064x", i) }
 
 // put publishes size bytes under hex as a fill would: reserve, temporary file, publish.
@@ -38,7 +47,7 @@ func present(c *cache, hex string) bool {
 }
 
 func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
-	m := newMetrics(nil)
+	m := unregisteredMetrics(t)
 	c, err := openCache(t.TempDir(), 3000, m, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -96,7 +105,7 @@ func TestCacheEvictsLeastRecentlyUsed(t *testing.T) {
 
 func TestCacheRestartKeepsObjectsInLRUOrder(t *testing.T) {
 	dir := t.TempDir()
-	m := newMetrics(nil)
+	m := unregisteredMetrics(t)
 	c, err := openCache(dir, 10_000, m, zerolog.Nop())
 	if err != nil {
 		t.Fatal(err)
@@ -116,7 +125,7 @@ func TestCacheRestartKeepsObjectsInLRUOrder(t *testing.T) {
 	os.MkdirAll(filepath.Dir(foreign), 0o755)
 	os.WriteFile(foreign, []byte("x"), 0o600)
 
-	c2, err := openCache(dir, 2500, newMetrics(nil), zerolog.Nop()) // a smaller bound: evicts at start
+	c2, err := openCache(dir, 2500, unregisteredMetrics(t), zerolog.Nop()) // a smaller bound: evicts at start
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,7 +151,7 @@ func TestCacheRestartKeepsObjectsInLRUOrder(t *testing.T) {
 func TestCacheUnusableDirectory(t *testing.T) {
 	notDir := filepath.Join(t.TempDir(), "file")
 	os.WriteFile(notDir, nil, 0o600)
-	if _, err := openCache(notDir, 1000, newMetrics(nil), zerolog.Nop()); err == nil {
+	if _, err := openCache(notDir, 1000, unregisteredMetrics(t), zerolog.Nop()); err == nil {
 		t.Fatal("a regular file opened as a cache directory")
 	}
 }

@@ -24,6 +24,8 @@
 // directory that cannot be written is served around, uncached and counted.
 //
 // It never caches tags, partial answers or anything but sha256, never serves a stored byte to a
-// caller the upstream did not answer with a 2xx for that very request, and never follows a
-// redirect from https to plain http.
+// caller the upstream did not answer with a 2xx for that very request, never follows a redirect
+// off the upstream's origin to plain http or to an address that is not public (redirect.go), and
+// never lets a caller that stops reading or sending hold a handler past the progress timeout
+// (progress.go).
 package registry

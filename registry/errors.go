@@ -3,6 +3,7 @@ package registry
 import (
 	"errors"
 	"net/http"
+	"strconv"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -23,6 +24,10 @@ const (
 	// relay could still refuse before sending any of them. 502, code DIGEST_INVALID. (Once bytes
 	// are on their way the relay cuts the answer short instead: see fill.go.)
 	RegistryDigestMismatch contracts.RefusalName = "registry-digest-mismatch"
+	// RegistryRedirectRefused: the upstream redirected a GET or HEAD where the relay does not
+	// follow (redirect.go): off its own origin to plain http or to an address that is not
+	// public, or more than 5 times. 502, code UNAVAILABLE. The reason never quotes the Location.
+	RegistryRedirectRefused contracts.RefusalName = "registry-redirect-refused"
 )
 
 // Errors of a fill, reported through metrics by reason; never sent to a client as text.
@@ -34,9 +39,9 @@ var (
 	errDisk           = errors.New("cache disk error")
 )
 
-// errUpstreamURL is New's answer to an upstream URL it will not use. The URL is never quoted: it
+// ErrUpstreamURL is New's answer to an upstream URL it will not use. The URL is never quoted: it
 // might carry a password.
-var errUpstreamURL = errors.New("registry upstream must be an http(s) URL without credentials, query or fragment")
+var ErrUpstreamURL = errors.New("registry upstream must be an http(s) URL without credentials, query or fragment")
 
 // writeRefusal answers with the relay's own error in the distribution error format.
 func writeRefusal(w http.ResponseWriter, status int, specCode string, r *contracts.Refusal) {
@@ -48,7 +53,7 @@ func writeRefusal(w http.ResponseWriter, status int, specCode string, r *contrac
 	h := w.Header()
 	h.Set("Content-Type", "application/json")
 	h.Set("Docker-Distribution-Api-Version", "registry/2.0")
-	h.Del("Content-Length")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(status)
 	w.Write(body)
 }

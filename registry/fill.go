@@ -148,9 +148,10 @@ func (f *fill) open() (*os.File, int64, error) {
 var errFillFailed = errors.New("fill failed")
 
 // tail copies the file to w as it grows, holding the last byte back until the fill is verified.
-// For an empty object the caller waits for the verdict before sending its answer's head: see
-// serveFill.
-func (f *fill) tail(ctx context.Context, w io.Writer, file *os.File) error {
+// A non-nil *head writes the answer's head: tail calls it, and sets it to nil, just before the
+// first byte, so that a fill failing before then can still be refused with a status. (For an
+// empty object the caller waits for the verdict before its head: see serveFill.)
+func (f *fill) tail(ctx context.Context, w io.Writer, file *os.File, head *func()) error {
 	var sent int64
 	for {
 		f.mu.Lock()
@@ -164,6 +165,10 @@ func (f *fill) tail(ctx context.Context, w io.Writer, file *os.File) error {
 			limit = size - 1
 		}
 		if sent < limit {
+			if *head != nil {
+				(*head)()
+				*head = nil
+			}
 			n, err := io.Copy(w, io.LimitReader(file, limit-sent))
 			sent += n
 			if err != nil {

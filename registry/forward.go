@@ -73,8 +73,9 @@ func (r *Registry) upstreamRequest(ctx context.Context, in *http.Request, method
 }
 
 // forward sends the caller's request to the upstream and writes the upstream's answer back, as
-// the upstream sent it. GET and HEAD follow redirects (a registry sends blob GETs to storage, and
-// nothing in the cluster but the relay dials out); other methods pass a redirect on.
+// the upstream sent it. GET and HEAD follow redirects where redirect.go allows (a registry sends
+// blob GETs to storage, and nothing in the cluster but the relay dials out); other methods pass a
+// redirect on.
 func (r *Registry) forward(x *exchange) {
 	x.route, x.source = "forward", sourceUpstream
 	in := x.req
@@ -98,12 +99,19 @@ func (r *Registry) forward(x *exchange) {
 	r.writeResponse(x, resp)
 }
 
-// unreachable answers a request the upstream never answered.
+// unreachable answers a request the upstream never answered: it could not be reached, or it
+// redirected where the relay does not follow.
 func (r *Registry) unreachable(x *exchange, err error) {
 	if x.req.Context().Err() != nil {
 		return // the caller left
 	}
 	x.err = safeError(err)
+	var re *redirectError
+	if errors.As(err, &re) {
+		r.m.redirectsRefused.Inc()
+		writeRefusal(x.w, http.StatusBadGateway, "UNAVAILABLE", RegistryRedirectRefused.Refuse("%s", re.reason))
+		return
+	}
 	writeRefusal(x.w, http.StatusBadGateway, "UNAVAILABLE", RegistryUpstreamUnreachable.Refuse("the registry upstream did not answer"))
 }
 
@@ -173,25 +181,6 @@ func (r *Registry) relativeLocation(loc string) string {
 	return p
 }
 
-// checkRedirect follows at most 5 redirects and never from https to plain http. A redirect off
-// the upstream's origin (scheme, host and port) carries none of the caller's credentials, so
-// storage never sees the caller's token: Go's client keeps them for the same host name on
-// another port and for subdomains, which are other origins all the same.
-func checkRedirect(req *http.Request, via []*http.Request) error {
-	if len(via) >= 5 {
-		return errors.New("stopped after 5 redirects")
-	}
-	if via[0].URL.Scheme == "https" && req.URL.Scheme != "https" {
-		return errors.New("refused a redirect from https to plain http")
-	}
-	if req.URL.Scheme != via[0].URL.Scheme || !strings.EqualFold(req.URL.Host, via[0].URL.Host) {
-		for _, h := range []string{"Authorization", "Cookie", "Cookie2"} {
-			req.Header.Del(h)
-		}
-	}
-	return nil
-}
-
 // safeError is an error fit for a log: a *url.Error quotes the URL (and its query, which may
 // carry a signed token), so only its cause is kept. A cause that quotes a URL itself — Go's
 // client quotes a redirect's whole Location when it does not parse, a signed storage URL
@@ -211,44 +200,3 @@ func safeError(err error) error {
 
 // errUnfollowable stands in the log for an error that would quote a URL.
 var errUnfollowable = errors.New("the upstream's answer names a URL that cannot be followed")
-
-// countingWriter counts body bytes and keeps the status for the log. It passes ReadFrom on, so
-// a file copied to a plain-TCP caller still goes by sendfile.
-type countingWriter struct {
-	http.ResponseWriter
-	n      int64
-	status int
-}
-
-func (c *countingWriter) WriteHeader(code int) {
-	if c.status == 0 {
-		c.status = code
-	}
-	c.ResponseWriter.WriteHeader(code)
-}
-
-func (c *countingWriter) Write(p []byte) (int, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	n, err := c.ResponseWriter.Write(p)
-	c.n += int64(n)
-	return n, err
-}
-
-func (c *countingWriter) ReadFrom(src io.Reader) (int64, error) {
-	if c.status == 0 {
-		c.status = http.StatusOK
-	}
-	var n int64
-	var err error
-	if rf, ok := c.ResponseWriter.(io.ReaderFrom); ok {
-		n, err = rf.ReadFrom(src)
-	} else {
-		n, err = io.Copy(struct{ io.Writer }{c.ResponseWriter}, src)
-	}
-	c.n += n
-	return n, err
-}
-
-func (c *countingWriter) Unwrap() http.ResponseWriter { return c.ResponseWriter }

@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -128,38 +129,6 @@ func TestPathsTheRelayDidNotJudgeAreNotForwarded(t *testing.T) {
 	}
 }
 
-func TestUnusableCacheDirectoryServesUncachedAndCountsIt(t *testing.T) {
-	up := newTestUpstream(t, testUsers)
-	notDir := filepath.Join(t.TempDir(), "cache")
-	os.WriteFile(notDir, []byte("a file, not a directory"), 0o600)
-	e := startRelay(t, up.URL(), notDir, nil)
-	img := pushImage(t, up, "team/app", 32<<10, 2)
-	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
-		t.Fatalf("pull without a usable cache: %v", err)
-	}
-	if got := e.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
-		t.Fatalf("bypass{disk} = %v, want every GET by digest counted", got)
-	}
-
-	// A cache whose temporary directory disappears mid-run pauses and serves uncached.
-	up2 := newTestUpstream(t, testUsers)
-	e2 := startRelay(t, up2.URL(), "", nil)
-	img2 := pushImage(t, up2, "team/app", 32<<10, 2)
-	tmp := filepath.Join(e2.cacheDir, "tmp")
-	os.RemoveAll(tmp)
-	os.WriteFile(tmp, nil, 0o600)
-	if err := pullImage(t, e2, newClient(t, "alice", "alice-secret-pw"), "team/app", img2); err != nil {
-		t.Fatalf("pull with a broken cache: %v", err)
-	}
-	e2.settle()
-	if got := e2.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
-		t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
-	}
-	if got := e2.Metric("relay_registry_cache_objects"); got != 0 {
-		t.Fatalf("%v objects cached on a broken disk", got)
-	}
-}
-
 func TestCacheSurvivesARelayRestart(t *testing.T) {
 	up := newTestUpstream(t, testUsers)
 	cacheDir := filepath.Join(t.TempDir(), "cache")
@@ -178,55 +147,6 @@ func TestCacheSurvivesARelayRestart(t *testing.T) {
 	}
 	if got := up.blobGets.Load(); got != 0 {
 		t.Fatalf("after a restart the pull fetched %d blobs from upstream, want 0", got)
-	}
-}
-
-func TestCacheBoundEvictsLeastRecentlyUsed(t *testing.T) {
-	up := newTestUpstream(t, testUsers)
-	e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
-	img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
-	if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
-		t.Fatal(err)
-	}
-	e.settle()
-	if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
-		t.Fatalf("evictions = %v, want some", got)
-	}
-	if got := e.Metric("relay_registry_cache_bytes"); got > 700<<10 {
-		t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
-	}
-}
-
-func TestFillOutlivesALeaderWhoLeaves(t *testing.T) {
-	up := newTestUpstream(t, testUsers)
-	e := startRelay(t, up.URL(), "", nil)
-	img := pushImage(t, up, "team/app", 2<<20, 1)
-	digest := layerDigests(t, img)[0].String()
-	path := "/v2/team/app/blobs/" + digest
-	tok := up.tokenFor(t, "alice", "alice-secret-pw")
-	up.blobGets.Store(0)
-	up.bytesPerSec.Store(8 << 20)
-
-	ctx, cancel := context.WithCancel(context.Background())
-	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+path, nil)
-	req.Header.Set("Authorization", "Bearer "+tok)
-	tr := &http.Transport{}
-	defer tr.CloseIdleConnections()
-	resp, err := (&http.Client{Transport: tr}).Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	io.ReadFull(resp.Body, make([]byte, 64<<10))
-	cancel() // the leader leaves early
-	resp.Body.Close()
-	e.settle()
-	up.bytesPerSec.Store(0)
-	if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
-		t.Fatalf("the fill stopped with its leader: %v", err)
-	}
-	resp2, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
-	if err != nil || resp2.StatusCode != http.StatusOK || sha256Of(body) != digest || up.blobGets.Load() != 1 {
-		t.Fatalf("after the leader left: %v %v, upstream GETs %d", resp2.StatusCode, err, up.blobGets.Load())
 	}
 }
 
@@ -297,64 +217,6 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 	}
 }
 
-// Storage a registry redirects blob GETs to is another origin, even on the registry's own host
-// name: another port (a MinIO beside the registry) or a subdomain. Go's client drops
-// Authorization only for another host name, so the relay drops it itself for any other origin.
-// Both a blob the relay caches (sha256) and one it only forwards (sha512) are followed.
-func TestBlobRedirectsAreFollowedWithoutTheCallersCredentials(t *testing.T) {
-	for _, tc := range []struct{ name, storageHost string }{
-		{"another host", "localhost"},
-		{"same host name, another port", "127.0.0.1"},
-	} {
-		t.Run(tc.name, func(t *testing.T) {
-			blob := make([]byte, 100<<10)
-			rand.Read(blob)
-			digest := sha256Of(blob)
-			forwarded := "sha512:" + fmt.Sprintf("%0128x", 1)
-			var storageAuth atomic.Value
-			storageAuth.Store("")
-			storage := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				storageAuth.Store(r.Header.Get("Authorization"))
-				w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
-				w.Write(blob)
-			}))
-			defer storage.Close()
-			storageURL := strings.Replace(storage.URL, "127.0.0.1", tc.storageHost, 1) + "/signed/object?sig=s3cr3t"
-			up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				if r.Header.Get("Authorization") != "Bearer good" {
-					w.WriteHeader(http.StatusUnauthorized)
-					return
-				}
-				if r.Method == http.MethodHead {
-					w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
-					w.Header().Set("Docker-Content-Digest", digest)
-					return
-				}
-				http.Redirect(w, r, storageURL, http.StatusTemporaryRedirect)
-			}))
-			defer up.Close()
-			e := startRelay(t, up.URL, "", nil)
-			for _, d := range []string{digest, forwarded} {
-				storageAuth.Store("")
-				resp, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+d, "good", nil)
-				if err != nil || resp.StatusCode != http.StatusOK || !bytes.Equal(body, blob) {
-					t.Fatalf("redirected blob %s: %v %v, %d bytes", d, resp.StatusCode, err, len(body))
-				}
-				if a := storageAuth.Load().(string); a != "" {
-					t.Fatalf("storage received the caller's Authorization %q for %s", a, d)
-				}
-			}
-			e.settle()
-			if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
-				t.Fatalf("redirected blob not cached: %v", err)
-			}
-			if strings.Contains(e.Logs.String(), "s3cr3t") {
-				t.Fatal("the signed storage URL appears in the log")
-			}
-		})
-	}
-}
-
 // An empty object cannot have a last byte held back: it is verified before its head is sent.
 func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
 	empty := sha256Of(nil)
@@ -379,4 +241,349 @@ func TestEmptyObjectIsVerifiedBeforeItsHead(t *testing.T) {
 	if _, err := os.Stat(blobPath(e.cacheDir, wrong)); !os.IsNotExist(err) {
 		t.Fatal("an empty body published under a non-empty digest")
 	}
+}
+
+// TestCacheDisk: a cache directory that cannot be written is served around, uncached and
+// counted, and comes back once it can be written again.
+func TestCacheDisk(t *testing.T) {
+	t.Run("an unusable directory is served uncached and counted", func(t *testing.T) {
+		up := newTestUpstream(t, testUsers)
+		notDir := filepath.Join(t.TempDir(), "cache")
+		os.WriteFile(notDir, []byte("a file, not a directory"), 0o600)
+		e := startRelay(t, up.URL(), notDir, nil)
+		img := pushImage(t, up, "team/app", 32<<10, 2)
+		if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
+			t.Fatalf("pull without a usable cache: %v", err)
+		}
+		if got := e.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 3 {
+			t.Fatalf("bypass{disk} = %v, want every GET by digest counted", got)
+		}
+
+		// A cache whose temporary directory disappears mid-run pauses and serves uncached.
+		up2 := newTestUpstream(t, testUsers)
+		e2 := startRelay(t, up2.URL(), "", nil)
+		img2 := pushImage(t, up2, "team/app", 32<<10, 2)
+		tmp := filepath.Join(e2.cacheDir, "tmp")
+		os.RemoveAll(tmp)
+		os.WriteFile(tmp, nil, 0o600)
+		if err := pullImage(t, e2, newClient(t, "alice", "alice-secret-pw"), "team/app", img2); err != nil {
+			t.Fatalf("pull with a broken cache: %v", err)
+		}
+		e2.settle()
+		if got := e2.Metric("relay_registry_cache_bypass_total", "reason", "disk"); got < 1 {
+			t.Fatalf("bypass{disk} = %v after the temporary directory broke", got)
+		}
+		if got := e2.Metric("relay_registry_cache_objects"); got != 0 {
+			t.Fatalf("%v objects cached on a broken disk", got)
+		}
+	})
+	// An operator who empties the cache directory of a running relay (rm -rf cache/*) to free disk
+	// costs it the stored objects and, for a pause, fills: not the cache for good.
+	t.Run("an emptied directory comes back after its pause", func(t *testing.T) {
+		if testing.Short() {
+			t.Skip("may wait out the cache's one-minute pause after a disk error")
+		}
+		up := newTestUpstream(t, testUsers)
+		e := startRelay(t, up.URL(), "", nil)
+		img := pushImage(t, up, "team/app", 32<<10, 2)
+		layers := layerDigests(t, img)
+		tok := up.tokenFor(t, "alice", "alice-secret-pw")
+		get := func(digest string) {
+			t.Helper()
+			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+digest, tok, nil)
+			if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != digest {
+				t.Fatalf("GET %s: %v %v", digest, resp.StatusCode, err)
+			}
+			e.settle()
+		}
+		get(layers[0].String())
+
+		entries, err := os.ReadDir(e.cacheDir)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, de := range entries {
+			if err := os.RemoveAll(filepath.Join(e.cacheDir, de.Name())); err != nil {
+				t.Fatal(err)
+			}
+		}
+		get(layers[1].String()) // may fail to cache and pause the cache: a disk error
+		if _, err := os.Stat(blobPath(e.cacheDir, layers[1].String())); err != nil {
+			time.Sleep(61 * time.Second) // the pause
+			get(layers[1].String())
+		}
+		if _, err := os.Stat(blobPath(e.cacheDir, layers[1].String())); err != nil {
+			t.Fatalf("a minute after its directory was emptied the cache still stores nothing: %v (fill failures: disk %v, bypass disk %v)",
+				err, e.Metric("relay_registry_cache_fill_failures_total", "reason", "disk"), e.Metric("relay_registry_cache_bypass_total", "reason", "disk"))
+		}
+	})
+}
+
+// TestCacheBound: the cache stays within its bound, evicting the least recently used objects,
+// and evicts nothing for a fill that could not have the room anyway.
+func TestCacheBound(t *testing.T) {
+	t.Run("least recently used objects are evicted", func(t *testing.T) {
+		up := newTestUpstream(t, testUsers)
+		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
+		img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
+		if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
+			t.Fatal(err)
+		}
+		e.settle()
+		if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
+			t.Fatalf("evictions = %v, want some", got)
+		}
+		if got := e.Metric("relay_registry_cache_bytes"); got > 700<<10 {
+			t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
+		}
+	})
+	// A fill that cannot have room (fills in progress hold it) is served uncached; it must not
+	// evict stored objects on its way to finding that out.
+	t.Run("a fill that cannot reserve evicts nothing", func(t *testing.T) {
+		up := newTestUpstream(t, testUsers)
+		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
+		small := layerDigests(t, pushImage(t, up, "team/app", 150<<10, 1))[0].String()
+		big := layerDigests(t, pushImage(t, up, "team/app", 400<<10, 2))
+		tok := up.tokenFor(t, "alice", "alice-secret-pw")
+		get := func(digest string) {
+			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+digest, tok, nil)
+			if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != digest {
+				t.Errorf("GET %s: %v %v", digest, resp.StatusCode, err)
+			}
+		}
+
+		get(small) // stored: about 150 KiB of the 700 KiB bound
+		e.settle()
+		if _, err := os.Stat(blobPath(e.cacheDir, small)); err != nil {
+			t.Fatal(err)
+		}
+
+		// A slow fill of one big layer reserves about 400 KiB; a second big layer cannot fit beside
+		// it even in an empty cache, so it is served uncached.
+		up.bytesPerSec.Store(400 << 10)
+		done := make(chan struct{})
+		go func() { defer close(done); get(big[0].String()) }()
+		e.Eventually("the first big fill runs", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 1 })
+		get(big[1].String())
+		<-done
+		e.settle()
+
+		if got := e.Metric("relay_registry_cache_bypass_total", "reason", "too-large"); got != 1 {
+			t.Fatalf("too-large bypasses = %v, want 1 (the second big layer)", got)
+		}
+		if _, err := os.Stat(blobPath(e.cacheDir, small)); err != nil {
+			t.Fatalf("a stored object was evicted for a fill that then went uncached: %v (evictions %v)",
+				err, e.Metric("relay_registry_cache_evictions_total"))
+		}
+	})
+}
+
+// TestCallerLifetime: what a caller's departure ends and what it does not.
+func TestCallerLifetime(t *testing.T) {
+	t.Run("a fill outlives a leader who leaves", func(t *testing.T) {
+		up := newTestUpstream(t, testUsers)
+		e := startRelay(t, up.URL(), "", nil)
+		img := pushImage(t, up, "team/app", 2<<20, 1)
+		digest := layerDigests(t, img)[0].String()
+		path := "/v2/team/app/blobs/" + digest
+		tok := up.tokenFor(t, "alice", "alice-secret-pw")
+		up.blobGets.Store(0)
+		up.bytesPerSec.Store(8 << 20)
+
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+path, nil)
+		req.Header.Set("Authorization", "Bearer "+tok)
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		io.ReadFull(resp.Body, make([]byte, 64<<10))
+		cancel() // the leader leaves early
+		resp.Body.Close()
+		e.settle()
+		up.bytesPerSec.Store(0)
+		if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
+			t.Fatalf("the fill stopped with its leader: %v", err)
+		}
+		resp2, body, err := rawGet(t, e, http.MethodGet, path, tok, nil)
+		if err != nil || resp2.StatusCode != http.StatusOK || sha256Of(body) != digest || up.blobGets.Load() != 1 {
+			t.Fatalf("after the leader left: %v %v, upstream GETs %d", resp2.StatusCode, err, up.blobGets.Load())
+		}
+	})
+	// A fill whose upstream answer is not cacheable (here: a 200 without a length) is handed to its
+	// leader as a plain forward. When that caller leaves, the upstream request must end with it, as
+	// it does for every other forwarded request: otherwise a silent upstream holds the handler, its
+	// goroutine and an upstream connection until the registry closes.
+	t.Run("an uncacheable answer ends when its caller leaves", func(t *testing.T) {
+		upstreamGone, release := make(chan struct{}), make(chan struct{})
+		digest := "sha256:" + strings.Repeat("ab", 32)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.WriteHeader(http.StatusOK)  // no Content-Length: chunked, so not cacheable
+			w.Write(make([]byte, 64<<10)) // more than the relay buffers
+			w.(http.Flusher).Flush()
+			select { // silent until the relay gives up on the request
+			case <-r.Context().Done():
+				close(upstreamGone)
+			case <-release:
+			}
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", nil)
+		t.Cleanup(func() { close(release) })
+
+		ctx, cancel := context.WithCancel(context.Background())
+		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+"/v2/r/blobs/"+digest, nil)
+		tr := &http.Transport{}
+		defer tr.CloseIdleConnections()
+		resp, err := (&http.Client{Transport: tr}).Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if resp.StatusCode != http.StatusOK {
+			t.Fatalf("status %d", resp.StatusCode)
+		}
+		io.ReadFull(resp.Body, make([]byte, 4))
+		cancel() // the caller leaves
+		resp.Body.Close()
+
+		select {
+		case <-upstreamGone:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the caller left 5s ago, but the relay still holds its upstream request open")
+		}
+	})
+
+	// Finding 5 (issue 15): a /v2/ caller that stops reading held its handler for ever, and with
+	// it an upstream connection, a stored object's file (evicted or not) or a fill's. Every write
+	// to a caller, and every read of its body, must now complete within the progress timeout.
+	// The caller here is a raw connection that sends its request and never reads (or, uploading,
+	// stops sending) with a small receive buffer, so the relay's writes block once the socket
+	// buffers are full.
+	const progress = 300 * time.Millisecond
+	stalled := func(t *testing.T, e *relayEnv, request string) {
+		t.Helper()
+		c, err := net.Dial("tcp", e.addr)
+		if err != nil {
+			t.Fatal(err)
+		}
+		c.(*net.TCPConn).SetReadBuffer(4 << 10)
+		t.Cleanup(func() { c.Close() })
+		if _, err := io.WriteString(c, request); err != nil {
+			t.Fatal(err)
+		}
+	}
+	t.Run("finding 5: a forwarded answer ends when its caller stops reading", func(t *testing.T) {
+		upstreamGone := make(chan struct{})
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			buf := make([]byte, 64<<10)
+			for { // an endless manifest: only the caller's pace stops it
+				if _, err := w.Write(buf); err != nil {
+					close(upstreamGone)
+					return
+				}
+			}
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		stalled(t, e, "GET /v2/r/manifests/latest HTTP/1.1\r\nHost: relay\r\n\r\n")
+		select {
+		case <-upstreamGone:
+		case <-time.After(10 * time.Second):
+			t.Fatal("10s after its caller stopped reading, the relay still holds the upstream request")
+		}
+	})
+	t.Run("finding 5: a stored object is let go when its caller stops reading", func(t *testing.T) {
+		blob := make([]byte, 16<<20) // well beyond the socket buffers
+		rand.Read(blob)
+		digest := sha256Of(blob)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Length", fmt.Sprint(len(blob)))
+			w.Header().Set("Docker-Content-Digest", digest)
+			if r.Method == http.MethodGet {
+				w.Write(blob)
+			}
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		path := "/v2/r/blobs/" + digest
+		if resp, body, err := rawGet(t, e, http.MethodGet, path, "", nil); err != nil || resp.StatusCode != http.StatusOK || len(body) != len(blob) {
+			t.Fatalf("fill: %v %v", resp.StatusCode, err)
+		}
+		e.settle()
+		stalled(t, e, "GET "+path+" HTTP/1.1\r\nHost: relay\r\n\r\n")
+		// A hit's handler logs its request once it has closed the object's file.
+		e.Eventually("the stalled hit's handler returned", func() bool {
+			return strings.Contains(e.Logs.String(), `"outcome":"hit"`)
+		})
+	})
+	t.Run("finding 5: an upload ends when its caller stops sending", func(t *testing.T) {
+		bodyEnded := make(chan error, 1)
+		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			_, err := io.Copy(io.Discard, r.Body)
+			bodyEnded <- err
+		}))
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		stalled(t, e, "PUT /v2/r/blobs/uploads/u1 HTTP/1.1\r\nHost: relay\r\nContent-Length: 1048576\r\n\r\n"+
+			strings.Repeat("x", 1000))
+		select {
+		case err := <-bodyEnded:
+			if err == nil {
+				t.Fatal("the upstream received a whole upload its caller never sent")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("10s after its caller stopped sending, the relay still holds the upload open")
+		}
+	})
+}
+
+// TestUpstreamTransport: how the relay connects to the upstream.
+func TestUpstreamTransport(t *testing.T) {
+	// Finding 5 (issue 15): the registry transport had no per-host connection cap, so callers
+	// the upstream answers slowly each held an upstream connection of their own, without bound.
+	t.Run("finding 5: at most MaxUpstreamConns connections per host", func(t *testing.T) {
+		const limit, callers = 2, 6
+		var open, peak atomic.Int64
+		release := make(chan struct{})
+		up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			<-release
+			w.Write([]byte("{}"))
+		}))
+		up.Config.ConnState = func(_ net.Conn, st http.ConnState) {
+			switch st {
+			case http.StateNew:
+				n := open.Add(1)
+				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+				}
+			case http.StateClosed, http.StateHijacked:
+				open.Add(-1)
+			}
+		}
+		up.Start()
+		t.Cleanup(up.Close)
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxUpstreamConns = limit })
+		errs := make(chan error, callers)
+		for i := range callers {
+			go func() {
+				resp, _, err := rawGet(t, e, http.MethodGet, fmt.Sprintf("/v2/r/manifests/t%d", i), "", nil)
+				if err == nil && resp.StatusCode != http.StatusOK {
+					err = fmt.Errorf("status %d", resp.StatusCode)
+				}
+				errs <- err
+			}()
+		}
+		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
+		time.Sleep(200 * time.Millisecond) // room for any connection beyond the cap to open
+		close(release)
+		for range callers {
+			if err := <-errs; err != nil {
+				t.Error(err)
+			}
+		}
+		if got := peak.Load(); got != limit {
+			t.Fatalf("the upstream saw %d connections at once, want %d", got, limit)
+		}
+	})
 }

@@ -48,7 +48,7 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream, cfg.RegistryCacheDir = upstreamURL, cacheDir },
 		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
 			opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: o.Registry, Log: log.With().Str("component", "registry").Logger()}
+				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry, Logger: log}
 			if tune != nil {
 				tune(&opts)
 			}

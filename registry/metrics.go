@@ -6,18 +6,19 @@ import (
 
 // metrics of registry forwarding: namespace relay, subsystem registry.
 type metrics struct {
-	requests       *prometheus.CounterVec // kind, method
-	bytes          *prometheus.CounterVec // source: upstream, cache
-	hits           *prometheus.CounterVec // kind
-	misses         *prometheus.CounterVec // kind
-	coalesced      *prometheus.CounterVec // kind
-	authorizations *prometheus.CounterVec // outcome: allowed, refused, error
-	evictions      prometheus.Counter
-	bypass         *prometheus.CounterVec // reason
-	fillFailures   *prometheus.CounterVec // reason
-	cacheBytes     prometheus.Gauge
-	cacheObjects   prometheus.Gauge
-	fillsInFlight  prometheus.Gauge
+	requests         *prometheus.CounterVec // kind, method
+	bytes            *prometheus.CounterVec // source: upstream, cache
+	hits             *prometheus.CounterVec // kind
+	misses           *prometheus.CounterVec // kind
+	coalesced        *prometheus.CounterVec // kind
+	authorizations   *prometheus.CounterVec // outcome: allowed, refused, error
+	evictions        prometheus.Counter
+	bypass           *prometheus.CounterVec // reason
+	fillFailures     *prometheus.CounterVec // reason
+	redirectsRefused prometheus.Counter
+	cacheBytes       prometheus.Gauge
+	cacheObjects     prometheus.Gauge
+	fillsInFlight    prometheus.Gauge
 }
 
 // Label values.
@@ -35,7 +36,14 @@ const (
 	bypassInconsistent = "inconsistent"  // the upstream's HEAD disagreed with the cached size or digest
 )
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+// The fixed label sets a peer's input is mapped into.
+var (
+	methodLabels       = []string{"get", "head", "post", "put", "patch", "delete", "other"}
+	bypassReasons      = []string{bypassDisk, bypassTooLarge, bypassNotCacheable, bypassInconsistent}
+	fillFailureReasons = []string{"digest-mismatch", "size-mismatch", "upstream", "stalled", "disk", "closed"}
+)
+
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	const ns, sub = "relay", "registry"
 	counter := func(name, help string, labels ...string) *prometheus.CounterVec {
 		return prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help}, labels)
@@ -44,7 +52,8 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		return prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: name, Help: help})
 	}
 	m := &metrics{
-		requests: counter("requests_total", "Requests under /v2/, by kind (blob, manifest, other) and HTTP method.", "kind", "method"),
+		requests: counter("requests_total", "Requests under /v2/, by kind (blob, manifest, other) and HTTP method "+
+			"(get, head, post, put, patch, delete, other).", "kind", "method"),
 		bytes: counter("bytes_total", "Body bytes sent to callers, by source: upstream (forwarded or filling) "+
 			"or cache (a stored object or another caller's fill).", "source"),
 		hits:   counter("cache_hits_total", "GETs by digest served from a stored object after the upstream authorized them.", "kind"),
@@ -59,19 +68,49 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 			"not-cacheable, inconsistent.", "reason"),
 		fillFailures: counter("cache_fill_failures_total", "Fetches into the cache that were not published, by reason: "+
 			"digest-mismatch, size-mismatch, upstream, stalled, disk, closed.", "reason"),
+		redirectsRefused: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "redirects_refused_total",
+			Help: "Requests refused registry-redirect-refused: the upstream redirected off its origin to plain http or " +
+				"to an address that is not public, or more than 5 times."}),
 		cacheBytes:    gauge("cache_bytes", "Bytes of stored objects."),
 		cacheObjects:  gauge("cache_objects", "Stored objects."),
 		fillsInFlight: gauge("cache_fills_in_flight", "Fetches into the cache in progress."),
 	}
-	if reg != nil {
-		reg.MustRegister(m.collectors()...)
+	// Every label value is one of a fixed set, and each starts at zero so that a rate is defined
+	// before the first event.
+	kinds := []string{kindOther.String(), kindBlob.String(), kindManifest.String()}
+	for _, k := range kinds {
+		for _, meth := range methodLabels {
+			m.requests.WithLabelValues(k, meth)
+		}
+		m.hits.WithLabelValues(k)
+		m.misses.WithLabelValues(k)
+		m.coalesced.WithLabelValues(k)
 	}
-	return m
+	for _, v := range []string{sourceUpstream, sourceCache} {
+		m.bytes.WithLabelValues(v)
+	}
+	for _, v := range []string{authAllowed, authRefused, authError} {
+		m.authorizations.WithLabelValues(v)
+	}
+	for _, v := range bypassReasons {
+		m.bypass.WithLabelValues(v)
+	}
+	for _, v := range fillFailureReasons {
+		m.fillFailures.WithLabelValues(v)
+	}
+	if reg != nil {
+		for _, c := range m.collectors() {
+			if err := reg.Register(c); err != nil {
+				return nil, err
+			}
+		}
+	}
+	return m, nil
 }
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
-		m.bypass, m.fillFailures, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
+		m.bypass, m.fillFailures, m.redirectsRefused, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
 }
 
 // fillFailureReason is the metric label of a fill's error.

@@ -2,10 +2,10 @@ package registry
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
-	"net"
+	"fmt"
 	"net/http"
+	"net/netip"
 	"net/url"
 	"os"
 	"strconv"
@@ -22,35 +22,51 @@ const (
 	DefaultCacheMaxBytes    = 10 << 30 // 10 GiB: a few dozen typical images
 	DefaultStallTimeout     = 60 * time.Second
 	DefaultAuthorizeTimeout = 30 * time.Second
+	// DefaultProgressTimeout bounds each write to a caller (one copy buffer, 256 KiB, or the
+	// answer's last bytes) and each read of its request body: a caller slower than about 4 KiB/s
+	// is cut off rather than pinning a stored object or an upstream connection for ever.
+	DefaultProgressTimeout = 60 * time.Second
+	// DefaultMaxUpstreamConns caps the connections to one upstream (or storage) host: many
+	// nodes pull at once, but never with a connection each without bound.
+	DefaultMaxUpstreamConns = 256
 )
 
 // Options configure New.
 type Options struct {
+	// Logger is the registry's logger; New adds component "registry". The zero Logger logs
+	// nothing.
+	Logger zerolog.Logger
+	// Registerer gets the registry's metrics; nil keeps them unregistered.
+	Registerer prometheus.Registerer
+
 	Upstream      string // the registry /v2/ is forwarded to: https://host[:port][/prefix]
 	CacheDir      string // the digest cache; empty: no cache
 	CacheMaxBytes int64  // the cache bound; 0: DefaultCacheMaxBytes
 
-	Metrics prometheus.Registerer // nil: metrics are kept but not registered
-	Log     zerolog.Logger        // the zero Logger logs nothing
-
-	// Transport reaches the upstream; nil: a transport that verifies TLS against RootCAs and
-	// never asks for a content coding. Tests give one trusting their own CA.
-	Transport http.RoundTripper
-	// RootCAs verifies the upstream's certificate when Transport is nil; nil: the system roots.
+	// RootCAs verifies the upstream's (and its storage's) certificates; nil: the system roots.
 	RootCAs *x509.CertPool
 	// StallTimeout ends a fill that receives no byte for this long; 0: DefaultStallTimeout.
 	StallTimeout time.Duration
 	// AuthorizeTimeout bounds the authorization HEAD; 0: DefaultAuthorizeTimeout.
 	AuthorizeTimeout time.Duration
+	// ProgressTimeout bounds each write to a caller and each read of its body; 0:
+	// DefaultProgressTimeout.
+	ProgressTimeout time.Duration
+	// MaxUpstreamConns caps the connections per upstream host; 0: DefaultMaxUpstreamConns.
+	MaxUpstreamConns int
+
+	// publicAddr decides which addresses a redirect off the upstream's origin may reach; nil:
+	// publicAddr. Tests set it (export_test.go) to stand loopback storage in for public storage.
+	publicAddr func(netip.Addr) bool
 }
 
 // Registry serves /v2/: an http.Handler for the relay's downstream listener.
 type Registry struct {
-	upstream         *url.URL          // set at construction
-	transport        http.RoundTripper // set at construction
-	follow           *http.Client      // set at construction: transport, following redirects
-	cacheDir         string            // set at construction; empty: no cache
-	cacheMax         int64             // set at construction
+	upstream         *url.URL        // set at construction
+	transport        *http.Transport // set at construction: dials redirects' hosts only at public addresses
+	follow           *http.Client    // set at construction: transport, following redirects
+	cacheDir         string          // set at construction; empty: no cache
+	cacheMax         int64           // set at construction
 	cache            atomic.Pointer[cache]
 	reopenMu         sync.Mutex
 	reopenTried      time.Time      // guarded by reopenMu: the last attempt to open an unusable cache
@@ -58,6 +74,7 @@ type Registry struct {
 	log              zerolog.Logger // set at construction
 	stallTimeout     time.Duration  // set at construction
 	authorizeTimeout time.Duration  // set at construction
+	progressTimeout  time.Duration  // set at construction
 
 	ctx     context.Context         // set at construction: the life of fills; ends at Close
 	cancel  context.CancelCauseFunc // set at construction
@@ -71,29 +88,42 @@ type Registry struct {
 // the relay's configuration admits it with --insecure-plaintext) and carry no credentials, query
 // or fragment: every credential comes from the caller. A cache directory that cannot be used is
 // not an error: the registry serves uncached, logs it once and counts each request it could not
-// cache.
+// cache. New fails on such a URL, or when its metrics cannot be registered.
 func New(opts Options) (*Registry, error) {
 	u, err := url.Parse(opts.Upstream)
 	if err != nil || u.Host == "" || u.User != nil || u.RawQuery != "" || u.ForceQuery || u.Fragment != "" ||
 		u.Scheme != "https" && u.Scheme != "http" {
-		return nil, errUpstreamURL
+		return nil, ErrUpstreamURL
 	}
 	for len(u.Path) > 0 && u.Path[len(u.Path)-1] == '/' {
 		u.Path = u.Path[:len(u.Path)-1]
 	}
 	u.RawPath = ""
-	r := &Registry{upstream: u, transport: opts.Transport, m: newMetrics(opts.Metrics), log: opts.Log,
-		stallTimeout: opts.StallTimeout, authorizeTimeout: opts.AuthorizeTimeout}
-	if r.transport == nil {
-		r.transport = defaultTransport(opts.RootCAs)
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register registry metrics: %w", err)
 	}
+	r := &Registry{upstream: u, m: m, log: opts.Logger.With().Str("component", "registry").Logger(),
+		stallTimeout: opts.StallTimeout, authorizeTimeout: opts.AuthorizeTimeout, progressTimeout: opts.ProgressTimeout}
 	if r.stallTimeout <= 0 {
 		r.stallTimeout = DefaultStallTimeout
 	}
 	if r.authorizeTimeout <= 0 {
 		r.authorizeTimeout = DefaultAuthorizeTimeout
 	}
-	r.follow = &http.Client{Transport: r.transport, CheckRedirect: checkRedirect}
+	if r.progressTimeout <= 0 {
+		r.progressTimeout = DefaultProgressTimeout
+	}
+	conns := opts.MaxUpstreamConns
+	if conns <= 0 {
+		conns = DefaultMaxUpstreamConns
+	}
+	public := opts.publicAddr
+	if public == nil {
+		public = publicAddr
+	}
+	r.transport = newTransport(u, opts.RootCAs, conns, public)
+	r.follow = &http.Client{Transport: r.transport, CheckRedirect: r.checkRedirect}
 	r.ctx, r.cancel = context.WithCancelCause(context.Background())
 	bound := opts.CacheMaxBytes
 	if bound <= 0 {
@@ -136,16 +166,6 @@ func (r *Registry) currentCache() *cache {
 	return c
 }
 
-func defaultTransport(roots *x509.CertPool) *http.Transport {
-	t := http.DefaultTransport.(*http.Transport).Clone()
-	t.DisableCompression = true // bytes pass as the registry stored them; a fill asks for identity
-	t.MaxIdleConnsPerHost = 64  // many nodes pull at once
-	t.ResponseHeaderTimeout = time.Minute
-	t.TLSClientConfig = &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots}
-	t.DialContext = (&net.Dialer{Timeout: 30 * time.Second, KeepAlive: 30 * time.Second}).DialContext
-	return t
-}
-
 // Close ends every fill in progress (callers reading them get broken answers) and waits for them.
 // In-flight requests that do not read a fill are not waited for: their server owns them.
 func (r *Registry) Close() error {
@@ -154,15 +174,13 @@ func (r *Registry) Close() error {
 	r.closeMu.Unlock()
 	r.cancel(errClosed)
 	r.fillsWG.Wait()
-	if t, ok := r.transport.(interface{ CloseIdleConnections() }); ok {
-		t.CloseIdleConnections()
-	}
+	r.transport.CloseIdleConnections()
 	return nil
 }
 
 // exchange is one request as the registry serves it.
 type exchange struct {
-	w      *countingWriter
+	w      *callerWriter
 	req    *http.Request
 	c      *cache // nil: no cache
 	t      target
@@ -171,17 +189,22 @@ type exchange struct {
 	err    error  // a local error for the log (never a peer's text)
 }
 
-// ServeHTTP serves one request under /v2/.
+// ServeHTTP serves one request under /v2/. Every write to the caller and every read of its body
+// must complete within the progress timeout (progress.go).
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
-	x := &exchange{w: &countingWriter{ResponseWriter: w}, req: req, source: sourceUpstream}
+	x := &exchange{w: newCallerWriter(w, r.progressTimeout), req: req, source: sourceUpstream}
+	if req.Body != nil && req.Body != http.NoBody {
+		req.Body = &callerBody{ReadCloser: req.Body, rc: x.w.rc, timeout: r.progressTimeout}
+	}
 	t, parsed := parsePath(req.URL.Path)
 	x.t = t
 	r.m.requests.WithLabelValues(t.Kind.String(), methodLabel(req.Method)).Inc()
+	served := false
 	defer func() {
 		r.m.bytes.WithLabelValues(x.source).Add(float64(x.w.n))
 		if e := r.log.Debug(); e.Enabled() {
-			e = e.Str("method", req.Method).Str("kind", t.Kind.String()).Str("outcome", x.route).
+			e = e.Str("method", methodLabel(req.Method)).Str("kind", t.Kind.String()).Str("outcome", x.route).
 				Int("status", x.w.status).Int64("bytes", x.w.n).Dur("latency", time.Since(start))
 			if t.byDigest() {
 				e = e.Str("digest", t.Digest.String())
@@ -191,8 +214,17 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 			}
 			e.Msg("registry request")
 		}
+		if served { // not after a panic: an aborted answer's connection is closed
+			x.w.finish()
+		}
 	}()
+	r.serve(x, parsed)
+	served = true
+}
 
+// serve answers one request.
+func (r *Registry) serve(x *exchange, parsed bool) {
+	req, t := x.req, x.t
 	if !cleanPath(req.URL.Path, req.URL.EscapedPath()) {
 		x.route = "refused"
 		writeRefusal(x.w, http.StatusBadRequest, "NAME_INVALID", RegistryPathInvalid.Refuse("a /v2/ path must have no empty, dot or escaped segment"))
@@ -241,12 +273,24 @@ func (r *Registry) serveByDigest(x *exchange, attempt int) {
 	}
 }
 
+// methodLabel is the metric label (and log value) of a request's method: one of a fixed set,
+// kebab-case; any other method a caller sends counts as other.
 func methodLabel(m string) string {
 	switch m {
-	case http.MethodGet, http.MethodHead, http.MethodPost, http.MethodPut, http.MethodPatch, http.MethodDelete:
-		return m
+	case http.MethodGet:
+		return "get"
+	case http.MethodHead:
+		return "head"
+	case http.MethodPost:
+		return "post"
+	case http.MethodPut:
+		return "put"
+	case http.MethodPatch:
+		return "patch"
+	case http.MethodDelete:
+		return "delete"
 	}
-	return "OTHER"
+	return "other"
 }
 
 // authorize asks the upstream whether the caller may read the object with this very request: a
@@ -459,10 +503,29 @@ func (r *Registry) serveFill(x *exchange, f *fill, hdr http.Header) bool {
 			}
 		}
 	}
-	cachedHeaders(x.w, hdr, x.t)
-	x.w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
-	x.w.WriteHeader(http.StatusOK)
-	if err := f.tail(x.req.Context(), x.w, file); err == errFillFailed {
+	head := func() {
+		cachedHeaders(x.w, hdr, x.t)
+		x.w.Header().Set("Content-Length", strconv.FormatInt(size, 10))
+		x.w.WriteHeader(http.StatusOK)
+	}
+	if size == 0 {
+		head()
+		head = nil
+	}
+	err = f.tail(x.req.Context(), x.w, file, &head)
+	switch {
+	case err != errFillFailed:
+	case head != nil: // failed before the caller's first byte: refuse, as for an empty object
+		f.mu.Lock()
+		err := f.err
+		f.mu.Unlock()
+		if badContent(err) {
+			writeRefusal(x.w, http.StatusBadGateway, "DIGEST_INVALID",
+				RegistryDigestMismatch.Refuse("the upstream's content does not match %s", x.t.Digest))
+		} else {
+			r.unreachable(x, err)
+		}
+	default:
 		x.err = errFillFailed
 		panic(http.ErrAbortHandler) // cut short of Content-Length: the caller sees a broken transfer
 	}

@@ -173,7 +173,7 @@ func startRelay(b *testing.B, upstream string) (addr string, prom *prometheus.Re
 		},
 		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
 			reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Metrics: o.Registry})
+				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry})
 			if err != nil {
 				return nil, err
 			}

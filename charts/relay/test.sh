@@ -22,4 +22,13 @@ check privileged-port -f testdata/ci-values.yaml --set downstream.port=443
 # A missing required value fails, naming it.
 if out=$(render 2>&1); then echo "rendering without values succeeded"; exit 1; fi
 grep -q "clusterId is required" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
+# The admin port is on no Service but the ServiceMonitor's, and the NetworkPolicy must admit
+# Prometheus to it.
+if render -f testdata/ci-values.yaml --show-only templates/service.yaml | grep -q "port: admin\|name: admin"; then
+  echo "the relay's Service exposes the admin port"; exit 1
+fi
+if out=$(render -f testdata/ci-values.yaml --set networkPolicy.adminFrom=null 2>&1); then
+  echo "a ServiceMonitor behind a NetworkPolicy that admits no one rendered"; exit 1
+fi
+grep -q "networkPolicy.adminFrom" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
 echo "chart: lint and golden templates ok"

@@ -41,7 +41,7 @@ func TestBuildServesRegistryOnDownstream(t *testing.T) {
 	}
 	body, _ := io.ReadAll(resp.Body)
 	resp.Body.Close()
-	if !strings.Contains(string(body), `relay_registry_requests_total{kind="other",method="GET"} 1`) {
+	if !strings.Contains(string(body), `relay_registry_requests_total{kind="other",method="get"} 1`) {
 		t.Fatalf("registry metrics missing from the relay's /metrics")
 	}
 }

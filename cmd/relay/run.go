@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/x509"
+	"errors"
 	"flag"
 	"fmt"
 	"io"
@@ -80,10 +81,13 @@ func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHub
 		}
 		reg, err := registry.New(registry.Options{
 			Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir, CacheMaxBytes: cfg.RegistryCacheMaxBytes,
-			Metrics: opts.Registerer, Log: log.With().Str("component", "registry").Logger(), RootCAs: roots,
+			Registerer: opts.Registerer, Logger: log, RootCAs: roots,
 		})
-		if err != nil {
+		if errors.Is(err, registry.ErrUpstreamURL) {
 			return nil, nil, usagef("--registry-upstream: %v", err)
+		}
+		if err != nil {
+			return nil, nil, err
 		}
 		feats.Registry = reg
 	}

@@ -1,0 +1,12 @@
+package registry
+
+import "net/netip"
+
+// LoopbackIsPublic makes a registry treat loopback addresses as public, so that a test's storage
+// on loopback can stand in for public storage; every other address keeps the rule.
+func LoopbackIsPublic(o *Options) {
+	o.publicAddr = func(a netip.Addr) bool { return a.Unmap().IsLoopback() || publicAddr(a) }
+}
+
+// PublicAddr is the address rule for redirects off the upstream's origin.
+var PublicAddr = publicAddr
