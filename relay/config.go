@@ -33,8 +33,14 @@ type Config struct {
 	RegistryCacheDir  string // --registry-cache-dir: digest cache; empty: no cache
 	AdminListen       string // --admin-listen (default 127.0.0.1:9464)
 	MaxMessageBytes   int64  // --max-message-bytes (default 8 MiB)
-	LogLevel          string // --log-level: debug, info, warn, error (default info)
-	LogFormat         string // --log-format: json or console (default json)
+	PeerMemoryBytes   int64  // --peer-memory-bytes: the budget of bytes held for downstream peers (default 256 MiB)
+	// MaxUnregisteredPerSource is --max-unregistered-per-source: unregistered connections from one
+	// source address (the flag's default is 64). Zero turns the limit off — where every node
+	// arrives from one translated address, and in `relay dev` — so here, unlike elsewhere in
+	// Config, the zero value is not the default.
+	MaxUnregisteredPerSource int
+	LogLevel                 string // --log-level: debug, info, warn, error (default info)
+	LogFormat                string // --log-format: json or console (default json)
 
 	// RegistryCacheMaxBytes is --registry-cache-max-bytes: the bound of the registry digest
 	// cache, least recently used objects evicted beyond it (default 10 GiB).
@@ -75,6 +81,9 @@ func (c *Config) Complete() error {
 	if c.MaxMessageBytes == 0 {
 		c.MaxMessageBytes = DefaultMaxMessageBytes
 	}
+	if c.PeerMemoryBytes == 0 {
+		c.PeerMemoryBytes = DefaultPeerMemoryBytes
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
@@ -109,6 +118,10 @@ func (c *Config) Complete() error {
 		return bad("advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
 	case c.MaxMessageBytes < 64<<10 || c.MaxMessageBytes > 1<<30:
 		return bad("max-message-bytes", "must be from 65536 to 1073741824")
+	case c.PeerMemoryBytes < 16<<20:
+		return bad("peer-memory-bytes", "must be at least 16777216 (16 MiB)")
+	case c.MaxUnregisteredPerSource < 0:
+		return bad("max-unregistered-per-source", "must not be negative (0: no limit)")
 	case c.RegistryCacheMaxBytes < 1<<20:
 		return bad("registry-cache-max-bytes", "must be at least 1048576 (1 MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):

@@ -42,7 +42,7 @@ func newMetrics(reg prometheus.Registerer, upstreamQueue, downstreamQueue func()
 		nodeRegs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "registrations_total",
 			Help: "registerPalletRuntimeSession by outcome: accepted, or the refusal name."}, []string{"outcome"}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "forwarded_requests_total",
-			Help: "Requests forwarded between nodes and Cloudly, by direction (to_cloudly, to_node) and outcome (answered, error, refused)."},
+			Help: "Requests forwarded between nodes and Cloudly, by direction (to-cloudly, to-node) and outcome (answered, error, refused)."},
 			[]string{"direction", "outcome"}),
 		refusals: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "refusals_total",
 			Help: "Requests the relay itself refused, by refusal name."}, []string{"name"}),

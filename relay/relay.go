@@ -9,6 +9,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,6 +28,13 @@ import (
 // ShutdownTimeout bounds a graceful shutdown: open connections get a close handshake until then.
 const ShutdownTimeout = 5 * time.Second
 
+// HTTP server bounds (SPEC §15).
+const (
+	headerTimeout    = 10 * time.Second
+	idleTimeout      = 60 * time.Second
+	maxAdminRequests = 16 // served at once on the admin listener; more are answered 503
+)
+
 // Relay is one cluster relay: the upstream Cloudly session, the downstream listener carrying the
 // cluster's nodes and ingress, and the admin listener.
 type Relay struct {
@@ -44,6 +52,9 @@ type Relay struct {
 	peerIDs atomic.Uint64
 	streams *streamTable   // set at construction
 	budget  *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
+
+	anonymous *anonymousPool // set at construction: registrations of unregistered connections
+	sources   *sourceCounts  // set at construction: unregistered connections per source address
 
 	refusalLog zerolog.Logger // set at construction: sampled, for refusals a peer can repeat at will
 
@@ -77,7 +88,8 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 		downLog:      log.With().Str("component", "downstream").Logger(),
 		refusalLog:   log.Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
 		streams:      newStreamTable(),
-		budget:       budget.New(DefaultPeerMemoryBytes),
+		budget:       budget.New(cfg.PeerMemoryBytes),
+		sources:      &sourceCounts{max: cfg.MaxUnregisteredPerSource, n: make(map[string]int)},
 		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout,
 		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline}
 	if r.maxWaiting <= 0 {
@@ -89,6 +101,10 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 	if r.registry == nil {
 		r.registry = NewRegistry()
 	}
+	if cfg.PeerMemoryBytes <= 0 { // a Config that was not completed
+		r.budget = budget.New(DefaultPeerMemoryBytes)
+	}
+	r.anonymous = &anonymousPool{share: r.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
 	if !cfg.InsecurePlaintext {
 		// Loaded here, not in Serve, so that an unusable pair is a configuration error (exit 2
 		// naming the flag) before anything binds.
@@ -118,8 +134,18 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 	reg.MustRegister(
 		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "streams",
 			Help: "VirtualStreams bound to node connections."}, func() float64 { return float64(r.streams.len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "peer_memory_bytes",
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_used_bytes",
 			Help: "Bytes held for downstream peers, charged to the peer memory budget."}, func() float64 { return float64(r.budget.Used()) }),
+		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_limit_bytes",
+			Help: "The peer memory budget (--peer-memory-bytes)."}, func() float64 { return float64(r.budget.Limit()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_refusals_total",
+			Help: "Charges refused because the peer memory budget was spent."}, func() float64 { return float64(r.budget.Refusals()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_evictions_total",
+			Help: "Connections closed, the heaviest that read nothing first, to bring the budget back under its limit."},
+			func() float64 { return float64(r.budget.Evictions()) }),
+		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_underflows_total",
+			Help: "Releases of bytes never charged: always 0 unless the relay's accounting is wrong."},
+			func() float64 { return float64(r.budget.Underflows()) }),
 	)
 	return r, nil
 }
@@ -166,12 +192,14 @@ func (r *Relay) Serve(ctx context.Context) error {
 	defer cancelServe()
 	r.serveCtx = serveCtx
 
-	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: 10 * time.Second,
+	// SPEC §15: idle 60 s, headers 10 s on both servers; /v2/ sets its own progress deadlines.
+	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
 		ErrorLog: newStdLogger(r.log, "downstream"),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, rawConnKey{}, c)
 		}}
-	admin := &http.Server{Handler: r.adminHandler(), ReadHeaderTimeout: 10 * time.Second, ErrorLog: newStdLogger(r.log, "admin")}
+	admin := &http.Server{Handler: capRequests(r.adminHandler(), maxAdminRequests), ReadHeaderTimeout: headerTimeout,
+		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.log, "admin")}
 	downLn := r.downLn
 	if r.certs != nil {
 		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
@@ -192,7 +220,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	}
 	g.Go(func() error { r.sweepStreams(gctx); return nil })
 	r.log.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
-		Str("cloudly", r.cfg.CloudlyURL).Msg("relay serving")
+		Str("cloudly", redactURL(r.cfg.CloudlyURL)).Msg("relay serving")
 
 	<-gctx.Done()
 	r.log.Info().Msg("relay shutting down")
@@ -281,6 +309,31 @@ func (r *Relay) drain(max time.Duration) {
 		time.Sleep(10 * time.Millisecond)
 	}
 	r.log.Warn().Msg("shutdown: requests still in flight after the drain time")
+}
+
+// capRequests serves at most n requests at once; more are answered 503 at once.
+func capRequests(h http.Handler, n int) http.Handler {
+	slots := make(chan struct{}, n)
+	return http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		select {
+		case slots <- struct{}{}:
+			defer func() { <-slots }()
+			h.ServeHTTP(w, req)
+		default:
+			w.Header().Set("Retry-After", "1")
+			http.Error(w, "too many admin requests at once", http.StatusServiceUnavailable)
+		}
+	})
+}
+
+// redactURL is u for a log line: scheme, host and path, never a query, fragment or userinfo,
+// which may carry a credential.
+func redactURL(u string) string {
+	p, err := url.Parse(u)
+	if err != nil {
+		return "(unparsable URL)"
+	}
+	return (&url.URL{Scheme: p.Scheme, Host: p.Host, Path: p.Path}).String()
 }
 
 func ignoreClosed(err error) error {

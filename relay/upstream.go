@@ -110,12 +110,18 @@ func (u *upstream) custodyEnded() contracts.RefusalName {
 
 // Call forwards a request to Cloudly (see Upstream).
 func (u *upstream) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
+	u.callFor(nil, method, body, done)
+}
+
+// callFor is Call with the request charged to share (nil: not charged) until written: the share
+// of the downstream peer it is sent for.
+func (u *upstream) callFor(share typedsocket.Share, method string, body json.RawMessage, done func(json.RawMessage, error)) {
 	conn := u.attached()
 	if conn == nil {
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return
 	}
-	err := conn.CallAsync(method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
+	err := conn.CallFor(share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
 	if err != nil {
 		done(nil, upstreamError(err, method))
 	}

@@ -11,6 +11,7 @@ import (
 	"testing"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -73,6 +74,16 @@ func TestJWTIsReReadAtEveryAttachAndNeverLogged(t *testing.T) {
 		if strings.Contains(e.logs.String(), secret) {
 			t.Fatalf("the machine JWT reached the log")
 		}
+	}
+}
+
+// Issue 15, finding 11: a query string in --cloudly-url (a token an operator put there) never
+// reaches the log, at any level.
+func TestCloudlyURLQueryIsNeverLogged(t *testing.T) {
+	x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.CloudlyURL += "?access_token=s3cret-in-url" }})
+	x.Shutdown()
+	if logs := x.Logs.String(); strings.Contains(logs, "s3cret-in-url") || !strings.Contains(logs, "relay serving") {
+		t.Fatalf("the URL's query reached the log (or nothing was logged):\n%s", logs)
 	}
 }
 

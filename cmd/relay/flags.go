@@ -112,6 +112,10 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 		"bound of the registry digest cache; least recently used objects are evicted beyond it")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", relay.DefaultAdminListen, "admin listen address (/metrics, /healthz, /readyz)")
 	fs.Int64Var(&cfg.MaxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest WebSocket message after registration")
+	fs.Int64Var(&cfg.PeerMemoryBytes, "peer-memory-bytes", relay.DefaultPeerMemoryBytes,
+		"budget of bytes held for downstream peers (queued answers, requests, stream frames, registrations)")
+	fs.IntVar(&cfg.MaxUnregisteredPerSource, "max-unregistered-per-source", relay.DefaultMaxUnregisteredPerSource,
+		"connections from one address that have not registered (0: no limit, where nodes share one translated address)")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or console")
 }

@@ -44,8 +44,9 @@ func (b *Budget) Evictions() int64 { return b.evictions.Load() }
 func (b *Budget) Refusals() int64  { return b.refusals.Load() }
 
 // NewShare opens a share of at most limit bytes. stalled reports whether its peer is not reading
-// (bytes are queued to it and none were written lately); evict closes its connection and must not
-// block. Close the share when the connection ends.
+// (bytes are queued to it and none were written lately); evict closes its connection, gives back
+// what is queued for it (its charges released) and must not block. Close the share when the
+// connection ends.
 func (b *Budget) NewShare(limit int64, stalled func() bool, evict func()) *Share {
 	s := &Share{b: b, stalled: stalled, evict: evict}
 	s.limit.Store(limit)
@@ -76,8 +77,9 @@ func (b *Budget) give(n int64) {
 
 // reclaim closes the heaviest share whose peer is not reading, when the pool is over its limit
 // or a charge did not fit: the one connection most responsible for the pressure goes first, and
-// a peer that reads is never evicted for another's sake.
-func (b *Budget) reclaim() {
+// a peer that reads is never evicted for another's sake. It reports whether it evicted one; evict
+// gives the victim's queued bytes back before it returns.
+func (b *Budget) reclaim() bool {
 	b.mu.Lock()
 	var victim *Share
 	for s := range b.shares {
@@ -93,10 +95,12 @@ func (b *Budget) reclaim() {
 		delete(b.shares, victim)
 	}
 	b.mu.Unlock()
-	if victim != nil {
-		b.evictions.Add(1)
-		victim.evict()
+	if victim == nil {
+		return false
 	}
+	b.evictions.Add(1)
+	victim.evict()
+	return true
 }
 
 // Share is one connection's part of the pool.
@@ -133,10 +137,10 @@ func (s *Share) Charge(n int) bool {
 			break
 		}
 	}
-	if !s.b.take(m) {
+	// Past the pool, the heaviest non-reader goes first; this charge then gets one more try.
+	if !s.b.take(m) && !(s.b.reclaim() && s.b.take(m)) {
 		s.release(m)
 		s.b.refusals.Add(1)
-		s.b.reclaim()
 		return false
 	}
 	return true

@@ -237,6 +237,15 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	return err
 }
 
+// Evict ends the connection at once and drops what is queued for it, its charges released before
+// Evict returns: the memory budget needs the bytes back now, not when the loops notice. It never
+// blocks.
+func (c *Conn) Evict() {
+	c.cancel(fmt.Errorf("%w: evicted over the memory budget", ErrClosed))
+	c.inflight.Add(-int64(c.sendq.close()))
+	go c.ws.CloseNow()
+}
+
 // CloseNow ends the connection without a handshake.
 func (c *Conn) CloseNow() {
 	c.cancel(fmt.Errorf("%w: closed locally", ErrClosed))
@@ -313,9 +322,12 @@ func (c *Conn) dropped(reason string) {
 func (c *Conn) dispatch(env Envelope, refusal error) {
 	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
 	switch n := c.inflight.Add(1); {
-	case n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
-		// More answers wait unwritten than the queue may hold: the peer sends and does not read.
-		// Closing is the only bound left on what it can make us hold.
+	case c.readsNothing(),
+		n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
+		// The peer has more unwritten frames than its share (or, uncharged, answers than the
+		// queue may hold) and sends again: it sends and does not read. Closing is the only bound
+		// left on what it can make us hold (SPEC §15).
+		c.inflight.Add(-1) // this request is never answered: it ends with the connection
 		c.opts.Logger.Warn().Str("outcome", "flooding").Msg("peer sends requests and reads no answers: closing")
 		c.cancel(fmt.Errorf("%w: the peer reads no answers", ErrClosed))
 		go c.ws.Close(websocket.StatusPolicyViolation, "too many unanswered requests")
@@ -332,6 +344,17 @@ func (c *Conn) dispatch(env Envelope, refusal error) {
 		return
 	}
 	c.opts.Handler.ServeRequest(c, r)
+}
+
+// readsNothing reports whether a charged peer holds more frames queued to it than its share
+// allows and does not read them: nothing written for a second, or four shares' worth queued.
+// Only answers, which are never refused, can take it there.
+func (c *Conn) readsNothing() bool {
+	if c.opts.Share == nil {
+		return false
+	}
+	queued, limit := int64(c.sendq.queuedBytes()), c.opts.Share.Limit()
+	return queued > limit && (queued > 4*limit || c.Stalled(time.Second))
 }
 
 func (c *Conn) resolve(env Envelope) {

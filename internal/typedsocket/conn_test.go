@@ -371,6 +371,52 @@ func TestInflightLimit(t *testing.T) {
 	}
 }
 
+// TestInflightCountsEveryRequest: issue 15 finding 1. A request answered from the read loop — a
+// malformed one that names its id, a stream frame refused — counts as in flight like any other,
+// so the count never goes below zero and the inflight bound holds for it too.
+func TestInflightCountsEveryRequest(t *testing.T) {
+	var srvp atomic.Pointer[Conn]
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		c := New(ws, Options{MaxInflight: 4})
+		srvp.Store(c)
+		c.Run(context.Background())
+	}))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	frames := []string{
+		`{"method":"m","request":0,"correlation":{"id":"a","phase":"request"}}`,
+		`{"method":"##VirtualStream##","request":{"streamId":"s"},"correlation":{"id":"b","phase":"request"}}`,
+	}
+	var srv *Conn
+	for round := range 50 {
+		for _, f := range frames {
+			ws.Write(ctx, websocket.MessageText, []byte(f))
+			if _, _, err := ws.Read(ctx); err != nil {
+				t.Fatalf("round %d: %v", round, err)
+			}
+			srv = srvp.Load()
+			if n := srv.Inflight(); n < 0 {
+				t.Fatalf("inflight is %d after %d rounds", n, round)
+			}
+		}
+	}
+	for deadline := time.Now().Add(2 * time.Second); srv.Inflight() != 0; time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("inflight is %d with every answer written, want 0", srv.Inflight())
+		}
+	}
+}
+
 // TestStalledWriteEndsTheConnection: a peer that drains nothing is gone once one write has been
 // blocked for the dead timeout, even when pings would not notice yet.
 func TestStalledWriteEndsTheConnection(t *testing.T) {

@@ -9,7 +9,7 @@ type Share interface {
 	Charge(n int) bool // take n bytes if they fit; false: nothing taken
 	Force(n int)       // take n bytes whatever the caps (an answer that may not be lost)
 	Release(n int)
-	Over() bool // holds more than its cap
+	Limit() int64 // the cap
 }
 
 // sendQueue holds encoded frames for the send loop. Requests are bounded by frame count and
@@ -89,6 +89,13 @@ func (q *sendQueue) take(dst []frame) []frame {
 	q.bytes, q.answers = 0, 0
 	q.mu.Unlock()
 	return dst
+}
+
+// queuedBytes is what every queued frame holds.
+func (q *sendQueue) queuedBytes() int {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.bytes
 }
 
 // answerBytes is what queued answers hold.

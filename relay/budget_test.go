@@ -1,0 +1,193 @@
+package relay_test
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// flood writes frame over and over on ws without ever reading, until a write fails or limit
+// bytes are sent, and returns what it sent.
+func flood(ws *websocket.Conn, frame []byte, limit int) (int, error) {
+	sent := 0
+	for sent < limit {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		err := ws.Write(ctx, websocket.MessageText, frame)
+		cancel()
+		if err != nil {
+			return sent, err
+		}
+		sent += len(frame)
+	}
+	return sent, nil
+}
+
+// peakOf samples the relay's budget until stop is closed and returns the highest value seen.
+func peakOf(e *relaytest.Env, stop <-chan struct{}) <-chan float64 {
+	out := make(chan float64, 1)
+	go func() {
+		peak := 0.0
+		for {
+			peak = max(peak, e.Metric("relay_downstream_budget_used_bytes"))
+			select {
+			case <-stop:
+				out <- peak
+				return
+			case <-time.After(5 * time.Millisecond):
+			}
+		}
+	}()
+	return out
+}
+
+// TestPeerMemoryBudget: every byte the relay holds for a downstream peer is charged to one budget
+// (SPEC §15); a peer that sends and reads nothing is closed, and the budget comes back to zero.
+func TestPeerMemoryBudget(t *testing.T) {
+	t.Run("finding 1: an anonymous peer sending malformed requests and reading nothing is closed", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		ws, _, err := websocket.Dial(ctx5(t), e.url, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ws.CloseNow()
+		frame := []byte(`{"method":"m","request":0,"correlation":{"id":"x","phase":"request"}}`)
+		stop := make(chan struct{})
+		peak := peakOf(e.Env, stop)
+		sent, err := flood(ws, frame, 92<<20)
+		close(stop)
+		if err == nil {
+			t.Fatalf("sent %d MiB of malformed requests without reading, and the relay never closed the connection", sent>>20)
+		}
+		if sent > 16<<20 {
+			t.Fatalf("the relay closed the connection only after %d MiB", sent>>20)
+		}
+		if p := <-peak; p > 4<<20 {
+			t.Fatalf("the relay held %.1f MiB for one anonymous peer", p/(1<<20))
+		}
+		e.eventually("the budget back to zero", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
+	})
+
+	t.Run("finding 2: what all peers hold is bounded, the heaviest non-reader evicted first", func(t *testing.T) {
+		const limit = 16 << 20
+		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.PeerMemoryBytes = limit }})
+		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
+		// 6 greedy nodes × 256 requests in flight × 16 KiB answers: more than the budget.
+		answer := json.RawMessage(`{"pad":"` + strings.Repeat("a", 16<<10) + `"}`)
+		e.cloudly.Handle("readLargeThing", func(json.RawMessage) (json.RawMessage, error) { return answer, nil })
+		honest := e.node("node-honest")
+		stop := make(chan struct{})
+		peak := peakOf(e.Env, stop)
+		var wg sync.WaitGroup
+		var closed atomic.Int64
+		greedy := make([]*rawNode, 6)
+		for i := range greedy {
+			greedy[i] = dialRaw(t, e, fmt.Sprintf("node-greedy-%d", i))
+		}
+		for i, n := range greedy {
+			frame := []byte(`{"method":"readLargeThing","request":{"session":{"nodeId":"` + fmt.Sprintf("node-greedy-%d", i) +
+				`"}},"correlation":{"id":"g","phase":"request"}}`)
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				if _, err := flood(n.ws, frame, 8<<20); err != nil {
+					closed.Add(1)
+				}
+			}()
+		}
+		// Meanwhile an honest node that reads its answers is carried.
+		for i := range 50 {
+			ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+			_, err := honest.Report(ctx, "readLargeThing", map[string]any{"i": i})
+			cancel()
+			if err != nil {
+				t.Fatalf("honest request %d: %v", i, err)
+			}
+		}
+		wg.Wait()
+		close(stop)
+		if p := <-peak; p > limit+8<<20 {
+			t.Fatalf("the relay held %.1f MiB for its peers; the budget is %d MiB", p/(1<<20), limit>>20)
+		}
+		if e.Metric("relay_downstream_budget_evictions_total") == 0 || closed.Load() == 0 {
+			t.Fatalf("no greedy peer was evicted (%d closed)", closed.Load())
+		}
+		if _, err := honest.Report(ctx5(t), "readLargeThing", nil); err != nil {
+			t.Fatalf("the honest node after the flood: %v", err)
+		}
+	})
+}
+
+// TestBudgetComesBackToZero drives every path that releases a charge — answers written and
+// dropped, requests to a node written and dropped, node requests written to Cloudly and dropped
+// with Cloudly's socket, stream frames both ways, registrations answered and lost — and checks
+// that the budget returns to exactly zero and never released a byte it did not charge.
+func TestBudgetComesBackToZero(t *testing.T) {
+	e := start(t, relay.Features{})
+	ctx := ctx5(t)
+	a, b := e.node("node-a"), e.node("node-b")
+	// Answers written; node → Cloudly requests written; Cloudly → node requests written.
+	for i := range 20 {
+		if _, err := a.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.cloudly.Call(ctx, "readRuntimeAssignmentStats", json.RawMessage(`{"session":{"nodeId":"node-b"}}`)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// Stream frames both ways.
+	if err := a.PushImage(ctx, make([]byte, 300<<10), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	if err := e.cloudly.PushImage(ctx, "node-b", make([]byte, 300<<10), 64<<10); err != nil {
+		t.Fatal(err)
+	}
+	// Requests to a node that never reads them, dropped when it goes; answers dropped with it.
+	stalled := dialRaw(t, e, "node-stalled")
+	for range 50 {
+		e.cloudly.CallAsync("applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"`+strings.Repeat("p", 32<<10)+`"}`), func(typedsocket.Reply) {})
+	}
+	stalled.ws.Write(ctx, websocket.MessageText, []byte(`{"method":"m","request":0,"correlation":{"id":"x","phase":"request"}}`))
+	time.Sleep(100 * time.Millisecond)
+	stalled.ws.CloseNow()
+	// Node requests queued to Cloudly while it reads nothing, dropped with its socket.
+	hold := make(chan struct{})
+	e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) { <-hold; return json.RawMessage(`{}`), nil })
+	a.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-a"}}`), time.Minute, func(typedsocket.Reply) {})
+	for range 20 {
+		b.Conn().CallAsync("reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-b"},"logs":"`+strings.Repeat("l", 256<<10)+`"}`), time.Minute, func(typedsocket.Reply) {})
+	}
+	// A registration in flight at Cloudly when its socket goes.
+	lost := newNode(t, e, "node-lost")
+	lost.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, lost.RegistrationBody(), time.Minute, func(typedsocket.Reply) {})
+	time.Sleep(100 * time.Millisecond)
+	go e.cloudly.Drop()
+	close(hold)
+	// A registration answered (refused) once Cloudly is back.
+	e.WaitAttached()
+	anon := newNode(t, e, "node-anon")
+	anon.Bearer = "wrong"
+	if _, err := anon.Register(ctx); err == nil {
+		t.Fatal("a wrong bearer was accepted")
+	}
+	anon.Close()
+	lost.Close()
+	for _, n := range []interface{ Close() }{a, b} {
+		n.Close()
+	}
+	e.eventually("the budget back to exactly zero", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
+	if u := e.Metric("relay_downstream_budget_underflows_total"); u != 0 {
+		t.Fatalf("%v releases of bytes never charged", u)
+	}
+}

@@ -1,0 +1,187 @@
+package relay_test
+
+import (
+	"bufio"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+// TestUnregisteredConnections: what an anonymous peer may hold before it registers (SPEC §15).
+func TestUnregisteredConnections(t *testing.T) {
+	t.Run("bounded in all: beyond the limit an upgrade is answered 503, and an accepted registration frees a place", func(t *testing.T) {
+		e := relaytest.Start(t, relaytest.Options{MaxUnregistered: 2})
+		first := e.Dial("node-a")
+		e.Dial("node-b")
+		ctx := ctx5(t)
+		_, resp, err := websocket.Dial(ctx, e.URL, nil)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("a third unregistered connection: %v (response %v), want 503 with Retry-After", err, resp)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "limit"); got != 1 {
+			t.Fatalf("unregistered_closed_total{limit} = %v, want 1", got)
+		}
+		if _, err := first.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		third := e.Dial("node-c") // node-a's place is free again
+		if _, err := third.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+	})
+
+	t.Run("finding 4: at most --max-unregistered-per-source from one address", func(t *testing.T) {
+		e := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 2 }})
+		first := e.Dial("node-a")
+		e.Dial("node-b")
+		ctx := ctx5(t)
+		_, resp, err := websocket.Dial(ctx, e.URL, nil)
+		if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+			t.Fatalf("a third connection from 127.0.0.1: %v (response %v), want 503 with Retry-After", err, resp)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "source-limit"); got != 1 {
+			t.Fatalf("unregistered_closed_total{source-limit} = %v, want 1", got)
+		}
+		if _, err := first.Register(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := e.Dial("node-c").Register(ctx); err != nil {
+			t.Fatalf("a registered connection does not count against its source: %v", err)
+		}
+	})
+
+	t.Run("finding 4: the registration deadline is absolute, a registration in flight does not extend it", func(t *testing.T) {
+		const deadline = 300 * time.Millisecond
+		e := relaytest.Start(t, relaytest.Options{RegisterDeadline: deadline})
+		ctx := ctx5(t)
+		registered := e.Node("node-a")
+		e.Cloudly.SetSlowness(3 * deadline) // node-b's registration is still with Cloudly at its deadline
+		slow := e.Dial("node-b")
+		_, err := slow.Register(ctx)
+		if err == nil || !errors.Is(err, typedsocket.ErrClosed) {
+			t.Fatalf("a registration still in flight at the deadline: %v, want the connection closed", err)
+		}
+		e.Cloudly.SetSlowness(0)
+		var ce websocket.CloseError
+		if !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation {
+			t.Fatalf("closed with %v, want 1008", err)
+		}
+		ws, _, err := websocket.Dial(ctx, e.URL, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer ws.CloseNow()
+		if _, _, err = ws.Read(ctx); !errors.As(err, &ce) || ce.Code != websocket.StatusPolicyViolation {
+			t.Fatalf("an idle unregistered connection ended with %v, want close 1008", err)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "overdue"); got != 2 {
+			t.Fatalf("unregistered_closed_total{overdue} = %v, want 2", got)
+		}
+		if _, err := registered.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{}); err != nil {
+			t.Fatalf("a registered node after the deadline: %v", err)
+		}
+	})
+
+	t.Run("finding 4: at most 8 registrations in an unregistered connection's lifetime", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		anon := newNode(t, e, "node-guess")
+		anon.Bearer = "bearer-guessed"
+		for i := range relay.MaxRegistrationsPerConnection {
+			if _, err := anon.Register(ctx5(t)); err == nil || errors.Is(err, contracts.RelayNodeBusy) {
+				t.Fatalf("guess %d: %v, want Cloudly's refusal", i, err)
+			}
+		}
+		_, err := anon.Register(ctx5(t))
+		wantRefusal(t, err, contracts.RelayNodeBusy)
+		if got := e.cloudly.Received(contracts.MethodRegisterPalletRuntimeSession); got != relay.MaxRegistrationsPerConnection {
+			t.Fatalf("Cloudly judged %d bearer guesses from one connection, want %d", got, relay.MaxRegistrationsPerConnection)
+		}
+	})
+
+	t.Run("finding 3: anonymous registrations share one pool", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		release := make(chan struct{})
+		var atCloudly atomic.Int64
+		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, func(_ json.RawMessage, reply func(json.RawMessage, error)) {
+			atCloudly.Add(1)
+			go func() {
+				<-release
+				reply(nil, &typedsocket.Error{Text: "bearer-refused: the bearer is not the node's current credential", Data: json.RawMessage("null")})
+			}()
+		})
+		t.Cleanup(func() { close(release) }) // runs before the relay's shutdown
+		var reg map[string]any
+		if err := json.Unmarshal(newNode(t, e, "node-pad").RegistrationBody(), &reg); err != nil {
+			t.Fatal(err)
+		}
+		reg["pad"] = strings.Repeat("x", 60<<10) // under the 64 KiB limit of an unregistered connection
+		body := mustJSON(reg)
+		const conns = 48
+		var busy atomic.Int64
+		for i := range conns {
+			anon := newNode(t, e, "node-anon")
+			for range relay.MaxRegistrationsPerConnection {
+				err := anon.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, body, time.Minute, func(r typedsocket.Reply) {
+					if errors.Is(r.Err, contracts.RelayNodeBusy) {
+						busy.Add(1)
+					}
+				})
+				if err != nil {
+					t.Fatalf("connection %d: %v", i, err)
+				}
+			}
+		}
+		e.eventually("every registration at Cloudly or refused relay-node-busy", func() bool {
+			return atCloudly.Load()+busy.Load() == conns*relay.MaxRegistrationsPerConnection
+		})
+		if held := atCloudly.Load() * int64(len(body)); held > relay.AnonymousRegistrationBytes+int64(len(body)) {
+			t.Fatalf("%d anonymous registrations (%d MiB) at Cloudly at once; the pool holds %d MiB",
+				atCloudly.Load(), held>>20, relay.AnonymousRegistrationBytes>>20)
+		}
+		// A registered node's traffic is not charged to the pool: a 1 MiB log batch is carried.
+		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, nil)
+		n := e.node("node-honest")
+		if _, err := n.Report(ctx5(t), "reportRuntimeAssignmentLogs", map[string]any{"logs": strings.Repeat("y", 1<<20)}); err != nil {
+			t.Fatalf("a registered node's log batch while the pool is full: %v", err)
+		}
+	})
+
+	t.Run("finding 5: a plain HTTP request is answered and its connection closed", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		for _, path := range []string{"/", "/v2/"} {
+			c, err := net.Dial("tcp", e.relay.DownstreamAddr().String())
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer c.Close()
+			io.WriteString(c, "GET "+path+" HTTP/1.1\r\nHost: relay\r\n\r\n")
+			c.SetReadDeadline(time.Now().Add(5 * time.Second))
+			resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			io.Copy(io.Discard, resp.Body)
+			if !resp.Close {
+				t.Errorf("GET %s: %d without Connection: close", path, resp.StatusCode)
+			}
+			// The relay closes its end: the next read ends at once, not after a keep-alive timeout.
+			start := time.Now()
+			if _, err := c.Read(make([]byte, 1)); err == nil || time.Since(start) > 2*time.Second {
+				t.Errorf("GET %s: the connection stayed open (%v after %s)", path, err, time.Since(start))
+			}
+		}
+	})
+}

@@ -1,0 +1,269 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"net"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/coder/websocket"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/budget"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// Downstream connection limits. A node's queue is small on purpose: a node that stops reading
+// gets relay-node-busy answers instead of holding the relay's memory.
+const (
+	nodeMaxQueue      = 256
+	nodeMaxQueueBytes = RegisteredShare
+	nodeMaxInflight   = 256
+)
+
+// Shares of the peer memory budget (SPEC §15): what the relay may hold for one downstream
+// connection — answers queued to it, requests and stream frames queued to it or sent for it to
+// Cloudly — until written. An unregistered connection's share is small enough that
+// MaxUnregistered of them fit the default budget; its registrations are charged to the anonymous
+// pool instead.
+const (
+	DefaultPeerMemoryBytes = 256 << 20
+	AnonymousShare         = 16 << 10
+	RegisteredShare        = 32 << 20
+)
+
+// Downstream connections that have not registered (no accepted node or ingress registration,
+// SPEC §15): at most MaxUnregistered at once and DefaultMaxUnregisteredPerSource from one source
+// address, beyond which an upgrade is answered 503 with Retry-After; each is closed (1008)
+// RegisterDeadline after its upgrade, never extended, and may send MaxRegistrationsPerConnection
+// registrations in that time. Every WebSocket peer of the relay registers first, so only an
+// anonymous client is affected; the bounds are above a reconnect storm of 10 000 nodes.
+const (
+	MaxUnregistered                 = 16384
+	DefaultMaxUnregisteredPerSource = 64
+	RegisterDeadline                = 60 * time.Second
+	MaxRegistrationsPerConnection   = 8
+)
+
+// The anonymous pool (SPEC §15): registrations of connections that have not registered, at
+// Cloudly at once — their count and their bodies' bytes, held until Cloudly answers.
+const (
+	MaxAnonymousRegistrations  = 1024
+	AnonymousRegistrationBytes = 16 << 20
+)
+
+// evictionStall is how long a connection with frames queued to it must have written nothing to
+// be evicted when the peer memory budget is spent: a reader drains its queue far faster.
+const evictionStall = 100 * time.Millisecond
+
+// retryAfterSeconds is the Retry-After of a refused upgrade.
+const retryAfterSeconds = "5"
+
+// closeSuperseded is the WebSocket close status of a connection whose node registered again on
+// another connection (project-defined, in the application range).
+const closeSuperseded websocket.StatusCode = 4001
+
+type role uint8
+
+const (
+	roleNone role = iota
+	roleNode
+	roleIngress
+)
+
+// peer is one downstream WebSocket connection.
+type peer struct {
+	id     uint64            // set at construction
+	conn   *typedsocket.Conn // set at construction
+	raw    net.Conn          // set at construction: the socket under it, closed when a close overruns
+	remote string            // set at construction
+	source string            // set at construction: the remote address without its port
+	r      *Relay            // set at construction
+	share  *budget.Share     // set at construction: what the relay holds for this peer
+
+	mu      sync.Mutex
+	role    role                     // guarded by mu
+	session contracts.RuntimeSession // guarded by mu: set once a node registration is accepted
+	gone    bool                     // guarded by mu: the connection has ended; it binds no node
+	// escrowBound (guarded by mu) is set once escrow has been told NodeBound for this connection
+	// and not yet NodeGone. bindNode tells escrow outside mu, so a connection may end in between;
+	// whichever of bindNode and peerGone sees both gone and escrowBound tells NodeGone, so escrow
+	// always hears NodeGone after the last NodeBound of a connection that has ended.
+	escrowBound bool
+	// waiting (guarded by mu) is set while the connection counts as unregistered: from the upgrade
+	// until a registration is accepted or the connection ends. deadline closes it when
+	// RegisterDeadline passes first.
+	waiting  bool
+	deadline *time.Timer
+	// registrations (guarded by mu) counts what the connection sent while unregistered
+	// (MaxRegistrationsPerConnection); pending the registrations at Cloudly now, all of
+	// pendingRole: one connection carries one peer.
+	registrations int
+	pending       int
+	pendingRole   role
+}
+
+// ID implements Peer.
+func (p *peer) ID() uint64 { return p.id }
+
+// Session implements Node.
+func (p *peer) Session() contracts.RuntimeSession {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.session
+}
+
+func (p *peer) nodeID() string {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.session.NodeID
+}
+
+func (p *peer) roleIs(want role) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.role == want
+}
+
+// Call implements Peer: a request to the downstream peer, never blocking, charged to its share.
+func (p *peer) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
+	err := p.conn.CallAsync(method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) })
+	if err != nil {
+		done(nil, p.callError(err, method))
+	}
+}
+
+// callError names a local failure of a call to the peer; the peer's own errors pass untouched.
+func (p *peer) callError(err error, method string) error {
+	who := p.nodeID()
+	if who == "" {
+		who = "the peer"
+	}
+	switch {
+	case err == nil:
+		return nil
+	case errors.Is(err, typedsocket.ErrQueueFull):
+		return contracts.RelayNodeBusy.Refuse("the send queue of %s is full", who)
+	case errors.Is(err, typedsocket.ErrOverShare):
+		return contracts.RelayNodeBusy.Refuse("%s holds its whole share of the relay's memory", who)
+	case errors.Is(err, typedsocket.ErrTimeout):
+		return contracts.RelayCallTimeout.Refuse("%s did not answer %s in time", who, method)
+	case errors.Is(err, typedsocket.ErrMalformedAnswer):
+		return contracts.RelayRequestInvalid.Refuse("the answer of %s to %s was malformed", who, method)
+	case errors.Is(err, typedsocket.ErrClosed):
+		return contracts.RelayNodeNotCarried.Refuse("%s: its connection closed before the answer", who)
+	}
+	return err
+}
+
+// beginRegistration admits one registration of kind (roleNode or roleIngress) of size bytes from
+// p, and returns the share its request is charged to on the upstream queue and the func that ends
+// it once Cloudly has answered and its answer has been applied. An unregistered connection's
+// registrations are charged to the anonymous pool — MaxRegistrationsPerConnection in its
+// lifetime, and the pool's count and bytes in all — a registered peer's (a node rotating) to its
+// own share. One connection carries one peer: a registration of the other kind than one accepted
+// or in flight is refused.
+func (r *Relay) beginRegistration(p *peer, kind role, size int) (typedsocket.Share, func(), error) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.role != roleNone && p.role != kind || p.pending > 0 && p.pendingRole != kind {
+		return nil, nil, contracts.RelaySessionForeign.Refuse("this connection carries another peer; one connection carries one peer")
+	}
+	end := func() {
+		p.mu.Lock()
+		p.pending--
+		p.mu.Unlock()
+	}
+	var share typedsocket.Share = p.share
+	if p.role == roleNone {
+		if p.registrations >= MaxRegistrationsPerConnection {
+			return nil, nil, contracts.RelayNodeBusy.Refuse("this connection sent %d registrations and none was accepted", p.registrations)
+		}
+		if !r.anonymous.acquire(size) {
+			return nil, nil, contracts.RelayNodeBusy.Refuse("the relay has its most anonymous registrations at Cloudly already")
+		}
+		p.registrations++
+		share = nil // the pool holds it
+		end = func() {
+			r.anonymous.release(size)
+			p.mu.Lock()
+			p.pending--
+			p.mu.Unlock()
+		}
+	}
+	p.pending++
+	p.pendingRole = kind
+	return share, end, nil
+}
+
+// anonymousPool counts the registrations of unregistered connections at Cloudly (SPEC §15).
+type anonymousPool struct {
+	share    *budget.Share // set at construction: their bytes, in the peer memory budget
+	inflight atomic.Int64
+}
+
+func (a *anonymousPool) acquire(size int) bool {
+	if a.inflight.Add(1) > MaxAnonymousRegistrations {
+		a.inflight.Add(-1)
+		return false
+	}
+	if !a.share.Charge(size) {
+		a.inflight.Add(-1)
+		return false
+	}
+	return true
+}
+
+func (a *anonymousPool) release(size int) {
+	a.share.Release(size)
+	a.inflight.Add(-1)
+}
+
+// leaveWaitingLocked takes the connection out of the unregistered ones, when a registration is
+// accepted or the connection ends. Called with p.mu held.
+func (p *peer) leaveWaitingLocked() {
+	if !p.waiting {
+		return
+	}
+	p.waiting = false
+	p.deadline.Stop()
+	p.deadline = nil // an idle registered connection holds no timer
+	p.r.waiting.Add(-1)
+	p.r.sources.leave(p.source)
+}
+
+// registered makes p a registered peer of role ro: its share and read limit grow to a
+// registered peer's.
+func (p *peer) registeredLocked(ro role) {
+	p.role = ro
+	p.leaveWaitingLocked()
+	p.share.SetLimit(RegisteredShare)
+}
+
+// sourceCounts counts unregistered connections per source address (SPEC §15).
+type sourceCounts struct {
+	mu  sync.Mutex
+	max int            // set at construction; 0: no limit
+	n   map[string]int // guarded by mu
+}
+
+// enter admits one more unregistered connection from source, or reports false at the limit.
+func (s *sourceCounts) enter(source string) bool {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.max > 0 && s.n[source] >= s.max {
+		return false
+	}
+	s.n[source]++
+	return true
+}
+
+func (s *sourceCounts) leave(source string) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.n[source]--; s.n[source] <= 0 {
+		delete(s.n, source)
+	}
+}

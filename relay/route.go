@@ -1,0 +1,208 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// takeBody hands over a request's body for forwarding and drops the request's hold on it: the
+// request waits for its answer (up to the call timeout) and needs nothing of its body meanwhile,
+// which would otherwise keep the whole frame it was read from.
+func takeBody(req *typedsocket.Request) json.RawMessage {
+	b := req.Body
+	req.Body = nil
+	return b
+}
+
+// servePeer dispatches one request from a downstream connection.
+func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
+	f := r.feats
+	reply := func(body json.RawMessage, err error) { r.answer(req, body, err) }
+	switch m := req.Method; {
+	case m == contracts.MethodRegisterPalletRuntimeSession:
+		r.registerNode(p, req)
+	case m == contracts.MethodRegisterClusterIngress && f.Ingress != nil:
+		r.registerIngress(p, req)
+	case m == contracts.MethodGetClusterIngressRouteTable && f.Ingress != nil:
+		reply(f.Ingress.RouteTable(p, req.Body))
+	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
+		reply(f.Escrow.Hold(false, req.Body))
+	case m == contracts.MethodGetClusterTrafficStatistics && f.Ingress != nil:
+		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
+	case contracts.IsLocalOnlyMethod(m):
+		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
+	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) || m == contracts.MethodPushRelayUpstreamChanged ||
+		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
+		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
+	default:
+		r.forwardToCloudly(p, req)
+	}
+}
+
+// forwardToCloudly forwards a node's request, only from that node's own connection.
+func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
+	node := p.nodeID()
+	if node == "" {
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s from a connection with no node session; register first", req.Method))
+		return
+	}
+	// SPEC §5: every node → Cloudly request carries the node's own session. The upstream socket is
+	// authenticated as the relay, so nothing without one may ride on it.
+	switch claimed, present, err := contracts.ReadSessionNodeID(req.Body); {
+	case err != nil:
+		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%v", err))
+		return
+	case !present:
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s carries no session of node %s", req.Method, node))
+		return
+	case claimed != node:
+		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
+		return
+	}
+	if err := r.bindMarkers(p, req.Body); err != nil {
+		r.answer(req, nil, err)
+		return
+	}
+	if r.draining.Load() {
+		r.answer(req, nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
+		return
+	}
+	start, size := time.Now(), len(req.Body)
+	// Charged to the node's share until written: a node sending max-size messages holds at most
+	// its share of the queue every node shares (SPEC §15).
+	r.up.callFor(p.share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
+		if err == nil {
+			err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
+		}
+		r.forwarded("to-cloudly", err)
+		r.logForward(req.Method, node, size, err, start)
+		r.answer(req, body, err)
+	})
+}
+
+// routeToNode routes a Cloudly → node request by request.session.nodeId, else request.nodeId.
+func (r *Relay) routeToNode(req *typedsocket.Request) {
+	node, ok, err := contracts.ReadRouteNodeID(req.Body)
+	switch {
+	case err != nil:
+		r.refuseCloudly(req, "", contracts.RelayRequestInvalid.Refuse("%s: body is not a readable JSON object", req.Method))
+		return
+	case !ok || !contracts.IsClusterNodeID(node):
+		r.refuseCloudly(req, "", contracts.RelayRequestInvalid.Refuse("%s names no node (session.nodeId or nodeId)", req.Method))
+		return
+	}
+	p := r.nodes.get(node)
+	if r.draining.Load() {
+		p = nil // the relay is shutting down: its nodes are about to be carried by no one
+	}
+	if p == nil {
+		r.refuseCloudly(req, node, contracts.RelayNodeNotCarried.Refuse("%s", node))
+		return
+	}
+	if err := r.bindMarkers(p, req.Body); err != nil {
+		r.refuseCloudly(req, node, err)
+		return
+	}
+	start, size := time.Now(), len(req.Body)
+	p.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
+		if err == nil {
+			err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
+		}
+		r.forwarded("to-node", err)
+		r.logForward(req.Method, node, size, err, start)
+		// The node's answer waits on the Cloudly socket charged to the node's share (SPEC §15).
+		if err != nil {
+			r.metrics.refused(err)
+		}
+		req.Answer(typedsocket.Reply{Response: body, Err: err, Charge: p.share})
+	})
+}
+
+// refuseCloudly answers a Cloudly request the relay cannot route, and says so in the log: Cloudly
+// is the one peer whose misrouted requests an operator must be able to see. Sampled, so that a
+// burst cannot flood the log.
+func (r *Relay) refuseCloudly(req *typedsocket.Request, node string, err error) {
+	r.refusalLog.Info().Str("component", "upstream").Str("method", req.Method).Str("node", node).
+		Str("outcome", refusalLabel(err)).Msg("refused a Cloudly request")
+	r.answer(req, nil, err)
+}
+
+// answer sends the outcome of a request and counts the relay's own refusals.
+func (r *Relay) answer(req *typedsocket.Request, body json.RawMessage, err error) {
+	if err != nil {
+		r.metrics.refused(err)
+	}
+	req.Answer(typedsocket.Reply{Response: body, Err: err})
+}
+
+func (r *Relay) forwarded(direction string, err error) {
+	outcome := "answered"
+	var remote *typedsocket.Error
+	switch {
+	case errors.As(err, &remote):
+		outcome = "error"
+	case err != nil:
+		outcome = "refused"
+	}
+	r.metrics.forwarded.WithLabelValues(direction, outcome).Inc()
+}
+
+// logForward logs a forwarded request at debug level: method, node, size, outcome, never a body.
+func (r *Relay) logForward(method, node string, size int, err error, start time.Time) {
+	if !r.log.Debug().Enabled() {
+		return
+	}
+	var ev *zerolog.Event
+	if err != nil {
+		ev = r.log.Debug().Str("outcome", refusalLabel(err))
+	} else {
+		ev = r.log.Debug().Str("outcome", "answered")
+	}
+	ev.Str("component", "downstream").Str("method", method).Str("node", node).Int("bytes", size).
+		Dur("latency", time.Since(start)).Msg("forwarded")
+}
+
+// refusalLabel is the refusal name an error carries, for metrics and logs (never its text).
+func refusalLabel(err error) string {
+	var r *contracts.Refusal
+	var pr *contracts.ProtocolRefusal
+	var remote *typedsocket.Error
+	switch {
+	case errors.As(err, &r):
+		return string(r.Name)
+	case errors.As(err, &pr):
+		return contracts.ProtocolIncompatibleCode
+	case errors.As(err, &remote):
+		if n := remote.Name(); n != "" {
+			return string(n)
+		}
+		if _, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
+			return contracts.ProtocolIncompatibleCode
+		}
+		return "remote-error"
+	}
+	return "failed"
+}
+
+// announceAttached tells every node and ingress connection the relay is attached again, after
+// which nodes register again themselves. A peer whose queue is full misses the hint (counted);
+// it learns the state from its next request.
+func (r *Relay) announceAttached() {
+	body := json.RawMessage(`{"attached":true}`)
+	for _, p := range r.peers.snapshot() {
+		if p.roleIs(roleNone) {
+			continue
+		}
+		p.Call(contracts.MethodPushRelayUpstreamChanged, body, func(_ json.RawMessage, err error) {
+			if err != nil && errors.Is(err, contracts.RelayNodeBusy) {
+				r.metrics.dropped.WithLabelValues("upstream-changed-queue-full").Inc()
+			}
+		})
+	}
+}
