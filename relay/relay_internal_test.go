@@ -18,7 +18,10 @@ func TestCapRequests(t *testing.T) {
 	for range 2 {
 		started.Add(1)
 		done.Add(1)
-		go func() { defer done.Done(); h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil)) }()
+		go func() {
+			defer done.Done()
+			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil))
+		}()
 	}
 	started.Wait()
 	w := httptest.NewRecorder()
