@@ -166,16 +166,14 @@ func Decode(frame []byte) (Envelope, error) {
 		return env, nil
 	}
 	if errRaw != nil && !contracts.IsNull(errRaw) {
-		em, err := contracts.ReadObject(errRaw)
-		if err != nil || !contracts.HasExactKeys(em, "text", "?", "data") {
+		var textRaw, data []byte
+		if contracts.ReadExact(errRaw, contracts.Req("text", &textRaw), contracts.Opt("data", &data)) != nil {
 			return bad("error must be { text, data }")
 		}
-		e := contracts.MembersByKey(em)
-		text, err := contracts.ReadString(e["text"])
+		text, err := contracts.ReadString(textRaw)
 		if err != nil {
 			return bad("error text must be a string")
 		}
-		data := e["data"]
 		if data == nil {
 			data = json.RawMessage("null")
 		}
