@@ -23,6 +23,7 @@ targets=(
   "./contracts FuzzNormalizeIsolatedRestoreProgress"
   "./contracts FuzzProjectIsolatedRestoreProgress"
   "./contracts FuzzReadVPNMembershipPush"
+  "./contracts FuzzIngressReaders"
   "./ingress FuzzDecodeCursor"
   "./registry FuzzParsePath"
   "./vpnhub FuzzHandshakeMessage"

@@ -3,7 +3,6 @@ package contracts
 import (
 	"encoding/json"
 	"net/netip"
-	"slices"
 	"strconv"
 	"strings"
 )
@@ -141,15 +140,21 @@ func ValidateClusterRelay(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster relay"
 	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "origin") {
-		return []string{path + " must use its exact schema"}
+	_, reasons := readClusterRelay(raw, path)
+	return reasons
+}
+
+// readClusterRelay reads an IClusterRelay block exactly, as validateClusterRelay does.
+func readClusterRelay(raw []byte, path string) (ClusterRelay, []string) {
+	var origin []byte
+	if ReadExact(raw, Req("origin", &origin)) != nil {
+		return ClusterRelay{}, []string{path + " must use its exact schema"}
 	}
-	origin, err := ReadString(members[0].Value)
-	if err != nil || !IsCanonicalOrigin(origin, "https") {
-		return []string{path + " origin must be a canonical https origin"}
+	s, err := ReadString(origin)
+	if err != nil || !IsCanonicalOrigin(s, "https") {
+		return ClusterRelay{}, []string{path + " origin must be a canonical https origin"}
 	}
-	return nil
+	return ClusterRelay{Origin: s}, nil
 }
 
 // ClusterRelayCertificateDomainName is clusterRelayCertificateDomainName: the origin's host, the
@@ -196,58 +201,56 @@ func ValidateRegisterClusterRelayRequest(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster relay registration"
 	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "protocol", "relay", "registrationSequence") {
+	var protocol, relay, sequence []byte
+	if ReadExact(raw, Req("protocol", &protocol), Req("relay", &relay), Req("registrationSequence", &sequence)) != nil {
 		return []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
-	reasons := ValidateProtocolOffer(m["protocol"], path+" protocol")
-	reasons = append(reasons, validateRelayBlock(m["relay"], path+" relay")...)
-	if _, ok := ReadCounter(m["registrationSequence"]); !ok {
+	reasons := ValidateProtocolOffer(protocol, path+" protocol")
+	reasons = append(reasons, validateRelayBlock(relay, path+" relay")...)
+	if _, ok := ReadCounter(sequence); !ok {
 		reasons = append(reasons, path+" registrationSequence must be a non-negative safe integer")
 	}
 	return reasons
 }
 
 func validateRelayBlock(raw []byte, path string) []string {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "version", "nodeId", "listenAddress", "listenPort", "vpnHub") {
+	var version, nodeID, address, port, hub []byte
+	if ReadExact(raw, Req("version", &version), Req("nodeId", &nodeID), Req("listenAddress", &address),
+		Req("listenPort", &port), Req("vpnHub", &hub)) != nil {
 		return []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var reasons []string
-	if s, err := ReadString(m["version"]); err != nil || !IsReleaseVersion(s) {
+	if s, err := ReadString(version); err != nil || !IsReleaseVersion(s) {
 		reasons = append(reasons, path+" version must be a release version")
 	}
-	if s, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	}
-	if s, err := ReadString(m["listenAddress"]); err != nil || !IsPlausibleUnicastIPv4(s) {
+	if s, err := ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
 		reasons = append(reasons, path+" listenAddress must be a unicast IPv4 literal that is neither loopback nor link-local")
 	}
-	if n, ok := ReadCounter(m["listenPort"]); !ok || n < 1 || n > 65535 {
+	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" listenPort must be a port from 1 to 65535")
 	}
-	if !IsNull(m["vpnHub"]) {
-		reasons = append(reasons, validateVPNHubEndpoint(m["vpnHub"], path+" vpnHub")...)
+	if !IsNull(hub) {
+		reasons = append(reasons, validateVPNHubEndpoint(hub, path+" vpnHub")...)
 	}
 	return reasons
 }
 
 func validateVPNHubEndpoint(raw []byte, path string) []string {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "address", "quicPort", "noisePublicKey") {
+	var address, port, key []byte
+	if ReadExact(raw, Req("address", &address), Req("quicPort", &port), Req("noisePublicKey", &key)) != nil {
 		return []string{path + " must be null or use its exact schema"}
 	}
-	m := byKey(members)
 	var reasons []string
-	if s, err := ReadString(m["address"]); err != nil || !IsPlausibleUnicastIPv4(s) {
+	if s, err := ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
 		reasons = append(reasons, path+" address must be a unicast IPv4 literal that is neither loopback nor link-local")
 	}
-	if n, ok := ReadCounter(m["quicPort"]); !ok || n < 1 || n > 65535 {
+	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" quicPort must be a port from 1 to 65535")
 	}
-	if s, err := ReadString(m["noisePublicKey"]); err != nil || !IsKey32(s) {
+	if s, err := ReadString(key); err != nil || !IsKey32(s) {
 		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
 	}
 	return reasons
@@ -261,10 +264,34 @@ func IsKey32(s string) bool {
 }
 
 // RegisterClusterRelayResponse is the accepted answer to registerClusterRelay: Cloudly's own offer
-// beside the cluster's relay origin (project-defined key names, OQ-5).
+// beside the cluster's relay origin (project-defined key names, OQ-5). Origin is "" when the
+// answer states none (it is then left out of the encoding).
 type RegisterClusterRelayResponse struct {
 	Protocol ProtocolOffer `json:"protocol"`
-	Origin   string        `json:"origin"`
+	Origin   string        `json:"origin,omitempty"`
+}
+
+// ReadRegisterClusterRelayResponse reads registerClusterRelay's accepted answer tolerantly (its
+// key names are this project's guess, OQ-5): the offer is required and read exactly, as every
+// offer is (negotiating it is the caller's); origin is optional, and Origin is set only when it
+// is a canonical https origin (or http, when allowHTTP: the relay's --insecure-plaintext). A
+// missing or unusable origin is not a reason to refuse the attach: the relay only records it
+// (SPEC §4 step 3). Every other member is ignored.
+func ReadRegisterClusterRelayResponse(raw []byte, allowHTTP bool) (RegisterClusterRelayResponse, error) {
+	const path = "cluster relay registration answer"
+	var protocol, origin []byte
+	if ReadTolerant(raw, Req("protocol", &protocol), Opt("origin", &origin)) != nil {
+		return RegisterClusterRelayResponse{}, &InvalidError{[]string{path + " must be an object carrying protocol"}}
+	}
+	offer, reasons := readProtocolOffer(protocol, path+" protocol")
+	if len(reasons) > 0 {
+		return RegisterClusterRelayResponse{}, &InvalidError{reasons}
+	}
+	answer := RegisterClusterRelayResponse{Protocol: offer}
+	if s, err := ReadString(origin); err == nil && (IsCanonicalOrigin(s, "https") || allowHTTP && IsCanonicalOrigin(s, "http")) {
+		answer.Origin = s
+	}
+	return answer, nil
 }
 
 // EncodeCloudlyClientSessionRequest builds registerCloudlyClientSession's request { protocol, jwt }.
@@ -299,59 +326,64 @@ type ClusterRelayConfig struct {
 // MaxCorestores bounds the corestores list of a relay configuration.
 const MaxCorestores = 4096
 
-// ReadClusterRelayConfigPush reads pushClusterRelayConfig's request { config }. Corestore origins
-// must be canonical https origins, or http when allowHTTP (the relay's --insecure-plaintext).
+// ReadClusterRelayConfigPush reads pushClusterRelayConfig's request { config } tolerantly (the
+// push is project-defined, SPEC §4.1): it takes config.clusterId, config.relay (null, or an
+// IClusterRelay block read exactly, as the seed's validator reads it) and config.corestores
+// (optional: absent or null names none), each entry's nodeId and origin; every other member, at
+// any level, is ignored. Corestore origins must be canonical https origins, or http when
+// allowHTTP (the relay's --insecure-plaintext), and name each node once.
 func ReadClusterRelayConfigPush(raw []byte, allowHTTP bool) (ClusterRelayConfig, error) {
 	const path = "cluster relay config"
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "config") {
-		return ClusterRelayConfig{}, &InvalidError{[]string{"cluster relay config push must use its exact schema"}}
+	var config []byte
+	if ReadTolerant(raw, Req("config", &config)) != nil {
+		return ClusterRelayConfig{}, &InvalidError{[]string{"cluster relay config push must be an object carrying config"}}
 	}
-	members, err = ReadObject(members[0].Value)
-	if err != nil || !hasExactKeys(members, "clusterId", "relay", "corestores") {
-		return ClusterRelayConfig{}, &InvalidError{[]string{path + " must use its exact schema"}}
+	var clusterID, relay, corestores []byte
+	if ReadTolerant(config, Req("clusterId", &clusterID), Req("relay", &relay), Opt("corestores", &corestores)) != nil {
+		return ClusterRelayConfig{}, &InvalidError{[]string{path + " must be an object carrying clusterId and relay"}}
 	}
-	m := byKey(members)
 	var cfg ClusterRelayConfig
 	var reasons []string
-	if s, err := ReadString(m["clusterId"]); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(clusterID); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" clusterId must be a canonical identifier")
 	} else {
 		cfg.ClusterID = s
 	}
-	if !IsNull(m["relay"]) {
-		if r := ValidateClusterRelay(m["relay"], path+" relay"); len(r) > 0 {
-			reasons = append(reasons, r...)
+	if !IsNull(relay) {
+		if r, rr := readClusterRelay(relay, path+" relay"); len(rr) > 0 {
+			reasons = append(reasons, rr...)
 		} else {
-			cfg.Relay = new(ClusterRelay)
-			_ = json.Unmarshal(m["relay"], cfg.Relay)
+			cfg.Relay = &r
 		}
 	}
-	elems, err := ReadArray(m["corestores"])
-	if err != nil || len(elems) > MaxCorestores {
-		reasons = append(reasons, path+" corestores must be an array of at most 4096 entries")
+	var elems []json.RawMessage
+	if corestores != nil && !IsNull(corestores) {
+		var err error
+		if elems, err = ReadArray(corestores); err != nil || len(elems) > MaxCorestores {
+			reasons = append(reasons, path+" corestores must be an array of at most 4096 entries")
+			elems = nil
+		}
 	}
 	seen := make(map[string]bool, len(elems))
 	for i, e := range elems {
 		p := path + " corestores[" + strconv.Itoa(i) + "]"
-		em, err := ReadObject(e)
-		if err != nil || !hasExactKeys(em, "nodeId", "origin") {
-			reasons = append(reasons, p+" must use its exact schema")
+		var nodeID, origin []byte
+		if ReadTolerant(e, Req("nodeId", &nodeID), Req("origin", &origin)) != nil {
+			reasons = append(reasons, p+" must be an object carrying nodeId and origin")
 			continue
 		}
-		mm := byKey(em)
-		node, err1 := ReadString(mm["nodeId"])
-		origin, err2 := ReadString(mm["origin"])
+		node, err1 := ReadString(nodeID)
+		o, err2 := ReadString(origin)
 		switch {
 		case err1 != nil || !IsClusterNodeID(node):
 			reasons = append(reasons, p+" nodeId must be a cluster node id")
 		case seen[node]:
 			reasons = append(reasons, p+" nodeId must be unique")
-		case err2 != nil || !(IsCanonicalOrigin(origin, "https") || allowHTTP && IsCanonicalOrigin(origin, "http")):
+		case err2 != nil || !(IsCanonicalOrigin(o, "https") || allowHTTP && IsCanonicalOrigin(o, "http")):
 			reasons = append(reasons, p+" origin must be a canonical https origin")
 		default:
 			seen[node] = true
-			cfg.Corestores = append(cfg.Corestores, CorestoreOrigin{NodeID: node, Origin: origin})
+			cfg.Corestores = append(cfg.Corestores, CorestoreOrigin{NodeID: node, Origin: o})
 		}
 	}
 	if len(reasons) > 0 {
@@ -359,39 +391,3 @@ func ReadClusterRelayConfigPush(raw []byte, allowHTTP bool) (ClusterRelayConfig,
 	}
 	return cfg, nil
 }
-
-// hasExactKeys reports whether members has exactly the required keys plus any of the optional
-// ones: required keys first, then a "?" marker, then optional keys. ReadObject already refused
-// repeated keys.
-func hasExactKeys(members []Member, keys ...string) bool {
-	required, optional := keys, []string(nil)
-	if i := slices.Index(keys, "?"); i >= 0 {
-		required, optional = keys[:i], keys[i+1:]
-	}
-	found := 0
-	for _, m := range members {
-		switch {
-		case slices.Contains(required, m.Key):
-			found++
-		case slices.Contains(optional, m.Key):
-		default:
-			return false
-		}
-	}
-	return found == len(required)
-}
-
-// HasExactKeys is hasExactKeys for feature packages: required keys, then "?", then optional ones.
-func HasExactKeys(members []Member, keys ...string) bool { return hasExactKeys(members, keys...) }
-
-// byKey indexes members by key. Callers have checked the key set already.
-func byKey(members []Member) map[string][]byte {
-	m := make(map[string][]byte, len(members))
-	for _, mem := range members {
-		m[mem.Key] = mem.Value
-	}
-	return m
-}
-
-// MembersByKey is byKey for feature packages.
-func MembersByKey(members []Member) map[string][]byte { return byKey(members) }

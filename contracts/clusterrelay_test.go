@@ -131,8 +131,69 @@ func TestReadClusterRelayConfigPush(t *testing.T) {
 	if _, err := ReadClusterRelayConfigPush([]byte(dup), false); err == nil || !strings.Contains(err.Error(), "corestores[1] nodeId must be unique") {
 		t.Fatalf("duplicate node: %v", err)
 	}
-	if _, err := ReadClusterRelayConfigPush([]byte(`{"config":{}}`), false); err == nil || err.Error() != "cluster relay config must use its exact schema" {
+	if _, err := ReadClusterRelayConfigPush([]byte(`{"config":{}}`), false); err == nil || err.Error() != "cluster relay config must be an object carrying clusterId and relay" {
 		t.Fatalf("empty config: %v", err)
+	}
+	// The relay block is seed-spelled (validateClusterRelay): exact, even inside a tolerant push.
+	if _, err := ReadClusterRelayConfigPush([]byte(`{"config":{"clusterId":"c","relay":{"origin":"https://r.example","x":1}}}`), false); err == nil ||
+		err.Error() != "cluster relay config relay must use its exact schema" {
+		t.Fatalf("relay block with an unknown member: %v", err)
+	}
+
+	// The push is project-defined (SPEC §4.1): what the relay does not use is ignored, and
+	// corestores may be absent (or null): none then.
+	t.Run("unknown members are ignored and corestores is optional", func(t *testing.T) {
+		raw := `{"config":{"clusterId":"cluster-a","generation":4,"relay":{"origin":"https://relay.example:8443"},` +
+			`"corestores":[{"nodeId":"n1","origin":"https://192.0.2.17:7443","version":"1.2.3"}]},"pushedAt":1700000000000}`
+		cfg, err := ReadClusterRelayConfigPush([]byte(raw), false)
+		if err != nil || cfg.ClusterID != "cluster-a" || cfg.Relay == nil || len(cfg.Corestores) != 1 || cfg.Corestores[0].Origin != "https://192.0.2.17:7443" {
+			t.Fatalf("cfg = %+v, %v", cfg, err)
+		}
+		for _, raw := range []string{`{"config":{"clusterId":"c","relay":null}}`, `{"config":{"clusterId":"c","relay":null,"corestores":null}}`} {
+			if cfg, err := ReadClusterRelayConfigPush([]byte(raw), false); err != nil || cfg.Corestores != nil || cfg.Relay != nil {
+				t.Fatalf("%s: %+v, %v", raw, cfg, err)
+			}
+		}
+		if _, err := ReadClusterRelayConfigPush([]byte(`{"config":{"clusterId":"c","corestores":[]}}`), false); err == nil {
+			t.Fatal("a config without relay read: the relay cannot tell whether it is enabled")
+		}
+	})
+}
+
+func TestReadRegisterClusterRelayResponse(t *testing.T) {
+	offer := `{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}`
+	a, err := ReadRegisterClusterRelayResponse([]byte(`{"protocol":`+offer+`,"origin":"https://relay.example:8443"}`), false)
+	if err != nil || a.Protocol != RelayOffer || a.Origin != "https://relay.example:8443" {
+		t.Fatalf("%+v %v", a, err)
+	}
+	// The answer's keys are this project's guess (OQ-5): origin is optional, an origin the relay
+	// cannot use is not recorded, unknown members are ignored; only the offer is required.
+	t.Run("origin is optional and unknown members are ignored", func(t *testing.T) {
+		for body, origin := range map[string]string{
+			`{"protocol":` + offer + `}`: "",
+			`{"protocol":` + offer + `,"origin":"https://relay.example","cluster":{"id":"c"},"sequence":3}`: "https://relay.example",
+			`{"origin":"https://relay.example/path","protocol":` + offer + `}`:                              "",
+			`{"protocol":` + offer + `,"origin":null}`:                                                      "",
+			`{"protocol":` + offer + `,"origin":"http://127.0.0.1:8443"}`:                                   "",
+		} {
+			a, err := ReadRegisterClusterRelayResponse([]byte(body), false)
+			if err != nil || a.Protocol != RelayOffer || a.Origin != origin {
+				t.Errorf("%s: %+v %v, want origin %q", body, a, err, origin)
+			}
+		}
+		if a, err := ReadRegisterClusterRelayResponse([]byte(`{"protocol":`+offer+`,"origin":"http://127.0.0.1:8443"}`), true); err != nil || a.Origin != "http://127.0.0.1:8443" {
+			t.Errorf("http origin with allowHTTP: %+v %v", a, err)
+		}
+	})
+	for _, body := range []string{`{"origin":"https://relay.example"}`, `{"protocol":{"interfacesVersion":"32.36.0"}}`, `[]`,
+		`{"protocol":` + offer + `,"protocol":` + offer + `}`} {
+		if _, err := ReadRegisterClusterRelayResponse([]byte(body), false); err == nil {
+			t.Errorf("%s read", body)
+		}
+	}
+	// The sim encodes an answer without origin by leaving it out.
+	if b, _ := json.Marshal(RegisterClusterRelayResponse{Protocol: RelayOffer}); strings.Contains(string(b), "origin") {
+		t.Errorf("empty origin encoded: %s", b)
 	}
 }
 

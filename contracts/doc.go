@@ -15,7 +15,7 @@
 //	 1. The relay dials Cloudly and sends registerCloudlyClientSession { protocol, jwt }. Cloudly
 //	    answers with its own offer; the relay negotiates it (NegotiateProtocol).
 //	 2. It sends registerClusterRelay (RegisterClusterRelayRequest) with a registrationSequence that
-//	    starts at 0 per process. Cloudly answers { protocol, origin }: the relay is attached. A
+//	    starts at 0 per process. Cloudly answers { protocol, origin? }: the relay is attached. A
 //	    refusal named in ClusterRelayUndispatchedRefusals ends its custody of escrowed state.
 //	 3. Cloudly pushes pushClusterRelayConfig (ClusterRelayConfig), pushClusterVpnMembership, route
 //	    tables and DNS lease renewal runs to hold.
@@ -32,8 +32,33 @@
 //
 // # Reading peer bytes
 //
-// Every body a peer sends is read with the strict reader in json.go: a repeated key, invalid
-// UTF-8 or a lone surrogate is refused, so the relay and Cloudly never read one body two ways.
-// Bodies the relay forwards stay raw bytes and are never re-encoded. Validators return one named
-// reason per violation, exact-key, and an empty list for a valid body, as the seeds' do.
+// Every body a peer sends is read with the strict reader in json.go: a repeated key the relay
+// reads, invalid UTF-8 or a lone surrogate is refused, so the relay and Cloudly never read one
+// body two ways. Bodies the relay forwards stay raw bytes and are never re-encoded.
+//
+// Exact where the seeds are exact, tolerant where this project guessed (SPEC.md, top rule). An
+// object shape is read one way, with its fields (Req, Opt) in one pass:
+//
+//   - ReadExact for a seed-spelled shape: one whose keys the seeds spell (a validator, a reader, a
+//     binder or a method table). Every member named, nothing else; validators return one named
+//     reason per violation and an empty list for a valid body, as the seeds' do.
+//   - ReadTolerant for a project-defined shape: the members the relay uses, every other member
+//     ignored; only what the relay cannot work without is required.
+//
+// docs/decisions.md ("Contracts: tolerance sweep") classifies every reader of this package.
+//
+// # Seed mirrors
+//
+// Some exports exist only to mirror a seed export, so that Go code (the simulator, tests, a
+// future Go peer) reads a seed fact from one place; the relay itself does not call them:
+// ClusterIngressEnvironmentNames, ClusterIngressRegistrationRefusalReasons,
+// IsClusterIngressRegistrationRefusalReason, ClusterRelayCertificateDomainName,
+// ClusterRelayUndispatchedRefusals, HoldRuntimeNetworkDnsLeaseRenewalsRefusals,
+// IsolatedRestoreNodeControlRefusals, IsolatedRestoreProgressStatuses, IsolatedRestoreMethods,
+// ProtocolIncompatibilities, CreateProtocolOffer, ReadReplicaID, BindIsolatedRestoreProgressToNode,
+// BindHoldRuntimeNetworkDnsLeaseRenewalsResponse, and the Validate… functions beside their readers
+// (ValidateClusterRelay, ValidateRegisterClusterRelayRequest, ValidateProtocolOffer,
+// ValidateProtocolOfferOn, ValidateClusterIngressRegistration,
+// ValidateClusterIngressRegistrationRefusal, ValidateClusterIngressRouteTableChange,
+// ValidateHoldRuntimeNetworkDnsLeaseRenewalsRequest). Keep them when the relay stops using one.
 package contracts

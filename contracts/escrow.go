@@ -3,7 +3,6 @@ package contracts
 import (
 	"encoding/json"
 	"errors"
-	"slices"
 	"strconv"
 )
 
@@ -207,20 +206,20 @@ const holdPath = "hold request"
 // judged by OrderReasons, the scope against a session by ScopeReasons.
 func ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) (HoldRuntimeNetworkDnsLeaseRenewalsRequest, error) {
 	var h HoldRuntimeNetworkDnsLeaseRenewalsRequest
-	m, ok := readExact(raw, "nodeId", "projection", "renewals")
-	if !ok {
+	var nodeID, projection, renewals []byte
+	if ReadExact(raw, Req("nodeId", &nodeID), Req("projection", &projection), Req("renewals", &renewals)) != nil {
 		return h, &InvalidError{[]string{holdPath + " must use its exact schema"}}
 	}
 	var reasons []string
-	if s, err := ReadString(m.get("nodeId")); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, holdPath+" nodeId must be a cluster node id")
 	} else {
 		h.NodeID = s
 	}
-	p, pr := readProjectionReference(m.get("projection"), holdPath+" projection")
+	p, pr := readProjectionReference(projection, holdPath+" projection")
 	reasons = append(reasons, pr...)
 	h.Projection = p
-	elems, err := ReadArray(m.get("renewals"))
+	elems, err := ReadArray(renewals)
 	switch {
 	case err != nil:
 		reasons = append(reasons, holdPath+" renewals must be an array")
@@ -343,23 +342,23 @@ func ValidateHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) []string {
 }
 
 func readProjectionReference(raw []byte, path string) (ProjectionReference, []string) {
-	m, ok := readExact(raw, "id", "generation", "digest")
-	if !ok {
+	var id, generation, digest []byte
+	if ReadExact(raw, Req("id", &id), Req("generation", &generation), Req("digest", &digest)) != nil {
 		return ProjectionReference{}, []string{path + " must use its exact schema"}
 	}
 	var p ProjectionReference
 	var reasons []string
-	if s, err := ReadString(m.get("id")); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(id); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" id must be a canonical identifier")
 	} else {
 		p.ID = s
 	}
-	if n, ok := ReadCounter(m.get("generation")); !ok {
+	if n, ok := ReadCounter(generation); !ok {
 		reasons = append(reasons, path+" generation must be a non-negative safe integer")
 	} else {
 		p.Generation = n
 	}
-	if s, err := ReadString(m.get("digest")); err != nil || !IsSha256Digest(s) {
+	if s, err := ReadString(digest); err != nil || !IsSha256Digest(s) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else {
 		p.Digest = s
@@ -368,25 +367,23 @@ func readProjectionReference(raw []byte, path string) (ProjectionReference, []st
 }
 
 func readSignedRenewal(raw []byte, path string) (SignedRuntimeNetworkDnsLeaseRenewal, []string) {
-	m, ok := readExact(raw, "authority", "renewal", "signature")
-	if !ok {
+	var authority, renewal, signature []byte
+	if ReadExact(raw, Req("authority", &authority), Req("renewal", &renewal), Req("signature", &signature)) != nil {
 		return SignedRuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
-	var s SignedRuntimeNetworkDnsLeaseRenewal
 	var reasons []string
-	if !isOpaqueValue(m.get("authority")) {
+	if !isOpaqueValue(authority) {
 		reasons = append(reasons, path+" authority must be a JSON value other than null")
 	}
-	if !isOpaqueValue(m.get("signature")) {
+	if !isOpaqueValue(signature) {
 		reasons = append(reasons, path+" signature must be a JSON value other than null")
 	}
-	r, rr := readRenewal(m.get("renewal"), path+" renewal")
+	r, rr := readRenewal(renewal, path+" renewal")
 	reasons = append(reasons, rr...)
 	if len(reasons) > 0 {
 		return SignedRuntimeNetworkDnsLeaseRenewal{}, reasons
 	}
-	s.Authority, s.Renewal, s.Signature, s.Raw = m.get("authority"), r, m.get("signature"), raw
-	return s, nil
+	return SignedRuntimeNetworkDnsLeaseRenewal{Authority: authority, Renewal: r, Signature: signature, Raw: raw}, nil
 }
 
 // isOpaqueValue: present, not null, and with a canonical form so that it compares as a value.
@@ -399,39 +396,40 @@ func isOpaqueValue(raw []byte) bool {
 }
 
 func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []string) {
-	m, ok := readExact(raw, "controller", "nodeId", "runtimeNamespace", "projection", "sequence", "dns", "digest")
-	if !ok {
+	var controller, nodeID, namespace, projection, sequence, dns, digestRaw []byte
+	if ReadExact(raw, Req("controller", &controller), Req("nodeId", &nodeID), Req("runtimeNamespace", &namespace),
+		Req("projection", &projection), Req("sequence", &sequence), Req("dns", &dns), Req("digest", &digestRaw)) != nil {
 		return RuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
 	var r RuntimeNetworkDnsLeaseRenewal
 	var reasons []string
-	if KindOf(m.get("controller")) != KindObject || !isOpaqueValue(m.get("controller")) {
+	if KindOf(controller) != KindObject || !isOpaqueValue(controller) {
 		reasons = append(reasons, path+" controller must be an object")
 	} else {
-		r.Controller = m.get("controller")
+		r.Controller = controller
 	}
-	if s, err := ReadString(m.get("nodeId")); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	} else {
 		r.NodeID = s
 	}
-	if s, err := ReadString(m.get("runtimeNamespace")); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(namespace); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" runtimeNamespace must be a canonical identifier")
 	} else {
 		r.RuntimeNamespace = s
 	}
-	p, pr := readProjectionReference(m.get("projection"), path+" projection")
+	p, pr := readProjectionReference(projection, path+" projection")
 	reasons = append(reasons, pr...)
 	r.Projection = p
-	if n, ok := ReadCounter(m.get("sequence")); !ok {
+	if n, ok := ReadCounter(sequence); !ok {
 		reasons = append(reasons, path+" sequence must be a non-negative safe integer")
 	} else {
 		r.Sequence = n
 	}
-	w, wr := readDnsWindow(m.get("dns"), path+" dns")
+	w, wr := readDnsWindow(dns, path+" dns")
 	reasons = append(reasons, wr...)
 	r.Dns = w
-	digest, err := ReadString(m.get("digest"))
+	digest, err := ReadString(digestRaw)
 	if err != nil || !IsSha256Digest(digest) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else if len(reasons) == 0 {
@@ -445,17 +443,18 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 }
 
 func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
-	m, ok := readExact(raw, "issuedAt", "notBefore", "expiresAt")
-	if !ok {
+	var issuedAt, notBefore, expiresAt []byte
+	if ReadExact(raw, Req("issuedAt", &issuedAt), Req("notBefore", &notBefore), Req("expiresAt", &expiresAt)) != nil {
 		return DnsWindow{}, []string{path + " must use its exact schema"}
 	}
 	var w DnsWindow
 	var reasons []string
 	for _, f := range [...]struct {
 		key string
+		raw []byte
 		dst *int64
-	}{{"issuedAt", &w.IssuedAt}, {"notBefore", &w.NotBefore}, {"expiresAt", &w.ExpiresAt}} {
-		if n, ok := ReadCounter(m.get(f.key)); ok {
+	}{{"issuedAt", issuedAt, &w.IssuedAt}, {"notBefore", notBefore, &w.NotBefore}, {"expiresAt", expiresAt, &w.ExpiresAt}} {
+		if n, ok := ReadCounter(f.raw); ok {
 			*f.dst = n
 		} else {
 			reasons = append(reasons, path+" "+f.key+" must be a non-negative safe integer (Unix ms)")
@@ -473,38 +472,6 @@ func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
 	return w, reasons
 }
 
-// exact is an object read by readExact: its member values in the order of its keys.
-type exact struct {
-	keys []string
-	vals [7][]byte
-}
-
-// readExact reads raw as an object with exactly keys (at most 7), refusing a missing, unknown or
-// repeated key. It is hasExactKeys and byKey without a member list or a map: the escrow reads
-// one of these per node answer.
-func readExact(raw []byte, keys ...string) (exact, bool) {
-	o := exact{keys: keys}
-	n := 0
-	err := ForEachMember(raw, func(k, v []byte) error {
-		i := slices.Index(keys, string(k))
-		if i < 0 || o.vals[i] != nil {
-			return ErrDuplicateKey
-		}
-		o.vals[i] = v
-		n++
-		return nil
-	})
-	return o, err == nil && n == len(keys)
-}
-
-// get is the value under key, nil for a key readExact was not given.
-func (o *exact) get(key string) []byte {
-	if i := slices.Index(o.keys, key); i >= 0 {
-		return o.vals[i]
-	}
-	return nil
-}
-
 // EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse is the answer { held }.
 func EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held int) json.RawMessage {
 	return append(strconv.AppendInt([]byte(`{"held":`), int64(held), 10), '}')
@@ -513,11 +480,11 @@ func EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held int) json.RawMessage 
 // BindHoldRuntimeNetworkDnsLeaseRenewalsResponse is bindHoldRuntimeNetworkDnsLeaseRenewalsResponse:
 // the answer must be exactly { held } with held equal to the number of renewals sent.
 func BindHoldRuntimeNetworkDnsLeaseRenewalsResponse(raw []byte, sent int) error {
-	m, ok := readExact(raw, "held")
-	if !ok {
+	var held []byte
+	if ReadExact(raw, Req("held", &held)) != nil {
 		return &InvalidError{[]string{"hold answer must use its exact schema"}}
 	}
-	if n, ok := ReadCounter(m.get("held")); !ok || n != int64(sent) {
+	if n, ok := ReadCounter(held); !ok || n != int64(sent) {
 		return &InvalidError{[]string{"hold answer held must equal the number of renewals sent"}}
 	}
 	return nil
@@ -546,27 +513,27 @@ type RuntimeNetworkDnsLeaseRenewalReference struct {
 // reference of the renewal that was sent (equal as JSON values). It returns the status.
 func BindApplyRuntimeNetworkDnsLeaseRenewalResponse(raw []byte, sent RuntimeNetworkDnsLeaseRenewalReference) (string, error) {
 	const path = "apply answer"
-	m, ok := readExact(raw, "status", "renewal")
-	if !ok {
+	var statusRaw, renewal []byte
+	if ReadExact(raw, Req("status", &statusRaw), Req("renewal", &renewal)) != nil {
 		return "", &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	var reasons []string
-	status, err := ReadString(m.get("status"))
+	status, err := ReadString(statusRaw)
 	if err != nil || (status != ApplyStatusAccepted && status != ApplyStatusReplay) {
 		reasons = append(reasons, path+" status must be accepted or replay")
 	}
-	rm, ok := readExact(m.get("renewal"), "projection", "sequence", "digest")
-	if !ok {
+	var projection, sequence, digest []byte
+	if ReadExact(renewal, Req("projection", &projection), Req("sequence", &sequence), Req("digest", &digest)) != nil {
 		reasons = append(reasons, path+" renewal must use its exact schema")
 		return "", &InvalidError{reasons}
 	}
-	if p, pr := readProjectionReference(rm.get("projection"), path+" renewal projection"); len(pr) > 0 || p != sent.Projection {
+	if p, pr := readProjectionReference(projection, path+" renewal projection"); len(pr) > 0 || p != sent.Projection {
 		reasons = append(reasons, path+" renewal projection must be the sent renewal's projection")
 	}
-	if n, ok := ReadCounter(rm.get("sequence")); !ok || n != sent.Sequence {
+	if n, ok := ReadCounter(sequence); !ok || n != sent.Sequence {
 		reasons = append(reasons, path+" renewal sequence must be the sent renewal's sequence")
 	}
-	if d, err := ReadString(rm.get("digest")); err != nil || d != sent.Digest {
+	if d, err := ReadString(digest); err != nil || d != sent.Digest {
 		reasons = append(reasons, path+" renewal digest must be the sent renewal's digest")
 	}
 	if len(reasons) > 0 {

@@ -309,8 +309,9 @@ func TestApplyRequestAndResponseBinding(t *testing.T) {
 	signed := h.Renewals[0].AppendJSON(nil)
 	session := []byte(`{"nodeId":"node-a","controller":{"kind":"cloudly","id":"cloudly-a"},"runtimeNamespace":"ns-1","epoch":3}`)
 	req := AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(nil, session, signed)
-	members, err := ReadObject(req)
-	if err != nil || !HasExactKeys(members, "session", "signed") || !bytes.Equal(members[0].Value, session) || !bytes.Equal(members[1].Value, signed) {
+	var gotSession, gotSigned []byte
+	if err := ReadExact(req, Req("session", &gotSession), Req("signed", &gotSigned)); err != nil ||
+		!bytes.Equal(gotSession, session) || !bytes.Equal(gotSigned, signed) {
 		t.Fatalf("apply request %s: %v", req, err)
 	}
 

@@ -131,7 +131,8 @@ func FuzzReadProtocolOffer(f *testing.F) {
 
 // FuzzRelayReaders runs every reader the relay applies to a peer's body before forwarding or
 // acting on it: the session node id of a node → Cloudly request, the route of a Cloudly → node
-// request, a registration answer, a configuration push and a relay registration.
+// request, a node registration answer, the relay's own registration answer, a configuration push
+// and a relay registration.
 func FuzzRelayReaders(f *testing.F) {
 	for _, s := range []string{
 		`{"session":{"nodeId":"node-a","controller":{"kind":"cloudly"},"runtimeNamespace":"rt-1"},"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
@@ -139,6 +140,9 @@ func FuzzRelayReaders(f *testing.F) {
 		`{"config":{"clusterId":"c","relay":{"origin":"https://r.example"},"corestores":[{"nodeId":"n","origin":"https://c.example:7443"}]}}`,
 		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"1.0.0","nodeId":"n","listenAddress":"192.0.2.1","listenPort":1,"vpnHub":null},"registrationSequence":0}`,
 		`{"session":{"nodeId":"a","nodeId":"b"}}`,
+		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"origin":"https://relay.example:8443","x":1}`,
+		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"origin":"http://127.0.0.1:9"}`,
+		`{"config":{"clusterId":"c","relay":null,"corestores":null,"x":[1]}}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -153,8 +157,19 @@ func FuzzRelayReaders(f *testing.F) {
 			_ = IsClusterNodeID(node)
 		}
 		if s, err := ReadRegisterPalletRuntimeSessionResponse(body); err == nil {
-			if !IsClusterNodeID(s.NodeID) || !IsCanonicalID(s.RuntimeNamespace) || KindOf(s.Controller) != KindObject {
+			if !IsClusterNodeID(s.NodeID) || s.RuntimeNamespace != "" && !IsCanonicalID(s.RuntimeNamespace) ||
+				s.Controller != nil && KindOf(s.Controller) != KindObject || Valid(s.Raw) != nil {
 				t.Fatalf("accepted a session the rules refuse: %+v", s)
+			}
+		}
+		for _, allowHTTP := range []bool{false, true} {
+			if a, err := ReadRegisterClusterRelayResponse(body, allowHTTP); err == nil {
+				if a.Origin != "" && !(IsCanonicalOrigin(a.Origin, "https") || allowHTTP && IsCanonicalOrigin(a.Origin, "http")) {
+					t.Fatalf("recorded an origin the rules refuse: %q", a.Origin)
+				}
+				if _, err := NegotiateProtocol(RelayOffer, a.Protocol); err != nil {
+					t.Fatalf("read an offer that is not one: %+v", a.Protocol)
+				}
 			}
 		}
 		for _, allowHTTP := range []bool{false, true} {
@@ -224,6 +239,47 @@ func FuzzReadClusterIngressRegistration(f *testing.F) {
 		if r2, err := ReadClusterIngressRegistration(enc); err != nil || r2.Bearer.Reveal() != r.Bearer.Reveal() ||
 			r2.NodeID != r.NodeID || r2.Protocol != r.Protocol || !slices.Equal(r2.Capabilities, r.Capabilities) {
 			t.Fatalf("does not round-trip: %q -> %q (%v)", body, enc, err)
+		}
+	})
+}
+
+// FuzzIngressReaders reads arbitrary bodies as the relay reads what crosses it for the ingress: a
+// route table push or pull answer and an ingress's statistics page. A table keeps its bytes and
+// has a safe revision, derived exactly when it states none; a page holds at most limit buckets,
+// each exactly as it arrived, with only a real calendar day read as its day.
+func FuzzIngressReaders(f *testing.F) {
+	for _, s := range []string{
+		`{"table":{"revision":7,"routes":[]}}`, `{"table":null}`, `{"table":{"routes":[]}}`, `{"table":[1]}`,
+		`{"table":{"revision":1,"revision":2}}`, `{"table":{"revision":-1}}`, `{"table":"x","extra":1}`,
+		`{"statistics":[{"dayUtc":"2024-05-02","nodeId":"a"},{"nodeId":7},1,{"dayUtc":"2024-02-30"}],"nextCursor":"c"}`,
+		`{"statistics":[{"dayUtc":"2024-05-02","dayUtc":"2024-05-03"}]}`, `{"statistics":[],"nextCursor":null}`,
+	} {
+		f.Add([]byte(s))
+	}
+	req := TrafficStatisticsRequest{FromDayUTC: "2024-05-01", ToDayUTC: "2024-05-31", Limit: 3}
+	f.Fuzz(func(t *testing.T, body []byte) {
+		if tbl, err := ReadPushClusterRouteTableRequest(body); err == nil && !tbl.IsNull() {
+			if Valid(tbl.Raw) != nil || !bytes.Contains(body, tbl.Raw) || tbl.Revision < 0 || tbl.Revision > MaxSafeInteger {
+				t.Fatalf("table %+v from %q", tbl, body)
+			}
+			stated, ok, _ := Lookup(tbl.Raw, "revision")
+			n, counter := ReadCounter(stated)
+			if tbl.Derived == (ok && counter) || !tbl.Derived && n != tbl.Revision || tbl.Derived && tbl.Revision != DeriveRouteTableRevision(tbl.Raw) {
+				t.Fatalf("revision misread: %+v from %q", tbl, body)
+			}
+		}
+		page, err := ReadGetClusterTrafficStatisticsResponse(body, req)
+		if err != nil {
+			return
+		}
+		if len(page.Buckets) > req.Limit || page.NextCursor != "" && !IsTrafficStatisticsCursor(page.NextCursor) {
+			t.Fatalf("page %+v from %q", page, body)
+		}
+		for _, b := range page.Buckets {
+			if Valid(b.Raw) != nil || !bytes.Contains(body, b.Raw) || b.Day != "" && !IsUTCCalendarDay(b.Day) ||
+				b.Object && KindOf(b.Raw) != KindObject || !b.Object && (b.Day != "" || b.NodeStated) {
+				t.Fatalf("bucket %+v from %q", b, body)
+			}
 		}
 	})
 }

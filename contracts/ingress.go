@@ -1,9 +1,10 @@
 package contracts
 
 import (
+	"crypto/sha256"
+	"encoding/binary"
 	"encoding/json"
 	"strconv"
-	"time"
 )
 
 // The cluster ingress (SPEC §8, CONTRACTS §8): the registration an ingress sends through the
@@ -58,50 +59,54 @@ func ValidateClusterIngressRegistration(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster ingress registration"
 	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "bearer", "version", "nodeId", "protocol", "?", "capabilities") {
-		return []string{path + " must use its exact schema"}
+	_, reasons := readClusterIngressRegistration(raw, path)
+	return reasons
+}
+
+// ReadClusterIngressRegistration reads a registration with ValidateClusterIngressRegistration's
+// rules, in one pass. The relay reads and negotiates the offer first (ReadProtocolOffer, SPEC §3
+// judging order) and calls this only then. Every failure is an *InvalidError whose reasons never
+// quote the bearer.
+func ReadClusterIngressRegistration(raw []byte) (ClusterIngressRegistration, error) {
+	r, reasons := readClusterIngressRegistration(raw, "cluster ingress registration")
+	if len(reasons) > 0 {
+		return ClusterIngressRegistration{}, &InvalidError{Reasons: reasons}
 	}
-	m := byKey(members)
+	return r, nil
+}
+
+func readClusterIngressRegistration(raw []byte, path string) (ClusterIngressRegistration, []string) {
+	var bearer, version, nodeID, protocol, capabilities []byte
+	if ReadExact(raw, Req("bearer", &bearer), Req("version", &version), Req("nodeId", &nodeID),
+		Req("protocol", &protocol), Opt("capabilities", &capabilities)) != nil {
+		return ClusterIngressRegistration{}, []string{path + " must use its exact schema"}
+	}
+	var r ClusterIngressRegistration
 	var reasons []string
-	if s, err := ReadString(m["bearer"]); err != nil || s == "" {
+	if s, err := ReadString(bearer); err != nil || s == "" {
 		reasons = append(reasons, path+" bearer must be a non-empty string")
+	} else {
+		r.Bearer = NewSecret(s)
 	}
-	if s, err := ReadString(m["version"]); err != nil || !IsReleaseVersion(s) {
+	if s, err := ReadString(version); err != nil || !IsReleaseVersion(s) {
 		reasons = append(reasons, path+" version must be a release version")
+	} else {
+		r.Version = s
 	}
-	if s, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(s) {
+	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
+	} else {
+		r.NodeID = s
 	}
-	if c, ok := m["capabilities"]; ok {
-		if _, ok := readCapabilities(c); !ok {
+	if capabilities != nil {
+		var ok bool
+		if r.Capabilities, ok = readCapabilities(capabilities); !ok {
 			reasons = append(reasons, path+" capabilities must be a sorted, duplicate-free array of at most 32 capability names")
 		}
 	}
-	return append(reasons, ValidateProtocolOffer(m["protocol"], path+" protocol")...)
-}
-
-// ReadClusterIngressRegistration reads a registration the way the relay judges it: the offer is
-// read first (ReadProtocolOffer), then the whole shape. Every failure is an *InvalidError whose
-// reasons never quote the bearer.
-func ReadClusterIngressRegistration(raw []byte) (ClusterIngressRegistration, error) {
-	offer, err := ReadProtocolOffer(raw)
-	if err != nil {
-		return ClusterIngressRegistration{}, err
-	}
-	if reasons := ValidateClusterIngressRegistration(raw, ""); len(reasons) > 0 {
-		return ClusterIngressRegistration{}, &InvalidError{Reasons: reasons}
-	}
-	members, _ := ReadObject(raw)
-	m := byKey(members)
-	bearer, _ := ReadString(m["bearer"])
-	version, _ := ReadString(m["version"])
-	node, _ := ReadString(m["nodeId"])
-	r := ClusterIngressRegistration{Bearer: NewSecret(bearer), Version: version, NodeID: node, Protocol: offer}
-	if c, ok := m["capabilities"]; ok {
-		r.Capabilities, _ = readCapabilities(c)
-	}
-	return r, nil
+	var offerReasons []string
+	r.Protocol, offerReasons = readProtocolOffer(protocol, path+" protocol")
+	return r, append(reasons, offerReasons...)
 }
 
 // EncodeClusterIngressRegistration writes the request in the seed's key order. It is the one
@@ -181,36 +186,42 @@ func ValidateClusterIngressRegistrationRefusal(raw []byte, path string) []string
 	if path == "" {
 		path = "cluster ingress registration refusal"
 	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "code", "reason", "retryAfterMs") {
-		return []string{path + " must use its exact schema"}
+	_, reasons := readClusterIngressRegistrationRefusal(raw, path)
+	return reasons
+}
+
+func readClusterIngressRegistrationRefusal(raw []byte, path string) (ClusterIngressRegistrationRefusal, []string) {
+	var code, reason, retryAfter []byte
+	if ReadExact(raw, Req("code", &code), Req("reason", &reason), Req("retryAfterMs", &retryAfter)) != nil {
+		return ClusterIngressRegistrationRefusal{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
+	r := ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode}
 	var reasons []string
-	if s, err := ReadString(m["code"]); err != nil || s != ClusterIngressRegistrationRefusedCode {
+	if s, err := ReadString(code); err != nil || s != ClusterIngressRegistrationRefusedCode {
 		reasons = append(reasons, path+" code must be "+ClusterIngressRegistrationRefusedCode)
 	}
-	if s, err := ReadString(m["reason"]); err != nil || !IsClusterIngressRegistrationRefusalReason(s) {
+	if s, err := ReadString(reason); err != nil || !IsClusterIngressRegistrationRefusalReason(s) {
 		reasons = append(reasons, path+" reason must be a cluster ingress registration refusal reason")
+	} else {
+		r.Reason = s
 	}
-	if n, ok := ReadSafeInteger(m["retryAfterMs"]); !ok || n < ClusterIngressMinimumRetryAfterMs || n > ClusterIngressMaximumRetryAfterMs {
+	if n, ok := ReadSafeInteger(retryAfter); !ok || n < ClusterIngressMinimumRetryAfterMs || n > ClusterIngressMaximumRetryAfterMs {
 		reasons = append(reasons, path+" retryAfterMs must be an integer from "+
 			strconv.Itoa(ClusterIngressMinimumRetryAfterMs)+" to "+strconv.Itoa(ClusterIngressMaximumRetryAfterMs))
+	} else {
+		r.RetryAfterMs = n
 	}
-	return reasons
+	return r, reasons
 }
 
 // ReadClusterIngressRegistrationRefusal is readClusterIngressRegistrationRefusal: the refusal
 // inside an error's data, or ok == false when the value is not one.
 func ReadClusterIngressRegistrationRefusal(raw []byte) (ClusterIngressRegistrationRefusal, bool) {
-	if len(ValidateClusterIngressRegistrationRefusal(raw, "")) > 0 {
+	r, reasons := readClusterIngressRegistrationRefusal(raw, "cluster ingress registration refusal")
+	if len(reasons) > 0 {
 		return ClusterIngressRegistrationRefusal{}, false
 	}
-	members, _ := ReadObject(raw)
-	m := byKey(members)
-	reason, _ := ReadString(m["reason"])
-	retry, _ := ReadSafeInteger(m["retryAfterMs"])
-	return ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode, Reason: reason, RetryAfterMs: retry}, true
+	return r, true
 }
 
 // IsClusterIngressRegistrationRefusalReason reports whether s is one of the eight reasons.
@@ -235,11 +246,6 @@ func (r ClusterIngressRegistrationRefusal) Data() json.RawMessage {
 // (project-defined, the relay's "<name>: <reason>" carriage).
 func (r ClusterIngressRegistrationRefusal) Text() string { return r.Code + ": " + r.Reason }
 
-// RetryAfter is retryAfterMs as a duration.
-func (r ClusterIngressRegistrationRefusal) RetryAfter() time.Duration {
-	return time.Duration(r.RetryAfterMs) * time.Millisecond
-}
-
 // --- IClusterIngressRouteTableChange ----------------------------------------------------------
 
 // ValidateClusterIngressRouteTableChange is validateClusterIngressRouteTableChange with the seed's
@@ -249,23 +255,26 @@ func ValidateClusterIngressRouteTableChange(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster ingress route table change"
 	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "revision") {
-		return []string{path + " must use its exact schema"}
+	_, reasons := readClusterIngressRouteTableChange(raw, path)
+	return reasons
+}
+
+func readClusterIngressRouteTableChange(raw []byte, path string) (int64, []string) {
+	var revision []byte
+	if ReadExact(raw, Req("revision", &revision)) != nil {
+		return 0, []string{path + " must use its exact schema"}
 	}
-	if _, ok := ReadCounter(members[0].Value); !ok {
-		return []string{path + " revision must be a non-negative safe integer"}
+	n, ok := ReadCounter(revision)
+	if !ok {
+		return 0, []string{path + " revision must be a non-negative safe integer"}
 	}
-	return nil
+	return n, nil
 }
 
 // ReadClusterIngressRouteTableChange reads a hint's revision, or ok == false.
 func ReadClusterIngressRouteTableChange(raw []byte) (revision int64, ok bool) {
-	if len(ValidateClusterIngressRouteTableChange(raw, "")) > 0 {
-		return 0, false
-	}
-	members, _ := ReadObject(raw)
-	return ReadCounter(members[0].Value)
+	n, reasons := readClusterIngressRouteTableChange(raw, "cluster ingress route table change")
+	return n, len(reasons) == 0
 }
 
 // EncodeClusterIngressRouteTableChange writes the hint { revision }.
@@ -275,45 +284,61 @@ func EncodeClusterIngressRouteTableChange(revision int64) []byte {
 
 // --- Route tables -----------------------------------------------------------------------------
 
-// RouteTable is a cluster route table as the relay reads it: table.revision alone. Raw is the
-// whole table exactly as received (certificates and keys included: never log it, never write it
+// RouteTable is a cluster route table as the relay reads it: its revision alone. Raw is the whole
+// table exactly as received (certificates and keys included: never log it, never write it
 // anywhere). A nil Raw is the null table: Cloudly has computed none yet — a fact, not an empty
 // table.
 type RouteTable struct {
 	Raw      json.RawMessage
 	Revision int64
+	// Derived is set when the table states no revision (no revision member that is a
+	// non-negative safe integer): Revision is then DeriveRouteTableRevision of its bytes, which
+	// tells tables apart but does not order them.
+	Derived bool
 }
 
 // IsNull reports whether t is the null table.
 func (t RouteTable) IsNull() bool { return t.Raw == nil }
 
-// ReadRouteTable reads a table value: null, or an object whose revision is a non-negative safe
-// integer (the one member the relay reads; project-defined where the revision lives, OQ-14).
+// ReadRouteTable reads a table value tolerantly (where the revision lives is this project's
+// guess, OQ-14). raw is one well-formed JSON value, as the readers of its carriers hand it out.
+// null is the null table; any other JSON value is a table, served untouched. Its
+// revision is table.revision when that is a non-negative safe integer; otherwise the table is
+// still served and its revision is derived from its bytes (Derived). The relay reads nothing
+// else of a table.
 func ReadRouteTable(raw []byte, path string) (RouteTable, error) {
 	if IsNull(raw) {
 		return RouteTable{}, nil
 	}
-	if KindOf(raw) != KindObject {
-		return RouteTable{}, &InvalidError{[]string{path + " must be null or an object"}}
+	raw = trimSpace(raw)
+	if KindOf(raw) == KindObject {
+		var revision []byte
+		if ReadTolerant(raw, Opt("revision", &revision)) != nil {
+			return RouteTable{}, &InvalidError{[]string{path + " must not repeat its revision"}}
+		}
+		if n, ok := ReadCounter(revision); ok {
+			return RouteTable{Raw: raw, Revision: n}, nil
+		}
 	}
-	rev, ok, err := Lookup(raw, "revision")
-	if err != nil {
-		return RouteTable{}, &InvalidError{[]string{path + " must be null or an object"}}
-	}
-	n, isCounter := ReadCounter(rev)
-	if !ok || !isCounter {
-		return RouteTable{}, &InvalidError{[]string{path + " revision must be a non-negative safe integer"}}
-	}
-	return RouteTable{Raw: trimSpace(raw), Revision: n}, nil
+	return RouteTable{Raw: raw, Revision: DeriveRouteTableRevision(raw), Derived: true}, nil
 }
 
-// readTableCarrier reads a body { table } with exactly that key.
+// DeriveRouteTableRevision is the revision of a table that states none (project-defined): the
+// first 53 bits of the SHA-256 of its bytes, so that it is a non-negative safe integer like every
+// revision on the wire. Equal bytes give equal revisions; different bytes, different ones but for
+// a 2^-53 chance.
+func DeriveRouteTableRevision(raw []byte) int64 {
+	sum := sha256.Sum256(raw)
+	return int64(binary.BigEndian.Uint64(sum[:8]) >> 11)
+}
+
+// readTableCarrier reads a body { table } with exactly that key (seed-spelled).
 func readTableCarrier(body []byte, path string) (RouteTable, error) {
-	members, err := ReadObject(body)
-	if err != nil || !hasExactKeys(members, "table") {
+	var table []byte
+	if ReadExact(body, Req("table", &table)) != nil {
 		return RouteTable{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	return ReadRouteTable(members[0].Value, path+" table")
+	return ReadRouteTable(table, path+" table")
 }
 
 // ReadPushClusterRouteTableRequest reads pushClusterRouteTable's request { table } (Cloudly →
@@ -359,14 +384,14 @@ func EncodeAppliedRevision(t RouteTable) []byte {
 // { knownRevision | null }. known is -1 for null. Path "cluster ingress route table request".
 func ReadGetClusterIngressRouteTableRequest(body []byte) (known int64, err error) {
 	const path = "cluster ingress route table request"
-	members, err := ReadObject(body)
-	if err != nil || !hasExactKeys(members, "knownRevision") {
+	var knownRevision []byte
+	if ReadExact(body, Req("knownRevision", &knownRevision)) != nil {
 		return 0, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	if IsNull(members[0].Value) {
+	if IsNull(knownRevision) {
 		return -1, nil
 	}
-	n, ok := ReadCounter(members[0].Value)
+	n, ok := ReadCounter(knownRevision)
 	if !ok {
 		return 0, &InvalidError{[]string{path + " knownRevision must be null or a non-negative safe integer"}}
 	}

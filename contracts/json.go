@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"unicode/utf16"
 	"unicode/utf8"
 )
@@ -15,9 +16,12 @@ import (
 //
 //   - syntax is RFC 8259 exactly; strings are valid UTF-8 with valid escapes (a lone surrogate
 //     escape is refused); nesting is bounded by MaxJSONDepth;
-//   - an object read with ReadObject may not repeat a key at that level — JavaScript keeps the last
-//     duplicate and a naive Go reader the first, so a duplicate would let the relay judge one value
-//     while Cloudly reads another;
+//   - an object may not repeat a key the relay reads — JavaScript keeps the last duplicate and a
+//     naive Go reader the first, so a duplicate would let the relay judge one value while Cloudly
+//     reads another;
+//   - an object shape is read one way: ReadExact for a seed-spelled shape (every member named,
+//     nothing else), ReadTolerant for a project-defined one (the members the relay uses, every
+//     other member ignored), each with its fields (Req, Opt) in one pass;
 //   - values come back as sub-slices of the input, never re-encoded, so what the relay forwards is
 //     byte-identical to what it read.
 
@@ -163,6 +167,69 @@ func truncateKey(k string) string {
 		return k[:64] + "…"
 	}
 	return k
+}
+
+// Field is one member an object reader takes: its key, where its value goes, and whether the
+// object may lack it. Build fields with Req and Opt and read them with ReadExact or ReadTolerant.
+type Field struct {
+	key      string
+	dst      *[]byte
+	optional bool
+}
+
+// Req is a member the object must have. Its value, a sub-slice of the object, goes to *dst.
+func Req(key string, dst *[]byte) Field { return Field{key: key, dst: dst} }
+
+// Opt is a member the object may lack; *dst is nil when it does.
+func Opt(key string, dst *[]byte) Field { return Field{key: key, dst: dst, optional: true} }
+
+// ErrShape is wrapped by ReadExact's and ReadTolerant's error for an object that lacks a required
+// member or, read exactly, has a member its fields do not name.
+var ErrShape = errors.New("json: object does not have the members of its shape")
+
+// ReadExact reads raw as one JSON object whose members are exactly fields: each required one,
+// any optional one, no other and none twice. It is how a seed-spelled shape is read (SPEC: exact
+// where the seeds are exact). Values are sub-slices of raw, trimmed of surrounding whitespace;
+// nothing is allocated but an error.
+func ReadExact(raw []byte, fields ...Field) error { return readFields(raw, fields, true) }
+
+// ReadTolerant reads the members fields name from the JSON object raw and ignores every other
+// member, which is checked as JSON and nothing else. It is how a project-defined shape is read
+// (SPEC: tolerant where this project guessed). A member it reads may not appear twice; a member it
+// ignores may.
+func ReadTolerant(raw []byte, fields ...Field) error { return readFields(raw, fields, false) }
+
+func readFields(raw []byte, fields []Field, exact bool) error {
+	for _, f := range fields {
+		*f.dst = nil
+	}
+	err := ForEachMember(raw, func(key, value []byte) error {
+		for _, f := range fields {
+			if string(key) != f.key {
+				continue
+			}
+			if *f.dst != nil {
+				return fmt.Errorf("%w %q", ErrDuplicateKey, truncateKey(string(key)))
+			}
+			*f.dst = value
+			return nil
+		}
+		if exact {
+			return fmt.Errorf("%w: a member it does not name", ErrShape)
+		}
+		return nil
+	})
+	if err != nil {
+		return err
+	}
+	for _, f := range fields {
+		if !f.optional && *f.dst == nil {
+			// A copy of the key: an error must not keep the caller's fields alive (they stay on
+			// its stack).
+			return fmt.Errorf("%w: %q is missing", ErrShape, strings.Clone(truncateKey(f.key)))
+		}
+	}
+	return nil
 }
 
 // ReadArray reads raw as one JSON array and returns its elements, each a sub-slice of raw.

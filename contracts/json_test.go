@@ -3,6 +3,7 @@ package contracts
 import (
 	"encoding/json"
 	"errors"
+	"strconv"
 	"testing"
 )
 
@@ -151,4 +152,88 @@ func containsSubstring(s, sub string) bool {
 		}
 	}
 	return false
+}
+
+// TestReadExactAndReadTolerant pins the one way an object shape is read.
+func TestReadExactAndReadTolerant(t *testing.T) {
+	// Sized to its key list: the escrow's old reader kept values in a [7] array and panicked on
+	// an eighth key; IIsolatedRestoreProgress alone has fourteen.
+	t.Run("as many keys as the shape has", func(t *testing.T) {
+		obj := manyKeysObject(20, "")
+		vals := make([][]byte, 20)
+		fields := make([]Field, 20)
+		for i := range fields {
+			fields[i] = Req(strconv.FormatInt(int64(i), 36), &vals[i])
+		}
+		if err := ReadExact(obj, fields...); err != nil {
+			t.Fatal(err)
+		}
+		for i, v := range vals {
+			if string(v) != "0" {
+				t.Fatalf("value %d = %q", i, v)
+			}
+		}
+	})
+	var a, b, c []byte
+	if err := ReadExact([]byte(` { "b" : [1, 2] , "a":"x" } `), Req("a", &a), Req("b", &b), Opt("c", &c)); err != nil ||
+		string(a) != `"x"` || string(b) != `[1, 2]` || c != nil {
+		t.Fatalf("a=%s b=%s c=%s: %v", a, b, c, err)
+	}
+	for body, want := range map[string]error{
+		`{"a":1}`:               ErrShape,        // b missing
+		`{"a":1,"b":2,"d":3}`:   ErrShape,        // d unknown
+		`{"a":1,"b":2,"a":3}`:   ErrDuplicateKey, // a twice
+		`{"a":1,"b":2,"c":3}`:   nil,
+		`{"a":1,"b":2,"c":3,}`:  (*SyntaxError)(nil),
+		`["a","b"]`:             (*SyntaxError)(nil),
+		`{"a":1,"b":2,"c":3} x`: (*SyntaxError)(nil),
+	} {
+		err := ReadExact([]byte(body), Req("a", &a), Req("b", &b), Opt("c", &c))
+		var syntax *SyntaxError
+		switch want {
+		case nil:
+			if err != nil {
+				t.Errorf("%s: %v", body, err)
+			}
+		case error((*SyntaxError)(nil)):
+			if !errors.As(err, &syntax) {
+				t.Errorf("%s: %v, want a syntax error", body, err)
+			}
+		default:
+			if !errors.Is(err, want) {
+				t.Errorf("%s: %v, want %v", body, err, want)
+			}
+		}
+	}
+	// Tolerant: members it does not name are ignored, even repeated; those it names are not.
+	if err := ReadTolerant([]byte(`{"x":{"y":[1]},"a":1,"x":2,"b":{}}`), Req("a", &a), Opt("c", &c)); err != nil || string(a) != "1" || c != nil {
+		t.Fatalf("tolerant: a=%s c=%s: %v", a, c, err)
+	}
+	if err := ReadTolerant([]byte(`{"a":1,"a":2}`), Req("a", &a)); !errors.Is(err, ErrDuplicateKey) {
+		t.Fatalf("tolerant repeat of a read key: %v", err)
+	}
+	if err := ReadTolerant([]byte(`{"b":1}`), Req("a", &a)); !errors.Is(err, ErrShape) {
+		t.Fatalf("tolerant without a required key: %v", err)
+	}
+	if err := ReadTolerant([]byte(`{"b":"\ud800"}`), Req("a", &a)); err == nil {
+		t.Fatal("an ignored member is still checked as JSON")
+	}
+	// Reading twice with the same destinations starts from nothing.
+	c = []byte("stale")
+	if err := ReadExact([]byte(`{"a":1,"b":2}`), Req("a", &a), Req("b", &b), Opt("c", &c)); err != nil || c != nil {
+		t.Fatalf("an absent optional member kept a stale value: %q %v", c, err)
+	}
+}
+
+func TestReadExactAllocatesNothing(t *testing.T) {
+	raw := []byte(`{"status":"accepted","renewal":{"projection":{"id":"p","generation":1,"digest":"d"},"sequence":1,"digest":"d"}}`)
+	allocs := testing.AllocsPerRun(100, func() {
+		var status, renewal []byte
+		if ReadExact(raw, Req("status", &status), Req("renewal", &renewal)) != nil {
+			t.Fatal("not read")
+		}
+	})
+	if allocs != 0 {
+		t.Fatalf("%v allocations per read", allocs)
+	}
 }

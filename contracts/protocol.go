@@ -155,11 +155,21 @@ func ValidateProtocolOffer(raw []byte, path string) []string {
 	if path == "" {
 		path = "protocol offer"
 	}
+	_, reasons := readProtocolOffer(raw, path)
+	return reasons
+}
+
+// readProtocolOffer reads an offer value exactly and judges its versions, one reason per
+// violation.
+func readProtocolOffer(raw []byte, path string) (ProtocolOffer, []string) {
 	o, ok := readOffer(raw)
 	if !ok {
-		return []string{path + " must use its exact schema"}
+		return ProtocolOffer{}, []string{path + " must use its exact schema"}
 	}
-	return o.validate(path)
+	if reasons := o.validate(path); len(reasons) > 0 {
+		return ProtocolOffer{}, reasons
+	}
+	return o, nil
 }
 
 // ValidateProtocolOfferOn names every reason the protocol key of the JSON object body is not an
@@ -168,47 +178,42 @@ func ValidateProtocolOfferOn(body []byte, path string) []string {
 	if path == "" {
 		path = "body"
 	}
+	_, reasons := readProtocolOfferOn(body, path)
+	return reasons
+}
+
+func readProtocolOfferOn(body []byte, path string) (ProtocolOffer, []string) {
 	raw, ok, err := Lookup(body, "protocol")
 	if err != nil || !ok {
-		return []string{path + " protocol must use its exact schema"}
+		return ProtocolOffer{}, []string{path + " protocol must use its exact schema"}
 	}
-	return ValidateProtocolOffer(raw, path+" protocol")
+	return readProtocolOffer(raw, path+" protocol")
 }
 
 // ReadProtocolOffer reads the offer on a body from its protocol key alone. A body that is not an
 // object, a missing or repeated protocol key, or an offer that is not exactly two release
 // versions is refused with an *InvalidError naming each reason.
 func ReadProtocolOffer(body []byte) (ProtocolOffer, error) {
-	if reasons := ValidateProtocolOfferOn(body, "body"); len(reasons) > 0 {
+	o, reasons := readProtocolOfferOn(body, "body")
+	if len(reasons) > 0 {
 		return ProtocolOffer{}, &InvalidError{Reasons: reasons}
 	}
-	raw, _, _ := Lookup(body, "protocol")
-	o, _ := readOffer(raw)
 	return o, nil
 }
 
 // readOffer reads raw as an object with exactly interfacesVersion and minimumPeerVersion, both
 // strings. It does not judge the versions.
 func readOffer(raw []byte) (ProtocolOffer, bool) {
-	members, err := ReadObject(raw)
-	if err != nil || len(members) != 2 {
+	var iv, mv []byte
+	if ReadExact(raw, Req("interfacesVersion", &iv), Req("minimumPeerVersion", &mv)) != nil {
 		return ProtocolOffer{}, false
 	}
-	var o ProtocolOffer
-	var seen int
-	for _, m := range members {
-		s, err := ReadString(m.Value)
-		if err != nil {
-			return ProtocolOffer{}, false
-		}
-		switch m.Key {
-		case "interfacesVersion":
-			o.InterfacesVersion, seen = s, seen|1
-		case "minimumPeerVersion":
-			o.MinimumPeerVersion, seen = s, seen|2
-		}
+	i, err1 := ReadString(iv)
+	m, err2 := ReadString(mv)
+	if err1 != nil || err2 != nil {
+		return ProtocolOffer{}, false
 	}
-	return o, seen == 3
+	return ProtocolOffer{InterfacesVersion: i, MinimumPeerVersion: m}, true
 }
 
 // ProtocolRefusal is IProtocolRefusal, carried as the error's data.
@@ -271,39 +276,26 @@ func (r *ProtocolRefusal) Data() json.RawMessage {
 // ReadProtocolRefusal reads the refusal inside an error's data, or ok == false when the value is
 // not one. It reads plain data with exact keys and valid offers only.
 func ReadProtocolRefusal(raw []byte) (ProtocolRefusal, bool) {
-	members, err := ReadObject(raw)
-	if err != nil || len(members) != 4 {
+	var code, reason, refusing, refused []byte
+	if ReadExact(raw, Req("code", &code), Req("reason", &reason), Req("refusing", &refusing), Req("refused", &refused)) != nil {
 		return ProtocolRefusal{}, false
 	}
-	var r ProtocolRefusal
-	var seen int
-	for _, m := range members {
-		switch m.Key {
-		case "code":
-			s, err := ReadString(m.Value)
-			if err != nil || s != ProtocolIncompatibleCode {
-				return ProtocolRefusal{}, false
-			}
-			r.Code, seen = s, seen|1
-		case "reason":
-			s, err := ReadString(m.Value)
-			if err != nil || !isIncompatibility(s) {
-				return ProtocolRefusal{}, false
-			}
-			r.Reason, seen = ProtocolIncompatibility(s), seen|2
-		case "refusing", "refused":
-			o, ok := readOffer(m.Value)
-			if !ok || len(o.validate("")) > 0 {
-				return ProtocolRefusal{}, false
-			}
-			if m.Key == "refusing" {
-				r.Refusing, seen = o, seen|4
-			} else {
-				r.Refused, seen = o, seen|8
-			}
-		}
+	if s, err := ReadString(code); err != nil || s != ProtocolIncompatibleCode {
+		return ProtocolRefusal{}, false
 	}
-	return r, seen == 15
+	why, err := ReadString(reason)
+	if err != nil || !isIncompatibility(why) {
+		return ProtocolRefusal{}, false
+	}
+	r := ProtocolRefusal{Code: ProtocolIncompatibleCode, Reason: ProtocolIncompatibility(why)}
+	var reasons []string
+	if r.Refusing, reasons = readProtocolOffer(refusing, ""); len(reasons) > 0 {
+		return ProtocolRefusal{}, false
+	}
+	if r.Refused, reasons = readProtocolOffer(refused, ""); len(reasons) > 0 {
+		return ProtocolRefusal{}, false
+	}
+	return r, true
 }
 
 func isIncompatibility(s string) bool {

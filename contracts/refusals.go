@@ -1,6 +1,7 @@
 package contracts
 
 import (
+	"errors"
 	"fmt"
 	"strings"
 )
@@ -58,6 +59,50 @@ func ReadRefusalName(text string, data []byte) RefusalName {
 	}
 	return ""
 }
+
+// RefusalLabel names err for a metric label or a log field: the refusal name it carries — a
+// *Refusal's name, protocol-incompatible for a *ProtocolRefusal, or the name a remote error
+// states through a Name() RefusalName method (typedsocket.Error has one) — when that name belongs
+// to a vocabulary of this package; "other" for a name outside them (a peer can put any token in
+// its error text), for an error that names none, and for a local fault; "" for nil. Label values
+// are fixed sets (SPEC §15): what a peer sends never adds a series or reaches a log line as text.
+func RefusalLabel(err error) string {
+	if err == nil {
+		return ""
+	}
+	var r *Refusal
+	var pr *ProtocolRefusal
+	var named interface{ Name() RefusalName }
+	var n RefusalName
+	switch {
+	case errors.As(err, &r):
+		n = r.Name
+	case errors.As(err, &pr):
+		n = ProtocolIncompatibleCode
+	case errors.As(err, &named):
+		n = named.Name()
+	}
+	if knownRefusals[n] {
+		return string(n)
+	}
+	return RefusalLabelOther
+}
+
+// RefusalLabelOther is RefusalLabel's label for every error without a known refusal name.
+const RefusalLabelOther = "other"
+
+// knownRefusals are the names RefusalLabel passes on: every vocabulary below, and the codes of
+// the two seed refusals that travel as error data.
+var knownRefusals = func() map[RefusalName]bool {
+	m := map[RefusalName]bool{ProtocolIncompatibleCode: true, ClusterIngressRegistrationRefusedCode: true}
+	for _, vocabulary := range [][]RefusalName{clusterRelayUndispatchedRefusals[:], holdRuntimeNetworkDnsLeaseRenewalsRefusals[:],
+		isolatedRestoreNodeControlRefusals[:], relayRefusals[:], vpnRefusals[:]} {
+		for _, n := range vocabulary {
+			m[n] = true
+		}
+	}
+	return m
+}()
 
 func isRefusalToken(s string) bool {
 	if s == "" || len(s) > 64 {

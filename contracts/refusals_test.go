@@ -72,3 +72,35 @@ func TestReadRefusalName(t *testing.T) {
 		}
 	}
 }
+
+// remoteError stands for typedsocket.Error: an error whose name a peer wrote.
+type remoteError struct{ text string }
+
+func (e remoteError) Error() string     { return e.text }
+func (e remoteError) Name() RefusalName { return ReadRefusalName(e.text, nil) }
+
+func TestRefusalLabel(t *testing.T) {
+	pr, _ := NegotiateProtocol(RelayOffer, ProtocolOffer{InterfacesVersion: "33.0.0", MinimumPeerVersion: "33.0.0"})
+	for _, c := range []struct {
+		err  error
+		want string
+	}{
+		{nil, ""},
+		{RelayNodeBusy.Refuse("full"), "relay-node-busy"},
+		{fmt.Errorf("forward: %w", EscrowRunStale.Refuse("old")), "escrow-run-stale"},
+		{pr, "protocol-incompatible"},
+		{remoteError{"restore-node-refused: disk full"}, "restore-node-refused"},
+		{remoteError{DescribeProtocolRefusal(*pr)}, "protocol-incompatible"},
+		{remoteError{"cluster-ingress-registration-refused: bearer-refused"}, "cluster-ingress-registration-refused"},
+		{remoteError{"vpn-member-unknown: no such key"}, "vpn-member-unknown"},
+		// A name the peer made up, no name at all, and a local fault: one fixed label.
+		{remoteError{"made-up-name-1234: whatever the peer likes"}, "other"},
+		{remoteError{"There is no available method for this call on the server side"}, "other"},
+		{RefusalName("not-a-relay-name").Refuse("x"), "other"},
+		{errors.New("dial tcp: connection refused"), "other"},
+	} {
+		if got := RefusalLabel(c.err); got != c.want {
+			t.Errorf("RefusalLabel(%v) = %q, want %q", c.err, got, c.want)
+		}
+	}
+}

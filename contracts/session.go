@@ -8,56 +8,46 @@ import "encoding/json"
 // and never changes.
 type RuntimeSession struct {
 	NodeID           string
-	Controller       json.RawMessage // compared as a JSON value
-	RuntimeNamespace string
+	Controller       json.RawMessage // compared as a JSON value; nil when the binding states none
+	RuntimeNamespace string          // "" when the binding states none
 	Raw              json.RawMessage
 }
 
-// ReadRegisterPalletRuntimeSessionResponse reads the accepted answer of a node registration.
-// Only session.nodeId (node id reader), session.controller (an object) and
-// session.runtimeNamespace (canonical id) are judged; everything else stays opaque.
+// ReadRegisterPalletRuntimeSessionResponse reads the accepted answer of a node registration: its
+// session (ReadRuntimeSession). The answer is Cloudly's, forwarded to the node untouched; every
+// other member stays opaque.
 func ReadRegisterPalletRuntimeSessionResponse(raw []byte) (RuntimeSession, error) {
 	const path = "node registration answer"
 	session, ok, err := Lookup(raw, "session")
 	if err != nil || !ok {
 		return RuntimeSession{}, &InvalidError{[]string{path + " must carry a session"}}
 	}
-	s, err := ReadRuntimeSession(session)
-	if err != nil {
-		return RuntimeSession{}, err
-	}
-	return s, nil
+	return ReadRuntimeSession(session)
 }
 
-// ReadRuntimeSession reads a serialized IRuntimeSessionBinding.
+// ReadRuntimeSession reads a serialized IRuntimeSessionBinding tolerantly: the seeds name some of
+// its members and not all (CONTRACTS §5.1), so the relay takes what it uses and keeps the rest
+// opaque in Raw. nodeId is required (node id reader): the relay binds the connection to it.
+// controller (an object) and runtimeNamespace (a canonical id) only scope escrowed runs; when
+// either is absent or not of its kind, it is left empty, and escrow then finds no run in that
+// session's scope (escrow-run-foreign-session) instead of the node being refused.
 func ReadRuntimeSession(session []byte) (RuntimeSession, error) {
 	const path = "session"
-	members, err := ReadObject(session)
-	if err != nil {
-		return RuntimeSession{}, &InvalidError{[]string{path + " must be an object"}}
+	var nodeID, controller, namespace []byte
+	if ReadTolerant(session, Req("nodeId", &nodeID), Opt("controller", &controller), Opt("runtimeNamespace", &namespace)) != nil {
+		return RuntimeSession{}, &InvalidError{[]string{path + " must be an object carrying nodeId"}}
 	}
-	m := MembersByKey(members)
-	var s RuntimeSession
-	var reasons []string
-	if n, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(n) {
-		reasons = append(reasons, path+" nodeId must be a cluster node id")
-	} else {
-		s.NodeID = n
+	n, err := ReadString(nodeID)
+	if err != nil || !IsClusterNodeID(n) {
+		return RuntimeSession{}, &InvalidError{[]string{path + " nodeId must be a cluster node id"}}
 	}
-	if KindOf(m["controller"]) != KindObject || Valid(m["controller"]) != nil {
-		reasons = append(reasons, path+" controller must be an object")
-	} else {
-		s.Controller = m["controller"]
+	s := RuntimeSession{NodeID: n, Raw: trimSpace(session)}
+	if KindOf(controller) == KindObject {
+		s.Controller = controller
 	}
-	if ns, err := ReadString(m["runtimeNamespace"]); err != nil || !IsCanonicalID(ns) {
-		reasons = append(reasons, path+" runtimeNamespace must be a canonical identifier")
-	} else {
+	if ns, err := ReadString(namespace); err == nil && IsCanonicalID(ns) {
 		s.RuntimeNamespace = ns
 	}
-	if len(reasons) > 0 {
-		return RuntimeSession{}, &InvalidError{reasons}
-	}
-	s.Raw = session
 	return s, nil
 }
 

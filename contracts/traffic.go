@@ -7,9 +7,10 @@ import (
 )
 
 // Traffic statistics: getClusterTrafficStatistics { fromDayUtc, toDayUtc, cursor?, limit } →
-// { statistics, nextCursor? }, Cloudly → relay → ingress (seed-defined shape, SPEC §8). The day
-// format, the limit bounds, the cursor grammar and the element's key names are project-defined
-// (OQ-15); the relay reads only an element's dayUtc and keeps the rest opaque.
+// { statistics, nextCursor? }, Cloudly → relay → ingress (seed-defined shape, SPEC §8, read
+// exactly). The day format, the limit bounds, the cursor grammar and the element's key names are
+// project-defined (OQ-15): the relay reads an element tolerantly — its dayUtc and nodeId when it
+// has them — and passes it on byte for byte.
 
 // MethodGetClusterTrafficStatistics is declared in methods.go (Cloudly → relay → ingress).
 
@@ -76,18 +77,17 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 	if path == "" {
 		path = "cluster traffic statistics request"
 	}
-	members, err := ReadObject(body)
-	if err != nil || !hasExactKeys(members, "fromDayUtc", "toDayUtc", "limit", "?", "cursor") {
+	var fromRaw, toRaw, cursor, limit []byte
+	if ReadExact(body, Req("fromDayUtc", &fromRaw), Req("toDayUtc", &toRaw), Opt("cursor", &cursor), Req("limit", &limit)) != nil {
 		return TrafficStatisticsRequest{}, []string{path + " must use its exact schema"}
 	}
-	m := byKey(members)
 	var r TrafficStatisticsRequest
 	var reasons []string
-	from, err1 := ReadString(m["fromDayUtc"])
+	from, err1 := ReadString(fromRaw)
 	if err1 != nil || !IsUTCCalendarDay(from) {
 		reasons = append(reasons, path+" fromDayUtc must be a UTC calendar day YYYY-MM-DD")
 	}
-	to, err2 := ReadString(m["toDayUtc"])
+	to, err2 := ReadString(toRaw)
 	if err2 != nil || !IsUTCCalendarDay(to) {
 		reasons = append(reasons, path+" toDayUtc must be a UTC calendar day YYYY-MM-DD")
 	}
@@ -95,14 +95,14 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 		reasons = append(reasons, path+" toDayUtc must not be before fromDayUtc")
 	}
 	r.FromDayUTC, r.ToDayUTC = from, to
-	if c, ok := m["cursor"]; ok {
-		s, err := ReadString(c)
+	if cursor != nil {
+		s, err := ReadString(cursor)
 		if err != nil || !IsTrafficStatisticsCursor(s) {
 			reasons = append(reasons, path+" cursor must be 1 to 1048576 printable ASCII characters")
 		}
 		r.Cursor = s
 	}
-	n, ok := ReadSafeInteger(m["limit"])
+	n, ok := ReadSafeInteger(limit)
 	if !ok || n < MinTrafficStatisticsLimit || n > MaxTrafficStatisticsLimit {
 		reasons = append(reasons, path+" limit must be an integer from 1 to 1000")
 	}
@@ -123,38 +123,47 @@ func (r TrafficStatisticsRequest) Encode() []byte {
 
 // TrafficStatisticsPage is getClusterTrafficStatistics's answer as the relay reads it.
 type TrafficStatisticsPage struct {
-	Statistics []json.RawMessage // each element exactly as received
-	Days       []string          // Days[i] is Statistics[i]'s dayUtc
-	NextCursor string            // "" when absent: nothing follows
+	Buckets    []TrafficBucket // the statistics elements, in order
+	NextCursor string          // "" when absent: nothing follows
+}
+
+// TrafficBucket is one statistics element as the relay reads it: tolerantly, since its key names
+// are this project's guess (OQ-15). Nothing of it is required; what the relay does with an element
+// it cannot read is the caller's choice.
+type TrafficBucket struct {
+	Raw json.RawMessage // exactly as received
+	// Object is false when the element is not an object, or repeats dayUtc or nodeId.
+	Object bool
+	// Day is dayUtc when that is a UTC calendar day, "" when absent or in another form.
+	Day string
+	// NodeStated is whether the element has a nodeId member; NodeID is its value when that is a
+	// string, "" otherwise.
+	NodeStated bool
+	NodeID     string
 }
 
 // ReadGetClusterTrafficStatisticsResponse reads an answer to req: { statistics, nextCursor? }
-// with at most req.Limit elements, each an object whose dayUtc lies from req.FromDayUTC to
-// req.ToDayUTC. Elements are otherwise opaque. Path "cluster traffic statistics page".
+// (seed-spelled, exact keys) with at most req.Limit elements, each read as a TrafficBucket. Path
+// "cluster traffic statistics page".
 func ReadGetClusterTrafficStatisticsResponse(body []byte, req TrafficStatisticsRequest) (TrafficStatisticsPage, error) {
 	const path = "cluster traffic statistics page"
-	members, err := ReadObject(body)
-	if err != nil || !hasExactKeys(members, "statistics", "?", "nextCursor") {
+	var statistics, nextCursor []byte
+	if ReadExact(body, Req("statistics", &statistics), Opt("nextCursor", &nextCursor)) != nil {
 		return TrafficStatisticsPage{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	m := byKey(members)
 	var p TrafficStatisticsPage
 	var reasons []string
-	elems, err := ReadArray(m["statistics"])
+	elems, err := ReadArray(statistics)
 	if err != nil || len(elems) > req.Limit {
 		reasons = append(reasons, path+" statistics must be an array of at most limit elements")
+		elems = nil
 	}
-	for i, e := range elems {
-		day, ok := statisticsDay(e)
-		if !ok || day < req.FromDayUTC || day > req.ToDayUTC {
-			reasons = append(reasons, path+" statistics["+strconv.Itoa(i)+"] must be an object whose dayUtc is a requested UTC calendar day")
-			continue
-		}
-		p.Statistics = append(p.Statistics, e)
-		p.Days = append(p.Days, day)
+	p.Buckets = make([]TrafficBucket, 0, len(elems))
+	for _, e := range elems {
+		p.Buckets = append(p.Buckets, readTrafficBucket(e))
 	}
-	if c, ok := m["nextCursor"]; ok {
-		s, err := ReadString(c)
+	if nextCursor != nil {
+		s, err := ReadString(nextCursor)
 		if err != nil || !IsTrafficStatisticsCursor(s) {
 			reasons = append(reasons, path+" nextCursor must be 1 to 1048576 printable ASCII characters")
 		}
@@ -166,22 +175,27 @@ func ReadGetClusterTrafficStatisticsResponse(body []byte, req TrafficStatisticsR
 	return p, nil
 }
 
-func statisticsDay(raw []byte) (string, bool) {
-	if KindOf(raw) != KindObject {
-		return "", false
+func readTrafficBucket(raw []byte) TrafficBucket {
+	b := TrafficBucket{Raw: raw}
+	var day, node []byte
+	if KindOf(raw) != KindObject || ReadTolerant(raw, Opt("dayUtc", &day), Opt("nodeId", &node)) != nil {
+		return b
 	}
-	v, ok, err := Lookup(raw, "dayUtc")
-	if err != nil || !ok {
-		return "", false
+	b.Object = true
+	if s, err := ReadString(day); err == nil && IsUTCCalendarDay(s) {
+		b.Day = s
 	}
-	day, err := ReadString(v)
-	return day, err == nil && IsUTCCalendarDay(day)
+	if node != nil {
+		b.NodeStated = true
+		b.NodeID, _ = ReadString(node)
+	}
+	return b
 }
 
 // ClusterTrafficStatistics is IClusterTrafficStatistics: one UTC day of one hostname's traffic on
 // one node. Project-defined key names (OQ-15); the seed names the counters requests, bytesIn,
 // bytesOut, connections and the backend failures connect, handshake and request. The relay reads
-// only DayUTC; the simulator and tests use the whole shape.
+// only DayUTC and NodeID (TrafficBucket); the simulator and tests use the whole shape.
 type ClusterTrafficStatistics struct {
 	DayUTC      string          `json:"dayUtc"`
 	NodeID      string          `json:"nodeId"`
@@ -198,43 +212,4 @@ type TrafficFailures struct {
 	Connect   int64 `json:"connect"`
 	Handshake int64 `json:"handshake"`
 	Request   int64 `json:"request"`
-}
-
-// ValidateClusterTrafficStatistics names every reason raw is not one day bucket; path defaults
-// to "cluster traffic statistics".
-func ValidateClusterTrafficStatistics(raw []byte, path string) []string {
-	if path == "" {
-		path = "cluster traffic statistics"
-	}
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "dayUtc", "nodeId", "hostname", "requests", "bytesIn", "bytesOut", "connections", "failures") {
-		return []string{path + " must use its exact schema"}
-	}
-	m := byKey(members)
-	var reasons []string
-	if s, err := ReadString(m["dayUtc"]); err != nil || !IsUTCCalendarDay(s) {
-		reasons = append(reasons, path+" dayUtc must be a UTC calendar day YYYY-MM-DD")
-	}
-	if s, err := ReadString(m["nodeId"]); err != nil || !IsClusterNodeID(s) {
-		reasons = append(reasons, path+" nodeId must be a cluster node id")
-	}
-	if s, err := ReadString(m["hostname"]); err != nil || !isCanonicalHostname(s) {
-		reasons = append(reasons, path+" hostname must be a lowercase DNS name")
-	}
-	for _, k := range [...]string{"requests", "bytesIn", "bytesOut", "connections"} {
-		if _, ok := ReadCounter(m[k]); !ok {
-			reasons = append(reasons, path+" "+k+" must be a non-negative safe integer")
-		}
-	}
-	fm, err := ReadObject(m["failures"])
-	if err != nil || !hasExactKeys(fm, "connect", "handshake", "request") {
-		return append(reasons, path+" failures must use its exact schema")
-	}
-	f := byKey(fm)
-	for _, k := range [...]string{"connect", "handshake", "request"} {
-		if _, ok := ReadCounter(f[k]); !ok {
-			reasons = append(reasons, path+" failures "+k+" must be a non-negative safe integer")
-		}
-	}
-	return reasons
 }

@@ -129,39 +129,41 @@ func readIPv4(raw []byte) (netip.Addr, bool) {
 	return a, true
 }
 
-// ReadVPNMembershipPush reads pushClusterVpnMembership's request, exact-key: authorityId a
-// canonical identifier; controlPrefix per ReadVPNControlPrefix; generation a non-negative safe
-// integer; at most VPNMaxMembers members, each { nodeId, publicKey, controlAddress, expiresAt } with
-// a cluster node id, a 32-byte key in base64url without padding, a control address inside the
-// prefix (not its network or broadcast address) and a non-negative safe integer (Unix ms); node
-// ids, keys and control addresses each unique. A violation is an *InvalidError, one reason each.
+// ReadVPNMembershipPush reads pushClusterVpnMembership's request tolerantly (the push is
+// project-defined): its four members and each member's four are required, every other member at
+// either level is ignored. authorityId is a canonical identifier; controlPrefix per
+// ReadVPNControlPrefix; generation a non-negative safe integer; at most VPNMaxMembers members,
+// each { nodeId, publicKey, controlAddress, expiresAt } with a cluster node id, a 32-byte key in
+// base64url without padding, a control address inside the prefix (not its network or broadcast
+// address) and a non-negative safe integer (Unix ms); node ids, keys and control addresses each
+// unique. A violation is an *InvalidError, one reason each.
 func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 	const path = "vpn membership"
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "authorityId", "controlPrefix", "generation", "members") {
-		return VPNMembership{}, &InvalidError{[]string{path + " must use its exact schema"}}
+	var authorityID, controlPrefix, generation, membersRaw []byte
+	if ReadTolerant(raw, Req("authorityId", &authorityID), Req("controlPrefix", &controlPrefix),
+		Req("generation", &generation), Req("members", &membersRaw)) != nil {
+		return VPNMembership{}, &InvalidError{[]string{path + " must be an object carrying authorityId, controlPrefix, generation and members"}}
 	}
-	m := byKey(members)
 	var out VPNMembership
 	var reasons []string
-	if s, err := ReadString(m["authorityId"]); err != nil || !IsCanonicalID(s) {
+	if s, err := ReadString(authorityID); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" authorityId must be a canonical identifier")
 	} else {
 		out.AuthorityID = s
 	}
 	prefixOK := false
-	if s, err := ReadString(m["controlPrefix"]); err == nil {
+	if s, err := ReadString(controlPrefix); err == nil {
 		out.ControlPrefix, prefixOK = ReadVPNControlPrefix(s)
 	}
 	if !prefixOK {
 		reasons = append(reasons, path+" controlPrefix must be a private IPv4 prefix no longer than /30")
 	}
-	if g, ok := ReadCounter(m["generation"]); !ok {
+	if g, ok := ReadCounter(generation); !ok {
 		reasons = append(reasons, path+" generation must be a non-negative safe integer")
 	} else {
 		out.Generation = g
 	}
-	elems, err := ReadArray(m["members"])
+	elems, err := ReadArray(membersRaw)
 	if err != nil || len(elems) > VPNMaxMembers {
 		reasons = append(reasons, path+" members must be an array of at most 65536 entries")
 		elems = nil
@@ -172,22 +174,22 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 	out.Members = make([]VPNMember, 0, len(elems))
 	for i, e := range elems {
 		p := path + " members[" + strconv.Itoa(i) + "]"
-		em, err := ReadObject(e)
-		if err != nil || !hasExactKeys(em, "nodeId", "publicKey", "controlAddress", "expiresAt") {
-			reasons = append(reasons, p+" must use its exact schema")
+		var nodeID, publicKey, controlAddress, expiresAt []byte
+		if ReadTolerant(e, Req("nodeId", &nodeID), Req("publicKey", &publicKey), Req("controlAddress", &controlAddress),
+			Req("expiresAt", &expiresAt)) != nil {
+			reasons = append(reasons, p+" must be an object carrying nodeId, publicKey, controlAddress and expiresAt")
 			continue
 		}
-		mm := byKey(em)
 		var mem VPNMember
 		bad := len(reasons)
-		if s, err := ReadString(mm["nodeId"]); err != nil || !IsClusterNodeID(s) {
+		if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 			reasons = append(reasons, p+" nodeId must be a cluster node id")
 		} else if nodes[s] {
 			reasons = append(reasons, p+" nodeId must be unique")
 		} else {
 			mem.NodeID = s
 		}
-		if s, err := ReadString(mm["publicKey"]); err != nil {
+		if s, err := ReadString(publicKey); err != nil {
 			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
 		} else if k, err := DecodeKey32(s); err != nil {
 			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
@@ -196,14 +198,14 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 		} else {
 			mem.PublicKey = k
 		}
-		if a, ok := readIPv4(mm["controlAddress"]); !ok || (prefixOK && !IsVPNControlAddress(out.ControlPrefix, a)) {
+		if a, ok := readIPv4(controlAddress); !ok || (prefixOK && !IsVPNControlAddress(out.ControlPrefix, a)) {
 			reasons = append(reasons, p+" controlAddress must be an IPv4 host address inside controlPrefix")
 		} else if addrs[a] {
 			reasons = append(reasons, p+" controlAddress must be unique")
 		} else {
 			mem.ControlAddress = a
 		}
-		if t, ok := ReadCounter(mm["expiresAt"]); !ok {
+		if t, ok := ReadCounter(expiresAt); !ok {
 			reasons = append(reasons, p+" expiresAt must be a non-negative safe integer (Unix ms)")
 		} else {
 			mem.ExpiresAt = t
@@ -247,13 +249,14 @@ func EncodeVPNMembershipApplied(generation int64) []byte {
 	return append(strconv.AppendInt([]byte(`{"appliedGeneration":`), generation, 10), '}')
 }
 
-// ReadVPNMembershipApplied reads the push's answer.
+// ReadVPNMembershipApplied reads the push's answer tolerantly (project-defined): its
+// appliedGeneration; any other member is ignored.
 func ReadVPNMembershipApplied(raw []byte) (int64, bool) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "appliedGeneration") {
+	var generation []byte
+	if ReadTolerant(raw, Req("appliedGeneration", &generation)) != nil {
 		return 0, false
 	}
-	return ReadCounter(members[0].Value)
+	return ReadCounter(generation)
 }
 
 // EncodeVPNHello is message 1's payload { nodeId }.
@@ -263,11 +266,11 @@ func EncodeVPNHello(nodeID string) []byte {
 
 // ReadVPNHello reads message 1's payload, exact-key; nodeId must be a cluster node id.
 func ReadVPNHello(raw []byte) (nodeID string, err error) {
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "nodeId") {
+	var node []byte
+	if ReadExact(raw, Req("nodeId", &node)) != nil {
 		return "", &InvalidError{[]string{"vpn hello must use its exact schema"}}
 	}
-	s, err := ReadString(members[0].Value)
+	s, err := ReadString(node)
 	if err != nil || !IsClusterNodeID(s) {
 		return "", &InvalidError{[]string{"vpn hello nodeId must be a cluster node id"}}
 	}
@@ -294,24 +297,23 @@ func EncodeVPNWelcome(w VPNWelcome) []byte {
 // from VPNMinMTU to VPNMaxMTU, and a non-negative safe integer expiry.
 func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
 	const path = "vpn welcome"
-	members, err := ReadObject(raw)
-	if err != nil || !hasExactKeys(members, "controlAddress", "mtu", "expiresAt") {
+	var controlAddress, mtu, expiresAt []byte
+	if ReadExact(raw, Req("controlAddress", &controlAddress), Req("mtu", &mtu), Req("expiresAt", &expiresAt)) != nil {
 		return VPNWelcome{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	m := byKey(members)
 	var w VPNWelcome
 	var reasons []string
-	if a, ok := readIPv4(m["controlAddress"]); !ok || !IsPlausibleUnicastIPv4(a.String()) {
+	if a, ok := readIPv4(controlAddress); !ok || !IsPlausibleUnicastIPv4(a.String()) {
 		reasons = append(reasons, path+" controlAddress must be a unicast IPv4 literal")
 	} else {
 		w.ControlAddress = a
 	}
-	if n, ok := ReadCounter(m["mtu"]); !ok || n < VPNMinMTU || n > VPNMaxMTU {
+	if n, ok := ReadCounter(mtu); !ok || n < VPNMinMTU || n > VPNMaxMTU {
 		reasons = append(reasons, path+" mtu must be an integer from 68 to 65535")
 	} else {
 		w.MTU = int(n)
 	}
-	if t, ok := ReadCounter(m["expiresAt"]); !ok {
+	if t, ok := ReadCounter(expiresAt); !ok {
 		reasons = append(reasons, path+" expiresAt must be a non-negative safe integer (Unix ms)")
 	} else {
 		w.ExpiresAt = t

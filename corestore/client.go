@@ -11,7 +11,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"os"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -33,9 +32,12 @@ const maxRefusalBytes = 64 << 10
 
 // Options configure a Client. The zero value is a client that trusts the system roots.
 type Options struct {
-	// CAFile names PEM CA certificates trusted beside the system roots (--corestore-ca-file).
-	CAFile string
-	// RootCAs, when set, is used instead of the system roots and CAFile (tests).
+	// Logger is the relay's logger; New adds component "corestore".
+	Logger zerolog.Logger
+	// Registerer receives the corestore metrics; nil registers none.
+	Registerer prometheus.Registerer
+	// RootCAs are the roots Corestore certificates are verified against; nil means the system
+	// roots. cmd/relay loads --corestore-ca-file into a pool once and passes it here.
 	RootCAs *x509.CertPool
 	// AllowHTTP permits http: origins (--insecure-plaintext).
 	AllowHTTP bool
@@ -47,9 +49,6 @@ type Options struct {
 	MaxResponseBytes int64
 	// MaxConnsPerOrigin bounds the connections open to one Corestore.
 	MaxConnsPerOrigin int
-	// Registerer receives the corestore metrics; nil registers none.
-	Registerer prometheus.Registerer
-	Logger     zerolog.Logger
 }
 
 // Client calls node Corestores. It is safe for concurrent use.
@@ -60,8 +59,7 @@ type Client struct {
 	metrics *metrics       // set at construction
 }
 
-// New builds a client. It reads CAFile once; an unreadable file or one without a certificate is
-// an error naming the file.
+// New builds a client. It fails only when its metrics cannot be registered.
 func New(opts Options) (*Client, error) {
 	if opts.ConnectTimeout <= 0 {
 		opts.ConnectTimeout = DefaultConnectTimeout
@@ -75,27 +73,16 @@ func New(opts Options) (*Client, error) {
 	if opts.MaxConnsPerOrigin <= 0 {
 		opts.MaxConnsPerOrigin = DefaultMaxConnsPerOrigin
 	}
-	roots := opts.RootCAs
-	if roots == nil && opts.CAFile != "" {
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		pem, err := os.ReadFile(opts.CAFile)
-		if err != nil {
-			return nil, fmt.Errorf("read corestore CA file: %w", err)
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("corestore CA file %s holds no PEM certificate", opts.CAFile)
-		}
-		roots = pool
+	m, err := newMetrics(opts.Registerer)
+	if err != nil {
+		return nil, fmt.Errorf("register corestore metrics: %w", err)
 	}
 	dialer := &net.Dialer{Timeout: opts.ConnectTimeout, KeepAlive: 30 * time.Second}
 	transport := &http.Transport{
 		// Corestores are inside the cluster: no proxy from the environment.
 		Proxy:                 nil,
 		DialContext:           dialer.DialContext,
-		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: roots},
+		TLSClientConfig:       &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: opts.RootCAs},
 		TLSHandshakeTimeout:   opts.ConnectTimeout,
 		ResponseHeaderTimeout: opts.Timeout,
 		ForceAttemptHTTP2:     true,
@@ -110,10 +97,10 @@ func New(opts Options) (*Client, error) {
 			// A Corestore that redirects is answered as it answered: a 3xx is not a 2xx.
 			CheckRedirect: func(*http.Request, []*http.Request) error { return http.ErrUseLastResponse },
 		},
-		opts: opts,
-		log:  opts.Logger.With().Str("component", "corestore").Logger(),
+		opts:    opts,
+		log:     opts.Logger.With().Str("component", "corestore").Logger(),
+		metrics: m,
 	}
-	c.metrics = newMetrics(opts.Registerer)
 	return c, nil
 }
 

@@ -4,15 +4,12 @@ import (
 	"context"
 	"crypto/x509"
 	"encoding/json"
-	"encoding/pem"
 	"errors"
 	"io"
 	"log"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"os"
-	"path/filepath"
 	"strconv"
 	"strings"
 	"sync"
@@ -104,20 +101,15 @@ func TestCallPostsTheControlByteForByteOverVerifiedTLS(t *testing.T) {
 	}
 }
 
-func TestCAFileAddsRoots(t *testing.T) {
+// TestRootCAsAreTheOnlyTrust: the pool cmd/relay loads once from --corestore-ca-file is what
+// Corestore certificates are verified against.
+func TestRootCAsAreTheOnlyTrust(t *testing.T) {
 	srv := newTLSServer(t, func(w http.ResponseWriter, r *http.Request) { io.WriteString(w, `{}`) })
-	path := filepath.Join(t.TempDir(), "ca.pem")
-	os.WriteFile(path, pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: srv.Certificate().Raw}), 0o600)
-	c := newClient(t, Options{CAFile: path})
-	if _, err := c.Call(context.Background(), srv.URL, "prepare", control); err != nil {
+	if _, err := newClient(t, Options{RootCAs: pool(srv)}).Call(context.Background(), srv.URL, "prepare", control); err != nil {
 		t.Fatal(err)
 	}
-	os.WriteFile(path, []byte("not a certificate"), 0o600)
-	if _, err := New(Options{CAFile: path}); err == nil || !strings.Contains(err.Error(), "holds no PEM certificate") {
-		t.Fatalf("bad CA file: %v", err)
-	}
-	if _, err := New(Options{CAFile: filepath.Join(t.TempDir(), "missing")}); err == nil {
-		t.Fatal("missing CA file accepted")
+	if _, err := newClient(t, Options{RootCAs: x509.NewCertPool()}).Call(context.Background(), srv.URL, "prepare", control); !errors.Is(err, contracts.RestoreNodeUnreachable) {
+		t.Fatalf("a certificate outside the pool: %v", err)
 	}
 }
 

@@ -4,6 +4,8 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // metrics of the Corestore client. Namespace relay, subsystem corestore.
@@ -14,7 +16,7 @@ type metrics struct {
 	receivedBytes *prometheus.CounterVec   // op
 }
 
-func newMetrics(reg prometheus.Registerer) *metrics {
+func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "requests_total",
 			Help: "Calls to node Corestores by operation and outcome: answered, refused, oversized, unreachable."}, []string{"op", "outcome"}),
@@ -26,13 +28,23 @@ func newMetrics(reg prometheus.Registerer) *metrics {
 		receivedBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "received_bytes_total",
 			Help: "2xx answer bytes received from Corestores, by operation."}, []string{"op"}),
 	}
-	if reg != nil {
-		reg.MustRegister(m.requests, m.duration, m.sentBytes, m.receivedBytes)
+	if reg == nil {
+		return m, nil
 	}
-	return m
+	for _, c := range []prometheus.Collector{m.requests, m.duration, m.sentBytes, m.receivedBytes} {
+		if err := reg.Register(c); err != nil {
+			return nil, err
+		}
+	}
+	return m, nil
 }
 
 func (m *metrics) observe(op, outcome string, sent, received int, d time.Duration) {
+	switch op {
+	case contracts.CorestoreOpPrepare, contracts.CorestoreOpWrite, contracts.CorestoreOpStatus, contracts.CorestoreOpExecute, contracts.CorestoreOpCleanup:
+	default:
+		op = contracts.RefusalLabelOther // label values are a fixed set
+	}
 	m.requests.WithLabelValues(op, outcome).Inc()
 	m.duration.WithLabelValues(op).Observe(d.Seconds())
 	m.sentBytes.WithLabelValues(op).Add(float64(sent))

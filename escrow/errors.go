@@ -49,18 +49,15 @@ const (
 	outcomeFailed   = "failed"   // the relay could not deliver it: queue full, connection gone, timeout
 )
 
-// releaseOutcome classifies the node's answer to a push of sent.
-func releaseOutcome(resp []byte, err error, sent contracts.RuntimeNetworkDnsLeaseRenewalReference) (outcome string, refusal contracts.RefusalName) {
+// releaseOutcome classifies the node's answer to a push of sent; refusal is the error's label
+// (contracts.RefusalLabel), for the log.
+func releaseOutcome(resp []byte, err error, sent contracts.RuntimeNetworkDnsLeaseRenewalReference) (outcome, refusal string) {
 	if err != nil {
 		var local *contracts.Refusal
 		if errors.As(err, &local) {
-			return outcomeFailed, local.Name
+			return outcomeFailed, contracts.RefusalLabel(err)
 		}
-		var named interface{ Name() contracts.RefusalName }
-		if errors.As(err, &named) {
-			return outcomeRefused, named.Name()
-		}
-		return outcomeRefused, ""
+		return outcomeRefused, contracts.RefusalLabel(err)
 	}
 	status, berr := contracts.BindApplyRuntimeNetworkDnsLeaseRenewalResponse(resp, sent)
 	switch {

@@ -29,10 +29,10 @@ type Node = interface {
 
 // Options configure an Escrow. The zero value is usable.
 type Options struct {
-	// Registerer gets the escrow's metrics; nil keeps them unregistered.
-	Registerer prometheus.Registerer
-	// Logger is the escrow's logger, carrying component "escrow"; the zero value logs nothing.
+	// Logger is the relay's logger; New adds component "escrow". The zero value logs nothing.
 	Logger zerolog.Logger
+	// Registerer receives the escrow's metrics; nil registers none.
+	Registerer prometheus.Registerer
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
 }
@@ -65,7 +65,7 @@ func New(opts Options) (*Escrow, error) {
 	if err != nil {
 		return nil, fmt.Errorf("register escrow metrics: %w", err)
 	}
-	e := &Escrow{log: opts.Logger, now: opts.Now, metrics: m, kick: make(chan struct{}, 1), armed: math.MaxInt64}
+	e := &Escrow{log: opts.Logger.With().Str("component", "escrow").Logger(), now: opts.Now, metrics: m, kick: make(chan struct{}, 1), armed: math.MaxInt64}
 	if e.now == nil {
 		e.now = time.Now
 	}
@@ -308,7 +308,7 @@ func (e *Escrow) recordAnswers() bool {
 	e.answersMu.Unlock()
 	type judged struct {
 		outcome string
-		refusal contracts.RefusalName
+		refusal string
 	}
 	outcomes := make([]judged, len(batch))
 	for i, a := range batch {
@@ -325,7 +325,7 @@ func (e *Escrow) recordAnswers() bool {
 		e.metrics.released(o.outcome)
 		if ev := e.log.Debug(); ev.Enabled() {
 			if o.refusal != "" {
-				ev = ev.Str("refusal", string(o.refusal))
+				ev = ev.Str("refusal", o.refusal)
 			}
 			rn := a.r.run.renewals[a.r.idx]
 			ev.Str("method", contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal).Str("node", a.r.nodeID).

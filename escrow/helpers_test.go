@@ -181,14 +181,15 @@ func (n *fakeNode) sequences() []int64 {
 func admit(body json.RawMessage) (json.RawMessage, error) {
 	signed, _, _ := contracts.Lookup(body, "signed")
 	renewal, _, _ := contracts.Lookup(signed, "renewal")
-	m, _ := contracts.ReadObject(renewal)
-	by := contracts.MembersByKey(m)
+	projection, _, _ := contracts.Lookup(renewal, "projection")
+	sequence, _, _ := contracts.Lookup(renewal, "sequence")
+	digest, _, _ := contracts.Lookup(renewal, "digest")
 	out := []byte(`{"status":"accepted","renewal":{"projection":`)
-	out = append(out, by["projection"]...)
+	out = append(out, projection...)
 	out = append(out, `,"sequence":`...)
-	out = append(out, by["sequence"]...)
+	out = append(out, sequence...)
 	out = append(out, `,"digest":`...)
-	out = append(out, by["digest"]...)
+	out = append(out, digest...)
 	return append(out, "}}"...), nil
 }
 

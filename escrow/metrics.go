@@ -59,7 +59,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.releasesBy[o] = m.releases.WithLabelValues(o)
 	}
 	if reg == nil {
-		reg = prometheus.NewRegistry()
+		return m, nil
 	}
 	for _, c := range []prometheus.Collector{m.runs, m.renewals, m.holds, m.dropped, m.releases, m.delay} {
 		if err := reg.Register(c); err != nil {

@@ -152,7 +152,7 @@ func (benchUpstream) Call(method string, _ json.RawMessage, done func(json.RawMe
 // BenchmarkRouteTableServeInProcess: the server's own cost of one read of a 4 MiB table (no
 // sockets): the answer is encoded once per revision and handed out without a copy.
 func BenchmarkRouteTableServeInProcess(b *testing.B) {
-	s, err := ingress.New(ingress.Config{})
+	s, err := ingress.New(ingress.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}
@@ -185,7 +185,7 @@ func BenchmarkRouteTableServeInProcess(b *testing.B) {
 // BenchmarkHintFanoutInProcess: the server's own cost of applying a newer table and handing the
 // hint to 100 connections (each peer's Call returns at once).
 func BenchmarkHintFanoutInProcess(b *testing.B) {
-	s, err := ingress.New(ingress.Config{})
+	s, err := ingress.New(ingress.Options{})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -51,8 +51,8 @@ func encodeCursor(from, to string, ps []position) string {
 	return cursorPrefix + base64.RawURLEncoding.EncodeToString(b)
 }
 
-// decodeCursor reads a cursor minted by encodeCursor for the same days, with the strict reader:
-// Cloudly hands it back, and a peer's bytes are read one way only.
+// decodeCursor reads a cursor minted by encodeCursor for the same days, exactly: the relay mints
+// it, Cloudly hands it back, and a peer's bytes are read one way only.
 func decodeCursor(s, from, to string) ([]position, bool) {
 	rest, ok := strings.CutPrefix(s, cursorPrefix)
 	if !ok {
@@ -62,46 +62,46 @@ func decodeCursor(s, from, to string) ([]position, bool) {
 	if err != nil {
 		return nil, false
 	}
-	members, err := contracts.ReadObject(raw)
-	if err != nil || !contracts.HasExactKeys(members, "fromDayUtc", "toDayUtc", "ingress") {
+	var fromRaw, toRaw, ingress []byte
+	if contracts.ReadExact(raw, contracts.Req("fromDayUtc", &fromRaw), contracts.Req("toDayUtc", &toRaw),
+		contracts.Req("ingress", &ingress)) != nil {
 		return nil, false
 	}
-	m := contracts.MembersByKey(members)
-	if f, err := contracts.ReadString(m["fromDayUtc"]); err != nil || f != from {
+	if f, err := contracts.ReadString(fromRaw); err != nil || f != from {
 		return nil, false
 	}
-	if t, err := contracts.ReadString(m["toDayUtc"]); err != nil || t != to {
+	if t, err := contracts.ReadString(toRaw); err != nil || t != to {
 		return nil, false
 	}
-	elems, err := contracts.ReadArray(m["ingress"])
+	elems, err := contracts.ReadArray(ingress)
 	if err != nil {
 		return nil, false
 	}
 	ps := make([]position, 0, len(elems))
 	for _, e := range elems {
-		em, err := contracts.ReadObject(e)
-		if err != nil || !contracts.HasExactKeys(em, "nodeId", "?", "cursor", "done", "failures") {
+		var nodeID, cursor, done, failures []byte
+		if contracts.ReadExact(e, contracts.Req("nodeId", &nodeID), contracts.Opt("cursor", &cursor),
+			contracts.Opt("done", &done), contracts.Opt("failures", &failures)) != nil {
 			return nil, false
 		}
-		mm := contracts.MembersByKey(em)
 		var p position
-		if p.node, err = contracts.ReadString(mm["nodeId"]); err != nil || !contracts.IsClusterNodeID(p.node) ||
+		if p.node, err = contracts.ReadString(nodeID); err != nil || !contracts.IsClusterNodeID(p.node) ||
 			len(ps) > 0 && p.node <= ps[len(ps)-1].node {
 			return nil, false
 		}
-		if c, ok := mm["cursor"]; ok {
-			if p.cursor, err = contracts.ReadString(c); err != nil || !contracts.IsTrafficStatisticsCursor(p.cursor) || len(p.cursor) > maxIngressCursorBytes {
+		if cursor != nil {
+			if p.cursor, err = contracts.ReadString(cursor); err != nil || !contracts.IsTrafficStatisticsCursor(p.cursor) || len(p.cursor) > maxIngressCursorBytes {
 				return nil, false
 			}
 		}
-		if d, ok := mm["done"]; ok {
-			if v, ok := contracts.ReadBool(d); !ok || !v {
+		if done != nil {
+			if v, ok := contracts.ReadBool(done); !ok || !v {
 				return nil, false
 			}
 			p.done = true
 		}
-		if f, ok := mm["failures"]; ok {
-			n, ok := contracts.ReadCounter(f)
+		if failures != nil {
+			n, ok := contracts.ReadCounter(failures)
 			if !ok || n < 1 || n > maxPageFailures {
 				return nil, false
 			}

@@ -37,6 +37,15 @@ const (
 	failInvalid = "invalid" // the answer is not a page for the request
 )
 
+// Why a bucket of an ingress's page is dropped and counted rather than passed on. A bucket the
+// relay cannot judge otherwise — without dayUtc, without nodeId — is passed on (tolerance: its
+// members are this project's guess).
+const (
+	dropForeignNode = "foreign-node" // its nodeId is not the node of the ingress that answered
+	dropOutOfRange  = "out-of-range" // its dayUtc lies outside the requested days
+	dropMalformed   = "malformed"    // not an object, or an object that repeats dayUtc or nodeId
+)
+
 // cloudlyJudged reports whether a registration error is Cloudly's own answer, as opposed to the
 // relay's (relay-upstream-detached, relay-call-timeout, …), which judges nothing about the ingress.
 func cloudlyJudged(err error) bool {
@@ -44,22 +53,12 @@ func cloudlyJudged(err error) bool {
 	return err != nil && !errors.As(err, &local)
 }
 
-// outcomeOf is the name an error carries, for metrics and logs: never its text.
+// outcomeOf is the label of a registration's outcome, for metrics and logs: accepted, or the
+// error's refusal name when it is a known one, else other (contracts.RefusalLabel): never its text,
+// and never a name only the peer knows.
 func outcomeOf(err error) string {
-	var local *contracts.Refusal
-	var pr *contracts.ProtocolRefusal
-	var named interface{ Name() contracts.RefusalName }
-	switch {
-	case err == nil:
+	if err == nil {
 		return "accepted"
-	case errors.As(err, &local):
-		return string(local.Name)
-	case errors.As(err, &pr):
-		return contracts.ProtocolIncompatibleCode
-	case errors.As(err, &named):
-		if n := named.Name(); n != "" {
-			return string(n)
-		}
 	}
-	return "remote-error"
+	return contracts.RefusalLabel(err)
 }

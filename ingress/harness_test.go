@@ -43,7 +43,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 		Cloudly:  func(c *sim.Cloudly) { h.control = sim.ServeIngress(c) },
 		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
 			var err error
-			h.server, err = ingress.New(ingress.Config{Registry: o.Registry, Log: log, StatisticsTimeout: opts.statisticsTimeout})
+			h.server, err = ingress.New(ingress.Options{Logger: log, Registerer: o.Registry, StatisticsTimeout: opts.statisticsTimeout})
 			if err != nil {
 				return nil, err
 			}

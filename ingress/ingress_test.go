@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"strings"
 	"testing"
 
@@ -179,12 +180,47 @@ func TestOlderPushKeepsTheNewerRevision(t *testing.T) {
 	if hints := in.Hints(); len(hints) != 1 {
 		t.Fatalf("older pushes hinted: %v", hints)
 	}
-	if _, err := h.control.PushTable(h.ctx(), json.RawMessage(`{"routes":[]}`)); !errors.Is(err, contracts.RelayRequestInvalid) {
-		t.Fatalf("a table without a revision: %v", err)
-	}
 	if h.Metric("relay_ingress_route_table_updates_total", "source", "push", "outcome", "stale") != 3 ||
 		h.Metric("relay_ingress_route_table_revision") != 7 {
 		t.Fatal("metrics do not show three stale pushes and revision 7")
+	}
+}
+
+// TestTableWithoutRevisionIsServed: where a table states its revision is this project's guess
+// (OQ-14), so a table without one is still held, served and hinted, under a revision derived
+// from its bytes. Such tables are ordered by arrival: another table replaces it, the same bytes
+// again change nothing.
+func TestTableWithoutRevisionIsServed(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	in := h.accepted("node-a", "bearer-a")
+	a := `{"routes":[{"host":"a.example","port":443}],"key":"-----BEGIN PRIVATE KEY-----"}`
+	revA := contracts.DeriveRouteTableRevision([]byte(a))
+	applied := func(rev int64) string { return fmt.Sprintf(`{"appliedRevision":%d}`, rev) }
+	if got := h.push(a); got != applied(revA) {
+		t.Fatalf("push without a revision answered %s, want %s", got, applied(revA))
+	}
+	h.Eventually("the hint names the derived revision", func() bool { return slices.Contains(in.Hints(), revA) })
+	if table, err := in.Pull(h.ctx()); err != nil || string(table.Raw) != a {
+		t.Fatalf("the relay serves %.60s %v", table.Raw, err)
+	}
+	if got := h.push(a); got != applied(revA) || h.Metric("relay_ingress_route_table_updates_total", "source", "push", "outcome", "stale") != 1 {
+		t.Fatalf("the same table again: %s; it must change nothing", got)
+	}
+	b := `{"routes":[]}`
+	if got := h.push(b); got != applied(contracts.DeriveRouteTableRevision([]byte(b))) {
+		t.Fatalf("another table without a revision: %s", got)
+	}
+	if table, _ := in.Pull(h.ctx()); string(table.Raw) != b {
+		t.Fatalf("after a newer arrival the relay serves %.60s", table.Raw)
+	}
+	if got := h.push(routeTable(3)); got != `{"appliedRevision":3}` {
+		t.Fatalf("a table with a revision after one without: %s", got)
+	}
+	if h.Metric("relay_ingress_route_table_updates_total", "source", "push", "outcome", "applied") != 3 {
+		t.Fatal("three tables applied are not counted")
+	}
+	if strings.Contains(h.Logs.String(), "PRIVATE KEY") {
+		t.Fatal("a log line carries the table")
 	}
 }
 

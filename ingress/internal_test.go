@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"maps"
 	"slices"
 	"strings"
 	"sync"
@@ -14,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
 // Small fakes of the two ports, for what a real relay cannot stage on demand: an answer that
@@ -65,7 +67,7 @@ func (u *fakeUpstream) take(method string) func(json.RawMessage, error) {
 
 func newTestServer(t *testing.T, timeout time.Duration) *Server {
 	t.Helper()
-	s, err := New(Config{Registry: prometheus.NewRegistry(), Log: zerolog.Nop(), StatisticsTimeout: timeout})
+	s, err := New(Options{Logger: zerolog.Nop(), Registerer: prometheus.NewRegistry(), StatisticsTimeout: timeout})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,7 +167,7 @@ func TestSilentIngressTimesOutAndTheCursorKeepsItsPlace(t *testing.T) {
 		t.Fatalf("answered after %s, before the timeout", waited)
 	}
 	page, err := contracts.ReadGetClusterTrafficStatisticsResponse(body, contracts.TrafficStatisticsRequest{FromDayUTC: "2024-05-01", ToDayUTC: "2024-05-31", Limit: 4})
-	if err != nil || len(page.Statistics) != 1 || string(page.Statistics[0]) != `{"dayUtc":"2024-05-02","opaque":12345678901234567890}` {
+	if err != nil || len(page.Buckets) != 1 || string(page.Buckets[0].Raw) != `{"dayUtc":"2024-05-02","opaque":12345678901234567890}` {
 		t.Fatalf("page %s: %v", body, err)
 	}
 	ps, ok := decodeCursor(page.NextCursor, "2024-05-01", "2024-05-31")
@@ -185,6 +187,167 @@ func TestSilentIngressTimesOutAndTheCursorKeepsItsPlace(t *testing.T) {
 	if v := counterValue(t, s.metrics.statsFailures.WithLabelValues(failTimeout)); v != 1 {
 		t.Fatalf("timeouts counted %v", v)
 	}
+}
+
+// newRegisteredServer is newTestServer with the registry its metrics are in.
+func newRegisteredServer(t *testing.T) (*Server, *prometheus.Registry) {
+	t.Helper()
+	reg := prometheus.NewRegistry()
+	s, err := New(Options{Logger: zerolog.Nop(), Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, reg
+}
+
+// series returns the values of metric name in reg: label value → count.
+func series(t *testing.T, reg *prometheus.Registry, name, label string) map[string]float64 {
+	t.Helper()
+	families, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := map[string]float64{}
+	for _, f := range families {
+		if f.GetName() != name {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == label {
+					out[l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return out
+}
+
+// eventually polls cond for up to five seconds.
+func eventually(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting: %s", what)
+		}
+	}
+}
+
+// TestOutcomeLabelsAreAFixedSet: every outcome a peer's answer decides is counted under a name of
+// the relay's vocabularies or "other" (SPEC §15), never under text the peer chose.
+func TestOutcomeLabelsAreAFixedSet(t *testing.T) {
+	// A peer can put any token before a colon in its error text; as a label value each one
+	// would be a new series for as long as the process lives.
+	madeUp := &typedsocket.Error{Text: "made-up-name-4711: whatever the peer likes", Data: json.RawMessage("null")}
+	t.Run("finding 7: an accepted ingress's error text never becomes a hint label", func(t *testing.T) {
+		s, reg := newRegisteredServer(t)
+		up := &fakeUpstream{}
+		s.Attached(up)
+		fails := &fakePeer{id: 1, answer: func(string, json.RawMessage) (json.RawMessage, error) { return nil, madeUp }}
+		busy := &fakePeer{id: 2, answer: func(string, json.RawMessage) (json.RawMessage, error) {
+			return nil, &typedsocket.Error{Text: "relay-node-busy: queue full", Data: json.RawMessage("null")}
+		}}
+		fine := &fakePeer{id: 3, answer: func(string, json.RawMessage) (json.RawMessage, error) { return json.RawMessage(`{}`), nil }}
+		accept(t, s, up, fails, "node-a")
+		accept(t, s, up, busy, "node-b")
+		accept(t, s, up, fine, "node-c")
+		if _, err := s.PushRouteTable(json.RawMessage(`{"table":{"revision":1}}`)); err != nil {
+			t.Fatal(err)
+		}
+		eventually(t, "three hints counted", func() bool {
+			n := 0.0
+			for _, v := range series(t, reg, "relay_ingress_route_table_hints_total", "outcome") {
+				n += v
+			}
+			return n == 3
+		})
+		want := map[string]float64{"other": 1, "relay-node-busy": 1, "answered": 1}
+		if got := series(t, reg, "relay_ingress_route_table_hints_total", "outcome"); !maps.Equal(got, want) {
+			t.Fatalf("hint outcomes %v, want %v", got, want)
+		}
+	})
+	t.Run("finding 7: Cloudly's refusal of a registration counts under a known name or other", func(t *testing.T) {
+		s, reg := newRegisteredServer(t)
+		up := &fakeUpstream{}
+		s.Attached(up)
+		refusal := contracts.ClusterIngressRegistrationRefusal{Code: contracts.ClusterIngressRegistrationRefusedCode, Reason: "bearer-refused", RetryAfterMs: 1000}
+		for i, err := range []error{madeUp, &typedsocket.Error{Text: refusal.Text(), Data: refusal.Data()}} {
+			replied := make(chan error, 1)
+			s.Register(&fakePeer{id: uint64(10 + i)}, registration("node-a"), func(_ json.RawMessage, err error) { replied <- err })
+			up.take(contracts.MethodRegisterClusterIngress)(nil, err)
+			<-replied
+		}
+		want := map[string]float64{"other": 1, "cluster-ingress-registration-refused": 1}
+		if got := series(t, reg, "relay_ingress_registrations_total", "outcome"); !maps.Equal(got, want) {
+			t.Fatalf("registration outcomes %v, want %v", got, want)
+		}
+	})
+}
+
+// TestStatisticsBucketsAreJudgedPerIngress: each bucket an ingress answers is judged against the
+// ingress that answered and the days asked for, and passed on byte for byte when it is fit; a
+// bucket the relay cannot judge (no dayUtc, no nodeId: members of this project's guessed shape)
+// is passed on, after the dated ones.
+func TestStatisticsBucketsAreJudgedPerIngress(t *testing.T) {
+	const (
+		own       = `{"dayUtc":"2024-05-02","nodeId":"node-a","hostname":"a.example","requests":1}`
+		foreign   = `{"dayUtc":"2024-05-02","nodeId":"node-b","hostname":"b.example","requests":99}`
+		notString = `{"dayUtc":"2024-05-03","nodeId":7}`
+		undated   = `{"nodeId":"node-a","hostname":"a.example","requests":2,"window":"2024-W18"}`
+		nodeless  = `{"dayUtc":"2024-05-01","hostname":"a.example","requests":3}`
+		outside   = `{"dayUtc":"2024-06-01","nodeId":"node-a"}`
+		notObject = `[1,2]`
+	)
+	page := func(t *testing.T, buckets ...string) (json.RawMessage, *prometheus.Registry) {
+		t.Helper()
+		s, reg := newRegisteredServer(t)
+		up := &fakeUpstream{}
+		s.Attached(up)
+		a := &fakePeer{id: 1, answer: func(string, json.RawMessage) (json.RawMessage, error) {
+			return json.RawMessage(`{"statistics":[` + strings.Join(buckets, ",") + `]}`), nil
+		}}
+		accept(t, s, up, a, "node-a")
+		got := make(chan json.RawMessage, 1)
+		s.TrafficStatistics(json.RawMessage(`{"fromDayUtc":"2024-05-01","toDayUtc":"2024-05-31","limit":10}`), func(b json.RawMessage, err error) {
+			if err != nil {
+				t.Error(err)
+			}
+			got <- b
+		})
+		return <-got, reg
+	}
+	dropped := func(t *testing.T, reg *prometheus.Registry) map[string]float64 {
+		got := series(t, reg, "relay_ingress_statistics_buckets_dropped_total", "reason")
+		maps.DeleteFunc(got, func(_ string, v float64) bool { return v == 0 })
+		return got
+	}
+	t.Run("finding 8: a bucket for another node is dropped and counted", func(t *testing.T) {
+		body, reg := page(t, own, foreign, notString)
+		if want := `{"statistics":[` + own + `]}`; string(body) != want {
+			t.Fatalf("page %s, want %s", body, want)
+		}
+		if got := dropped(t, reg); !maps.Equal(got, map[string]float64{"foreign-node": 2}) {
+			t.Fatalf("dropped %v", got)
+		}
+	})
+	t.Run("a bucket without dayUtc or nodeId is passed on, after the dated ones", func(t *testing.T) {
+		body, reg := page(t, undated, own, nodeless)
+		if want := `{"statistics":[` + nodeless + `,` + own + `,` + undated + `]}`; string(body) != want {
+			t.Fatalf("page %s, want %s", body, want)
+		}
+		if got := dropped(t, reg); len(got) != 0 {
+			t.Fatalf("dropped %v", got)
+		}
+	})
+	t.Run("a bucket outside the days asked for, or not an object, is dropped and counted", func(t *testing.T) {
+		body, reg := page(t, outside, own, notObject)
+		if want := `{"statistics":[` + own + `]}`; string(body) != want {
+			t.Fatalf("page %s, want %s", body, want)
+		}
+		if got := dropped(t, reg); !maps.Equal(got, map[string]float64{"out-of-range": 1, "malformed": 1}) {
+			t.Fatalf("dropped %v", got)
+		}
+	})
 }
 
 func TestCursorRoundTripAndStrictness(t *testing.T) {
@@ -243,7 +406,7 @@ func TestMetricNames(t *testing.T) {
 		"relay_ingress_route_table_bytes": true, "relay_ingress_route_table_updates_total": true, "relay_ingress_route_table_reads_total": true,
 		"relay_ingress_route_table_hints_total": true, "relay_ingress_statistics_pages_total": true,
 		"relay_ingress_statistics_ingress_failures_total": true, "relay_ingress_statistics_ingresses_given_up_total": true,
-		"relay_ingress_statistics_buckets_total": true,
+		"relay_ingress_statistics_buckets_total": true, "relay_ingress_statistics_buckets_dropped_total": true,
 	}
 	for _, f := range families {
 		name := f.GetName()

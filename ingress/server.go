@@ -13,9 +13,8 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Peer is one downstream connection as this package sees it: the method set of relay.Peer. It is
-// an alias of an interface literal so that, were relay.Peer declared the same way, the two would
-// be one type and *Server would implement relay.Ingress without an adapter.
+// Peer is one downstream connection as this package sees it: the method set of relay.Peer, an
+// alias of the same interface literal, so that the two are one type.
 type Peer = interface {
 	// ID is unique per connection for the life of the process.
 	ID() uint64
@@ -34,17 +33,19 @@ type Upstream = interface {
 // its buckets, not the page.
 const DefaultStatisticsTimeout = 20 * time.Second
 
-// Config configures a Server. The zero value is usable: no metrics registry, a no-op logger.
-type Config struct {
-	Registry prometheus.Registerer // where the metrics are registered; nil: nowhere
-	Log      zerolog.Logger        // the relay's logger; the component field is added here
+// Options configure a Server. The zero value is usable: no metrics registered, nothing logged.
+type Options struct {
+	// Logger is the relay's logger; New adds component "ingress".
+	Logger zerolog.Logger
+	// Registerer receives the ingress metrics; nil registers none.
+	Registerer prometheus.Registerer
 	// Offer is what a registration's offer is negotiated against; zero means contracts.RelayOffer.
 	Offer contracts.ProtocolOffer
 	// StatisticsTimeout bounds one ingress's answer within a statistics page (20 s).
 	StatisticsTimeout time.Duration
 }
 
-// Server implements relay.Ingress (through the adapter cmd/relay wires).
+// Server implements relay.Ingress.
 type Server struct {
 	log          zerolog.Logger          // set at construction
 	metrics      *metrics                // set at construction
@@ -67,13 +68,14 @@ type ingressCon struct {
 	node string
 }
 
-// New builds the ingress feature and registers its metrics.
-func New(cfg Config) (*Server, error) {
+// New builds the ingress feature and registers its metrics; it fails only when they cannot be
+// registered.
+func New(opts Options) (*Server, error) {
 	s := &Server{
-		log:          cfg.Log.With().Str("component", "ingress").Logger(),
+		log:          opts.Logger.With().Str("component", "ingress").Logger(),
 		metrics:      newMetrics(),
-		offer:        cfg.Offer,
-		statsTimeout: cfg.StatisticsTimeout,
+		offer:        opts.Offer,
+		statsTimeout: opts.StatisticsTimeout,
 		byPeer:       make(map[uint64]*ingressCon),
 		byNode:       make(map[string]*ingressCon),
 		pending:      make(map[uint64]int),
@@ -85,7 +87,7 @@ func New(cfg Config) (*Server, error) {
 		s.statsTimeout = DefaultStatisticsTimeout
 	}
 	s.held.Store(newHeldTable(contracts.RouteTable{}))
-	if err := s.metrics.register(cfg.Registry); err != nil {
+	if err := s.metrics.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("register ingress metrics: %w", err)
 	}
 	return s, nil

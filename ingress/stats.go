@@ -67,13 +67,14 @@ func (s *Server) TrafficStatistics(body json.RawMessage, reply func(json.RawMess
 	// (the timer, or a synchronous failure) and it owns ps.
 	type call struct {
 		i    int
+		node string
 		peer Peer
 		sub  contracts.TrafficStatisticsRequest
 	}
 	calls := make([]call, len(avail))
 	per, rem := req.Limit/len(avail), req.Limit%len(avail)
 	for k, i := range avail {
-		calls[k] = call{i, conns[ps[i].node].peer, contracts.TrafficStatisticsRequest{
+		calls[k] = call{i, ps[i].node, conns[ps[i].node].peer, contracts.TrafficStatisticsRequest{
 			FromDayUTC: req.FromDayUTC, ToDayUTC: req.ToDayUTC, Cursor: ps[i].cursor, Limit: per}}
 		if k < rem {
 			calls[k].sub.Limit++
@@ -86,7 +87,7 @@ func (s *Server) TrafficStatistics(body json.RawMessage, reply func(json.RawMess
 	pg.mu.Unlock()
 	for _, c := range calls {
 		c.peer.Call(contracts.MethodGetClusterTrafficStatistics, c.sub.Encode(), func(resp json.RawMessage, err error) {
-			pg.answered(c.i, c.sub, resp, err)
+			pg.answered(c.i, c.node, c.sub, resp, err)
 		})
 	}
 }
@@ -116,9 +117,10 @@ const (
 
 type pageResult struct {
 	state   resultState
-	reason  string // failGone, failTimeout, failRefused or failInvalid
-	refusal string // the error's name, for failRefused
-	page    contracts.TrafficStatisticsPage
+	reason  string                    // failGone, failTimeout, failRefused or failInvalid
+	refusal string                    // the error's label, for failRefused
+	buckets []contracts.TrafficBucket // the buckets passed on, for resultOK
+	next    string                    // the ingress's nextCursor, for resultOK
 }
 
 // statsPage is one getClusterTrafficStatistics in flight.
@@ -135,14 +137,26 @@ type statsPage struct {
 	timer   *time.Timer  // guarded by mu: the statistics timeout, set before the first call
 }
 
-func (pg *statsPage) answered(i int, sub contracts.TrafficStatisticsRequest, resp json.RawMessage, err error) {
+func (pg *statsPage) answered(i int, node string, sub contracts.TrafficStatisticsRequest, resp json.RawMessage, err error) {
 	r := pageResult{state: resultOK}
+	var dropped map[string]int // reason → buckets
 	if err != nil {
-		r = pageResult{state: resultFailed, reason: failRefused, refusal: outcomeOf(err)}
+		r = pageResult{state: resultFailed, reason: failRefused, refusal: contracts.RefusalLabel(err)}
 	} else if page, perr := contracts.ReadGetClusterTrafficStatisticsResponse(resp, sub); perr != nil || len(page.NextCursor) > maxIngressCursorBytes {
 		r = pageResult{state: resultFailed, reason: failInvalid}
 	} else {
-		r.page = page
+		r.next = page.NextCursor
+		r.buckets = page.Buckets[:0]
+		for _, b := range page.Buckets {
+			if reason := judgeBucket(b, node, sub); reason != "" {
+				if dropped == nil {
+					dropped = make(map[string]int, 3)
+				}
+				dropped[reason]++
+				continue
+			}
+			r.buckets = append(r.buckets, b)
+		}
 	}
 	pg.mu.Lock()
 	if pg.done {
@@ -153,9 +167,29 @@ func (pg *statsPage) answered(i int, sub contracts.TrafficStatisticsRequest, res
 	pg.waiting--
 	last := pg.waiting == 0
 	pg.mu.Unlock()
+	for reason, n := range dropped {
+		pg.s.metrics.statsDropped.WithLabelValues(reason).Add(float64(n))
+		pg.s.log.Warn().Str("node", node).Str("method", contracts.MethodGetClusterTrafficStatistics).Str("outcome", reason).
+			Msg("ingress statistics buckets dropped")
+	}
 	if last {
 		pg.finish()
 	}
+}
+
+// judgeBucket is why the relay drops b, a bucket of node's answer to sub, or "" to pass it on.
+// What it cannot judge — a bucket without dayUtc or without nodeId — it passes on.
+func judgeBucket(b contracts.TrafficBucket, node string, sub contracts.TrafficStatisticsRequest) string {
+	switch {
+	case !b.Object:
+		return dropMalformed
+	case b.NodeStated && b.NodeID != node:
+		// An ingress reports its own node's traffic only (issue 15, finding 8).
+		return dropForeignNode
+	case b.Day != "" && (b.Day < sub.FromDayUTC || b.Day > sub.ToDayUTC):
+		return dropOutOfRange
+	}
+	return ""
 }
 
 // finish answers the page once: with every answer, or when the timeout fires with those in.
@@ -186,10 +220,10 @@ func (pg *statsPage) finish() {
 		}
 		switch r.state {
 		case resultOK:
-			p.cursor, p.done, p.failures = r.page.NextCursor, r.page.NextCursor == "", 0
-			for j, raw := range r.page.Statistics {
-				buckets = append(buckets, bucket{r.page.Days[j], raw})
-				size += len(raw) + 1
+			p.cursor, p.done, p.failures = r.next, r.next == "", 0
+			for _, b := range r.buckets {
+				buckets = append(buckets, bucket{b.Day, b.Raw})
+				size += len(b.Raw) + 1
 			}
 		case resultFailed:
 			p.failures++
@@ -206,8 +240,12 @@ func (pg *statsPage) finish() {
 			}
 		}
 	}
-	// Merge in day order; a stable sort keeps node order, then each ingress's own order, within a day.
-	sort.SliceStable(buckets, func(i, j int) bool { return buckets[i].day < buckets[j].day })
+	// Merge in day order, buckets without a readable day last; a stable sort keeps node order, then
+	// each ingress's own order, within a day.
+	sort.SliceStable(buckets, func(i, j int) bool {
+		a, b := buckets[i].day, buckets[j].day
+		return a != "" && (b == "" || a < b)
+	})
 
 	more := false
 	for _, p := range pg.ps {

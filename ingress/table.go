@@ -18,17 +18,27 @@ type heldTable struct {
 func newHeldTable(t contracts.RouteTable) *heldTable {
 	h := &heldTable{answer: contracts.EncodeRouteTableAnswer(t)}
 	if !t.IsNull() {
-		h.table = contracts.RouteTable{Raw: h.answer[len(`{"table":`) : len(h.answer)-1], Revision: t.Revision}
+		h.table = contracts.RouteTable{Raw: h.answer[len(`{"table":`) : len(h.answer)-1], Revision: t.Revision, Derived: t.Derived}
 		h.hint = contracts.EncodeClusterIngressRouteTableChange(t.Revision)
 	}
 	return h
 }
 
 // newer reports whether t should replace held: null is never newer (Cloudly having computed no
-// table is not news once a table is held), any table is newer than null, and otherwise only a
-// greater revision is.
+// table is not news once a table is held), any table is newer than null, and two tables that
+// state revisions are ordered by them. A table that states none has a revision derived from its
+// bytes, which orders nothing: when either table is one, the one that arrived last replaces the
+// other unless they are the same table (same bytes, so the same derived revision).
 func newer(t, held contracts.RouteTable) bool {
-	return !t.IsNull() && (held.IsNull() || t.Revision > held.Revision)
+	switch {
+	case t.IsNull():
+		return false
+	case held.IsNull():
+		return true
+	case t.Derived || held.Derived:
+		return t.Derived != held.Derived || t.Revision != held.Revision
+	}
+	return t.Revision > held.Revision
 }
 
 // PushRouteTable serves pushClusterRouteTable { table } from Cloudly: a newer revision replaces

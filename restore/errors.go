@@ -19,11 +19,6 @@ func invalidRequest(method string, err error) error {
 	return contracts.RelayRequestInvalid.Refuse("%s: %v", method, err)
 }
 
-func overLimit(err error) error {
-	return contracts.RelayRequestInvalid.Refuse("%s: the chunk breaks isolatedRestoreContractLimits and was not sent: %v",
-		contracts.MethodStageIsolatedRestoreArchive, err)
-}
-
 func nodeBusy(node string, n int) error {
 	return contracts.RelayNodeBusy.Refuse("node %s already has %d isolated-restore calls in flight", node, n)
 }
@@ -50,14 +45,10 @@ func corestoreFailure(err error) error {
 	return contracts.RestoreNodeUnreachable.Refuse("the call to the node's Corestore failed")
 }
 
-// outcome is the label of an answer: "answered" or the refusal's name.
+// outcome is the label of an answer: "answered", or the refusal's name (contracts.RefusalLabel).
 func outcome(err error) string {
-	var r *contracts.Refusal
-	switch {
-	case err == nil:
+	if err == nil {
 		return "answered"
-	case errors.As(err, &r):
-		return string(r.Name)
 	}
-	return "failed"
+	return contracts.RefusalLabel(err)
 }

@@ -3,9 +3,8 @@ package restore_test
 import (
 	"bytes"
 	"context"
+	"crypto/x509"
 	"net"
-	"os"
-	"path/filepath"
 	"sync"
 	"testing"
 	"time"
@@ -88,23 +87,26 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 				{NodeID: "node-tls", Origin: h.untrusted.Origin()},
 			})
 		},
-		Configure: func(cfg *relay.Config) {
-			if !o.plaintext {
-				cfg.CorestoreCAFile = filepath.Join(t.TempDir(), "corestore-ca.pem")
-				os.WriteFile(cfg.CorestoreCAFile, h.corestore.CertificatePEM(), 0o600)
-			}
-		},
-		// As cmd/relay's build(), with a shorter timeout and bound where a test asks for one.
+		// As cmd/relay's build(), with a shorter timeout and bound where a test asks for one, and
+		// the node's Corestore trusted as cmd/relay trusts --corestore-ca-file: one pool.
 		Build: func(cfg relay.Config, log zerolog.Logger, ro relay.Options) (*relay.Relay, error) {
+			var roots *x509.CertPool
+			if !o.plaintext {
+				roots = x509.NewCertPool()
+				roots.AppendCertsFromPEM(h.corestore.CertificatePEM())
+			}
 			var err error
-			h.client, err = corestore.New(corestore.Options{CAFile: cfg.CorestoreCAFile, AllowHTTP: cfg.InsecurePlaintext,
-				Registerer: ro.Registry, Logger: log, Timeout: o.timeout})
+			h.client, err = corestore.New(corestore.Options{Logger: log, Registerer: ro.Registry, RootCAs: roots,
+				AllowHTTP: cfg.InsecurePlaintext, Timeout: o.timeout})
 			if err != nil {
 				return nil, err
 			}
 			// Cleanups run last first: these after relaytest has stopped the relay, restore then client.
 			t.Cleanup(h.client.Close)
-			h.restore = restore.New(h.client, restore.Options{Registerer: ro.Registry, Logger: log, MaxInflightPerNode: o.maxInflightPerNode})
+			h.restore, err = restore.New(h.client, restore.Options{Logger: log, Registerer: ro.Registry, MaxInflightPerNode: o.maxInflightPerNode})
+			if err != nil {
+				return nil, err
+			}
 			t.Cleanup(func() { h.restore.Close() })
 			return relay.New(cfg, relay.Features{Restore: h.restore}, log, ro)
 		},

@@ -3,6 +3,7 @@ package restore
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"sync"
 	"time"
 
@@ -28,14 +29,15 @@ const (
 
 // Options configure a Restore; zero values mean the defaults.
 type Options struct {
+	// Logger is the relay's logger; New adds component "restore".
+	Logger zerolog.Logger
+	// Registerer receives the restore metrics; nil registers none.
+	Registerer prometheus.Registerer
 	// MaxInflightPerNode bounds the calls in flight to one node's Corestore; one more is refused
 	// relay-node-busy at once.
 	MaxInflightPerNode int
 	// MaxInflight bounds the calls in flight to all Corestores together.
 	MaxInflight int
-	// Registerer receives the restore metrics; nil registers none.
-	Registerer prometheus.Registerer
-	Logger     zerolog.Logger
 }
 
 // Restore serves the five isolated-restore methods. It implements relay.Restore.
@@ -55,8 +57,9 @@ type Restore struct {
 	closed   bool              // guarded by mu
 }
 
-// New returns a Restore that reaches Corestores through cs.
-func New(cs Corestore, opts Options) *Restore {
+// New returns a Restore that reaches Corestores through cs. It fails only when its metrics cannot
+// be registered.
+func New(cs Corestore, opts Options) (*Restore, error) {
 	if opts.MaxInflightPerNode <= 0 {
 		opts.MaxInflightPerNode = DefaultMaxInflightPerNode
 	}
@@ -65,9 +68,13 @@ func New(cs Corestore, opts Options) *Restore {
 	}
 	r := &Restore{cs: cs, opts: opts, log: opts.Logger.With().Str("component", "restore").Logger(),
 		origins: make(map[string]string), inflight: make(map[string]int)}
+	m, err := newMetrics(opts.Registerer, r.inflightNow)
+	if err != nil {
+		return nil, fmt.Errorf("register restore metrics: %w", err)
+	}
+	r.metrics = m
 	r.ctx, r.cancel = context.WithCancel(context.Background())
-	r.metrics = newMetrics(opts.Registerer, r.inflightNow)
-	return r
+	return r, nil
 }
 
 // Close abandons the calls in flight (each is answered restore-node-unreachable), refuses new
@@ -114,30 +121,23 @@ func (r *Restore) inflightNow() float64 {
 func (r *Restore) Serve(method string, body json.RawMessage, reply func(json.RawMessage, error)) {
 	start := time.Now()
 	var node string
-	var staged int64
+	op, ok := contracts.IsolatedRestoreCorestoreOp(method)
 	done := func(answer json.RawMessage, err error) {
-		r.finish(method, node, len(body), len(answer), staged, err, start)
+		r.finish(method, op, node, len(body), len(answer), err, start)
 		reply(answer, err)
 	}
-	op, ok := contracts.IsolatedRestoreCorestoreOp(method)
 	if !ok {
 		done(nil, contracts.RelayMethodUnknown.Refuse("%s is not an isolated-restore method", method))
 		return
 	}
+	// The control is not parsed: it is Corestore's to read and judge (SPEC §9). The reader bounds
+	// it by size alone.
 	req, err := contracts.ReadIsolatedRestoreNodeControl(body)
 	if err != nil {
 		done(nil, invalidRequest(method, err))
 		return
 	}
 	node = req.NodeID
-	if op == contracts.CorestoreOpWrite {
-		chunk, err := contracts.ReadIsolatedRestoreWriteChunk(req.Control)
-		if err != nil {
-			done(nil, overLimit(err))
-			return
-		}
-		staged = chunk.DecodedBytes
-	}
 	origin, err := r.acquire(node)
 	if err != nil {
 		done(nil, err)
@@ -194,13 +194,13 @@ func (r *Restore) release(node string) {
 }
 
 // finish counts and logs one answered call: node, method, sizes and outcome, never a body or a
-// reason.
-func (r *Restore) finish(method, node string, size, answerSize int, staged int64, err error, start time.Time) {
+// reason. op is "" for a method that is not one of the five.
+func (r *Restore) finish(method, op, node string, size, answerSize int, err error, start time.Time) {
 	out := outcome(err)
-	r.metrics.requests.WithLabelValues(method, out).Inc()
-	if err == nil && staged > 0 {
-		r.metrics.stagedBytes.Add(float64(staged))
+	if op == "" {
+		op = contracts.RefusalLabelOther
 	}
+	r.metrics.requests.WithLabelValues(op, out).Inc()
 	ev := r.log.Debug()
 	if err != nil {
 		ev = r.log.Info()

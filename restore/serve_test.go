@@ -15,6 +15,15 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
+func newRestore(t *testing.T, cs Corestore, opts Options) *Restore {
+	t.Helper()
+	r, err := New(cs, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
 // blockingPort is a Corestore port that answers only when its context ends or release is closed.
 type blockingPort struct {
 	release chan struct{}
@@ -38,7 +47,7 @@ const statusRequest = `{"nodeId":"node-a","control":{"grant":"g"}}`
 // its text.
 func TestServeNeverBlocksAndRepliesOnce(t *testing.T) {
 	port := &blockingPort{release: make(chan struct{})}
-	r := New(port, Options{Logger: zerolog.Nop()})
+	r := newRestore(t, port, Options{Logger: zerolog.Nop()})
 	defer r.Close()
 	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}})
 	replies := make(chan error, 2)
@@ -74,7 +83,7 @@ func TestServeNeverBlocksAndRepliesOnce(t *testing.T) {
 // new ones.
 func TestCloseAnswersCallsInFlight(t *testing.T) {
 	port := &blockingPort{release: make(chan struct{})}
-	r := New(port, Options{Logger: zerolog.Nop()})
+	r := newRestore(t, port, Options{Logger: zerolog.Nop()})
 	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}})
 	replies := make(chan error, 8)
 	for range 3 {
@@ -97,7 +106,7 @@ func TestCloseAnswersCallsInFlight(t *testing.T) {
 
 func TestOverallBoundRefusesAtOnce(t *testing.T) {
 	port := &blockingPort{release: make(chan struct{})}
-	r := New(port, Options{Logger: zerolog.Nop(), MaxInflight: 2, MaxInflightPerNode: 2})
+	r := newRestore(t, port, Options{Logger: zerolog.Nop(), MaxInflight: 2, MaxInflightPerNode: 2})
 	defer r.Close()
 	defer close(port.release)
 	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://a.example"}, {NodeID: "node-b", Origin: "https://b.example"}})
@@ -112,7 +121,7 @@ func TestOverallBoundRefusesAtOnce(t *testing.T) {
 }
 
 func TestUnknownMethodIsRefused(t *testing.T) {
-	r := New(&blockingPort{}, Options{Logger: zerolog.Nop()})
+	r := newRestore(t, &blockingPort{}, Options{Logger: zerolog.Nop()})
 	defer r.Close()
 	var got error
 	r.Serve("pushClusterRouteTable", json.RawMessage(statusRequest), func(_ json.RawMessage, err error) { got = err })
@@ -123,7 +132,7 @@ func TestUnknownMethodIsRefused(t *testing.T) {
 
 func TestMetricNames(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	r := New(&blockingPort{}, Options{Registerer: reg, Logger: zerolog.Nop()})
+	r := newRestore(t, &blockingPort{}, Options{Registerer: reg, Logger: zerolog.Nop()})
 	defer r.Close()
 	r.Serve(contracts.MethodPrepareIsolatedRestoreOnNode, json.RawMessage(`{}`), func(json.RawMessage, error) {})
 	r.SetCorestores(nil)
@@ -131,8 +140,7 @@ func TestMetricNames(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := map[string]bool{"relay_restore_requests_total": true, "relay_restore_staged_bytes_total": true,
-		"relay_restore_corestores": true, "relay_restore_inflight": true}
+	want := map[string]bool{"relay_restore_requests_total": true, "relay_restore_corestores": true, "relay_restore_inflight": true}
 	for _, f := range families {
 		name := f.GetName()
 		if !want[name] {

@@ -8,10 +8,9 @@ import (
 	"code.foss.global/serve.zone/relay/relay"
 )
 
-// buildEscrow wires the DNS lease renewal escrow: its metrics in the relay's registry, its logger
-// with component escrow.
+// buildEscrow wires the DNS lease renewal escrow, its metrics in the relay's registry.
 func buildEscrow(log zerolog.Logger, reg prometheus.Registerer) (relay.Escrow, error) {
-	e, err := escrow.New(escrow.Options{Registerer: reg, Logger: log.With().Str("component", "escrow").Logger()})
+	e, err := escrow.New(escrow.Options{Logger: log, Registerer: reg})
 	if err != nil {
 		return nil, err
 	}

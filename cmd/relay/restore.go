@@ -12,11 +12,13 @@ import (
 // buildRestore wires isolated restore: the corestore package's client is the Corestore port of
 // the restore package. Corestore origins come later, from Cloudly's configuration push.
 func buildRestore(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer) (*restore.Restore, error) {
-	cs, err := corestore.New(corestore.Options{
-		CAFile: cfg.CorestoreCAFile, AllowHTTP: cfg.InsecurePlaintext, Registerer: reg, Logger: log,
-	})
+	roots, err := caPool(cfg.CorestoreCAFile, "corestore-ca-file")
 	if err != nil {
-		return nil, &relay.ConfigError{Flag: "corestore-ca-file", Reason: err.Error()}
+		return nil, err
 	}
-	return restore.New(cs, restore.Options{Registerer: reg, Logger: log}), nil
+	cs, err := corestore.New(corestore.Options{Logger: log, Registerer: reg, RootCAs: roots, AllowHTTP: cfg.InsecurePlaintext})
+	if err != nil {
+		return nil, err
+	}
+	return restore.New(cs, restore.Options{Logger: log, Registerer: reg})
 }

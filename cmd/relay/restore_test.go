@@ -67,7 +67,7 @@ func TestBadCorestoreCAFileExits2(t *testing.T) {
 	args := []string{"run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "ws://127.0.0.1:1/", "--cloudly-token-file", token,
 		"--advertise-address", "192.0.2.10", "--insecure-plaintext", "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}
 	code, _, stderr := runMain(t, nil, append(args, "--corestore-ca-file", ca)...)
-	if code != 2 || !strings.Contains(stderr, "--corestore-ca-file: corestore CA file "+ca+" holds no PEM certificate") || strings.Count(stderr, "\n") != 1 {
+	if code != 2 || !strings.Contains(stderr, "--corestore-ca-file: "+ca+" holds no PEM certificate") || strings.Count(stderr, "\n") != 1 {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 	code, _, stderr = runMain(t, nil, append(args, "--corestore-ca-file", filepath.Join(dir, "missing"))...)

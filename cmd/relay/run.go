@@ -69,7 +69,7 @@ func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHub
 		return nil, nil, err
 	}
 	feats.Restore = rs
-	in, err := ingress.New(ingress.Config{Registry: opts.Registerer, Log: log})
+	in, err := ingress.New(ingress.Options{Logger: log, Registerer: opts.Registerer})
 	if err != nil {
 		return nil, nil, err
 	}

@@ -468,11 +468,11 @@ func (c *Cloudly) clientSession(body json.RawMessage) (json.RawMessage, error) {
 	if err := c.refuseOffer(body); err != nil {
 		return nil, err
 	}
-	members, err := contracts.ReadObject(body)
-	if err != nil || !contracts.HasExactKeys(members, "protocol", "jwt") {
+	var protocol, jwtRaw []byte
+	if contracts.ReadExact(body, contracts.Req("protocol", &protocol), contracts.Req("jwt", &jwtRaw)) != nil {
 		return nil, contracts.RelayRequestInvalid.Refuse("registerCloudlyClientSession must use its exact schema { protocol, jwt }")
 	}
-	if jwt, err := contracts.ReadString(contracts.MembersByKey(members)["jwt"]); err != nil || jwt != c.Token {
+	if jwt, err := contracts.ReadString(jwtRaw); err != nil || jwt != c.Token {
 		return nil, &typedsocket.Error{Text: "unauthenticated: the machine JWT is not valid", Data: json.RawMessage("null")}
 	}
 	return json.Marshal(contracts.CloudlyClientSessionResponse{Protocol: c.Offer})
@@ -563,8 +563,10 @@ func (c *Cloudly) registerNode(body json.RawMessage) (json.RawMessage, error) {
 		NodeInstanceNonce    string   `json:"nodeInstanceNonce"`
 		ResolvedAuthorities  []string `json:"resolvedAuthorities"`
 	}
-	members, err := contracts.ReadObject(body)
-	if err != nil || !contracts.HasExactKeys(members, "protocol", "bearer", "credentialGeneration", "nodeInstanceNonce", "nodeId", "resolvedAuthorities") ||
+	var protocol, bearer, generation, nonce, nodeID, authorities []byte
+	if contracts.ReadExact(body, contracts.Req("protocol", &protocol), contracts.Req("bearer", &bearer),
+		contracts.Req("credentialGeneration", &generation), contracts.Req("nodeInstanceNonce", &nonce),
+		contracts.Req("nodeId", &nodeID), contracts.Req("resolvedAuthorities", &authorities)) != nil ||
 		json.Unmarshal(body, &reg) != nil || !contracts.IsClusterNodeID(reg.NodeID) || !contracts.IsCanonicalUUID(reg.NodeInstanceNonce) ||
 		!canonicalAuthorities(reg.ResolvedAuthorities) {
 		return nil, &typedsocket.Error{Text: "registration-invalid: the registration body is not valid", Data: json.RawMessage("null")}

@@ -286,7 +286,8 @@ var grantOps = map[string]string{
 	contracts.CorestoreOpStatus: "status", contracts.CorestoreOpExecute: "execute", contracts.CorestoreOpCleanup: "cleanup",
 }
 
-// controlKeys are each control's exact keys (contracts/restore.go).
+// controlKeys are each control's exact keys: this project's guess at Corestore's controls
+// (docs/decisions.md, "Control shapes"). The relay never reads them; Corestore does.
 var controlKeys = map[string][]string{
 	contracts.CorestoreOpPrepare: {"grant", "expectedRevision"},
 	contracts.CorestoreOpWrite:   {"grant", "expectedRevision", "object", "chunk"},
@@ -300,11 +301,10 @@ func (c *Corestore) handle(op string, body []byte) ([]byte, *corestoreError) {
 	if !ok {
 		return nil, refuse(http.StatusNotFound, "not-found: no such isolated-restore operation")
 	}
-	members, err := contracts.ReadObject(body)
-	if err != nil || !contracts.HasExactKeys(members, keys...) {
+	m, ok := readExactKeys(body, keys...)
+	if !ok {
 		return nil, refuse(http.StatusBadRequest, "control-invalid: the %s control must use its exact schema", op)
 	}
-	m := contracts.MembersByKey(members)
 	grantText, err := contracts.ReadString(m["grant"])
 	if err != nil {
 		return nil, refuse(http.StatusUnauthorized, "grant-refused: the grant must be a string")
@@ -526,13 +526,26 @@ func (s *staging) summary(stagedObject, object json.RawMessage) []byte {
 	return b
 }
 
+// readExactKeys reads raw as an object with exactly keys, all required, and returns their values.
+func readExactKeys(raw []byte, keys ...string) (map[string][]byte, bool) {
+	vals := make([][]byte, len(keys))
+	fields := make([]contracts.Field, len(keys))
+	for i, k := range keys {
+		fields[i] = contracts.Req(k, &vals[i])
+	}
+	if contracts.ReadExact(raw, fields...) != nil {
+		return nil, false
+	}
+	m := make(map[string][]byte, len(keys))
+	for i, k := range keys {
+		m[k] = vals[i]
+	}
+	return m, true
+}
+
 // strictDecode decodes an object with exactly keys into v.
 func strictDecode(raw []byte, v any, keys ...string) error {
-	members, err := contracts.ReadObject(raw)
-	if err != nil {
-		return err
-	}
-	if !contracts.HasExactKeys(members, keys...) {
+	if _, ok := readExactKeys(raw, keys...); !ok {
 		return fmt.Errorf("not the exact schema")
 	}
 	d := json.NewDecoder(strings.NewReader(string(raw)))

@@ -123,7 +123,7 @@ func (ic *IngressControl) refuse(reason string) (json.RawMessage, string, error)
 }
 
 func (ic *IngressControl) routeTable(body json.RawMessage) (json.RawMessage, error) {
-	if members, err := contracts.ReadObject(body); err != nil || len(members) != 0 {
+	if contracts.ReadExact(body) != nil {
 		return nil, contracts.RelayRequestInvalid.Refuse("getClusterRouteTable takes {}")
 	}
 	ic.mu.Lock()

@@ -138,8 +138,8 @@ func (n *Node) Register(ctx context.Context) (json.RawMessage, error) {
 // exactly { session, protocol }, an offer it can serve, and a session for this node — an answer
 // carried back to the wrong node, or reshaped on the way, is not this node's session.
 func (n *Node) bindRegistration(resp json.RawMessage) (json.RawMessage, error) {
-	members, err := contracts.ReadObject(resp)
-	if err != nil || !contracts.HasExactKeys(members, "session", "protocol") {
+	var session, protocol []byte
+	if contracts.ReadExact(resp, contracts.Req("session", &session), contracts.Req("protocol", &protocol)) != nil {
 		return nil, fmt.Errorf("node %s: registration answer must be exactly { session, protocol }", n.ID)
 	}
 	offer, err := contracts.ReadProtocolOffer(resp)
@@ -149,7 +149,6 @@ func (n *Node) bindRegistration(resp json.RawMessage) (json.RawMessage, error) {
 	if r, _ := contracts.NegotiateProtocol(n.Offer, offer); r != nil {
 		return nil, fmt.Errorf("node %s: %s", n.ID, contracts.DescribeProtocolRefusal(*r))
 	}
-	session := contracts.MembersByKey(members)["session"]
 	s, err := contracts.ReadRuntimeSession(session)
 	if err != nil {
 		return nil, fmt.Errorf("node %s: registration answer session: %w", n.ID, err)
@@ -253,10 +252,10 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	}
 	switch req.Method {
 	case contracts.MethodPushRelayUpstreamChanged:
-		members, err := contracts.ReadObject(req.Body)
+		var attached []byte
 		v, isBool := false, false
-		if err == nil && contracts.HasExactKeys(members, "attached") {
-			v, isBool = contracts.ReadBool(members[0].Value)
+		if contracts.ReadExact(req.Body, contracts.Req("attached", &attached)) == nil {
+			v, isBool = contracts.ReadBool(attached)
 		}
 		if !isBool {
 			n.mu.Lock()

@@ -44,22 +44,21 @@ func renewalRefused(text string) error {
 // It verifies no signature (the simulator holds no trust) and answers { status, renewal } with
 // the renewal's reference.
 func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
-	members, err := contracts.ReadObject(body)
-	if err != nil || !contracts.HasExactKeys(members, "session", "signed") {
+	var sessionRaw, signedRaw []byte
+	if contracts.ReadExact(body, contracts.Req("session", &sessionRaw), contracts.Req("signed", &signedRaw)) != nil {
 		return nil, renewalRefused("renewal-invalid: the request must be exactly { session, signed }")
 	}
-	m := contracts.MembersByKey(members)
 	n.mu.Lock()
 	current := n.session
 	n.mu.Unlock()
-	if current == nil || !contracts.EqualJSON(m["session"], current) {
+	if current == nil || !contracts.EqualJSON(sessionRaw, current) {
 		return nil, renewalRefused("session-mismatch: the request does not carry the node's current session binding")
 	}
 	session, err := contracts.ReadRuntimeSession(current)
 	if err != nil {
 		return nil, renewalRefused("session-mismatch: the node's session binding is unreadable")
 	}
-	signed, err := contracts.ReadSignedRuntimeNetworkDnsLeaseRenewal(m["signed"])
+	signed, err := contracts.ReadSignedRuntimeNetworkDnsLeaseRenewal(signedRaw)
 	if err != nil {
 		return nil, renewalRefused("renewal-invalid: " + err.Error())
 	}
@@ -80,7 +79,7 @@ func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
 	defer n.mu.Unlock()
 	prev := n.renewal
 	switch {
-	case prev != nil && r.Sequence == prev.sequence && bytes.Equal(prev.signed, m["signed"]):
+	case prev != nil && r.Sequence == prev.sequence && bytes.Equal(prev.signed, signedRaw):
 		return reference(contracts.ApplyStatusReplay)
 	case !r.Dns.Current(now):
 		return nil, renewalRefused("renewal-not-current: the window is not current")
@@ -89,7 +88,7 @@ func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
 	case prev != nil && (r.Dns.IssuedAt < prev.window.IssuedAt || r.Dns.ExpiresAt <= prev.window.ExpiresAt):
 		return nil, renewalRefused("renewal-window-regressed: the window must not move issuedAt back and must end later")
 	}
-	n.renewal = &admittedRenewal{sequence: r.Sequence, window: r.Dns, signed: append([]byte(nil), m["signed"]...)}
+	n.renewal = &admittedRenewal{sequence: r.Sequence, window: r.Dns, signed: append([]byte(nil), signedRaw...)}
 	return reference(contracts.ApplyStatusAccepted)
 }
 

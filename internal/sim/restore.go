@@ -227,11 +227,11 @@ type CallFunc func(ctx context.Context, method string, body json.RawMessage) (js
 // ReadProgressAnswer reads { progress }, normalizes the progress and binds it to the plan's node
 // and restore, as Cloudly does.
 func ReadProgressAnswer(answer json.RawMessage, p *RestorePlan) (contracts.IsolatedRestoreProgress, error) {
-	members, err := contracts.ReadObject(answer)
-	if err != nil || !contracts.HasExactKeys(members, "progress") {
+	var raw []byte
+	if contracts.ReadExact(answer, contracts.Req("progress", &raw)) != nil {
 		return contracts.IsolatedRestoreProgress{}, errors.New("answer must be { progress }")
 	}
-	progress, err := contracts.NormalizeIsolatedRestoreProgress(members[0].Value)
+	progress, err := contracts.NormalizeIsolatedRestoreProgress(raw)
 	if err != nil {
 		return contracts.IsolatedRestoreProgress{}, err
 	}

@@ -176,21 +176,11 @@ func Decode(frame []byte) (Envelope, error) {
 		return env, nil
 	}
 	if errRaw != nil && !contracts.IsNull(errRaw) {
-		var text, data []byte
-		var texts, datas int
-		err := contracts.ForEachMember(errRaw, func(key, value []byte) error {
-			switch string(key) {
-			case "text":
-				text, texts = value, texts+1
-			case "data":
-				data, datas = value, datas+1
-			}
-			return nil
-		})
-		if err != nil || texts != 1 || datas > 1 {
+		var textRaw, data []byte
+		if contracts.ReadTolerant(errRaw, contracts.Req("text", &textRaw), contracts.Opt("data", &data)) != nil {
 			return bad("error must be an object with one text")
 		}
-		t, err := contracts.ReadString(text)
+		t, err := contracts.ReadString(textRaw)
 		if err != nil {
 			return bad("error text must be a string")
 		}
@@ -211,20 +201,11 @@ func readCorrelation(raw []byte) (id string, phase Phase, ok bool) {
 		return "", 0, false
 	}
 	var idRaw, phaseRaw []byte
-	var ids, phases int
-	err := contracts.ForEachMember(raw, func(key, value []byte) error {
-		switch string(key) {
-		case "id":
-			idRaw, ids = value, ids+1
-		case "phase":
-			phaseRaw, phases = value, phases+1
-		}
-		return nil
-	})
-	if err != nil || ids != 1 || phases != 1 {
+	if contracts.ReadTolerant(raw, contracts.Req("id", &idRaw), contracts.Req("phase", &phaseRaw)) != nil {
 		return "", 0, false
 	}
-	if id, err = contracts.ReadString(idRaw); err != nil || id == "" || len(id) > MaxIDLen {
+	id, err := contracts.ReadString(idRaw)
+	if err != nil || id == "" || len(id) > MaxIDLen {
 		return "", 0, false
 	}
 	switch p, _ := contracts.ReadString(phaseRaw); p {
