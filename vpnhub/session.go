@@ -10,12 +10,14 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 )
 
 // session is one member's connection to the hub. Four goroutines under one context: the drain
 // loop (datagrams out of quic-go into the inbox), the forward loop (the inbox opened and forwarded
 // to other members), the send loop (the member's queue out, sealed) and a watcher on the
-// handshake stream, whose end ends the session.
+// handshake stream, whose end ends the session. A timer closes it as vpn-session-silent if no
+// datagram of it has authenticated within contracts.VPNSilentTimeout of its handshake.
 type session struct {
 	hub       *Hub
 	conn      *quic.Conn
@@ -24,11 +26,14 @@ type session struct {
 	authority string              // set at construction: the authority the handshake ran under
 	addr      uint32              // set at construction: the control address
 	mtu       int                 // set at construction: the largest inner packet sent to it
+	hello     int64               // set at construction: message 1's timestamp, Unix µs
 	expiresAt atomic.Int64        // Unix ms; updated by newer memberships
 	queue     *packetQueue        // pushed by any forwardLoop, popped by sendLoop
 	inbox     *packetQueue        // pushed by drainLoop, popped by forwardLoop
-	open      *opener             // owned by forwardLoop
-	seal      *sealer             // owned by sendLoop
+	open      *wire.Opener        // owned by forwardLoop
+	heard     bool                // owned by forwardLoop: a datagram of this session authenticated
+	live      atomic.Bool         // heard, for the silence timer
+	seal      *wire.Sealer        // owned by sendLoop
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
 	ctx    context.Context
@@ -39,9 +44,9 @@ type session struct {
 func newSession(h *Hub, conn *quic.Conn, stream *quic.Stream, acc accepted, mtu int) *session {
 	s := &session{
 		hub: h, conn: conn, stream: stream, member: acc.member, authority: acc.authority,
-		addr: addrU32(acc.member.ControlAddress), mtu: mtu,
+		addr: wire.AddrU32(acc.member.ControlAddress), mtu: mtu, hello: acc.timestamp,
 		queue: newPacketQueue(h.cfg.QueueLen), inbox: newPacketQueue(h.cfg.QueueLen),
-		open: newOpener(acc.keys.recv), seal: newSealer(acc.keys.send, mtu),
+		open: wire.NewOpener(acc.keys.Recv), seal: wire.NewSealer(acc.keys.Send, mtu),
 		msg2: acc.msg2,
 	}
 	s.expiresAt.Store(acc.member.ExpiresAt)
@@ -53,6 +58,14 @@ var errSessionEnded = errors.New("vpnhub: session ended")
 
 // run serves the session until it ends.
 func (s *session) run() {
+	silence := s.hub.clock.AfterFunc(contracts.VPNSilentTimeout, func() {
+		if !s.live.Load() {
+			s.shut(contracts.VPNCloseCodeRefused, contracts.VPNSessionSilent.Refuse(
+				"node %s sent no authenticated datagram within %s of its handshake", s.member.NodeID, contracts.VPNSilentTimeout),
+				string(contracts.VPNSessionSilent))
+		}
+	})
+	defer silence.Stop()
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); s.sendLoop() }()
@@ -75,7 +88,7 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 		s.cancel(errSessionEnded)
 		msg := "session ended"
 		if ref != nil {
-			msg = closeReason(ref)
+			msg = wire.CloseReason(ref)
 		} else if label == closeShutdown {
 			msg = "hub shutting down"
 		}
@@ -144,7 +157,7 @@ func (s *session) sendLoop() {
 
 // send seals p and hands it to QUIC. It reports false when the session cannot send any more.
 func (s *session) send(p []byte) bool {
-	d, ok := s.seal.seal(p)
+	d, ok := s.seal.Seal(p)
 	if !ok {
 		go s.shut(contracts.VPNCloseCodeNone, nil, closeLeft) // counter space spent: the member joins again
 		return false

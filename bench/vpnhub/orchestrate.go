@@ -16,7 +16,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // The orchestrator: three namespaces (hub, a, b) joined by 1500-byte veth pairs, the hub's
@@ -250,9 +250,9 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 	return s
 }
 
-func keyFile(dir, name string) vpnhub.StaticKey {
+func keyFile(dir, name string) vpnkey.Pair {
 	path := filepath.Join(dir, name)
-	k, err := vpnhub.LoadOrCreateKeyFile(path)
+	k, err := vpnkey.LoadOrCreateFile(path, logger())
 	if err != nil {
 		fatal(err)
 	}

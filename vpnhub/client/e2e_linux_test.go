@@ -1,6 +1,6 @@
 //go:build linux
 
-package vpnhub
+package client
 
 import (
 	"bytes"
@@ -16,10 +16,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/prometheus/client_golang/prometheus"
 	"golang.org/x/sys/unix"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // The real-packet end-to-end test: three network namespaces — the hub's and two nodes' — joined
@@ -128,7 +130,7 @@ func newNetnsTopology(t *testing.T) *netnsTopology {
 }
 
 // startTunnel opens a TUN and a UDP socket inside ns and runs a Tunnel for the member there.
-func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, key StaticKey, node string, addr netip.Addr, offload bool) *Tunnel {
+func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, key vpnkey.Pair, node string, addr netip.Addr, offload bool) *Tunnel {
 	t.Helper()
 	var tun *TUN
 	var sock net.PacketConn
@@ -149,7 +151,7 @@ func startTunnel(t *testing.T, ns string, hub netip.AddrPort, hubKey [32]byte, k
 	if err != nil {
 		t.Fatalf("tunnel in %s: %v", ns, err)
 	}
-	cl, err := NewClient(ClientConfig{Hub: hub, HubKey: hubKey, AuthorityID: testAuthority, NodeID: node, Key: key, Conn: sock,
+	cl, err := New(Config{Hub: hub, HubKey: hubKey, AuthorityID: testAuthority, NodeID: node, Key: key, Conn: sock,
 		Logger: testLogger(t)})
 	if err != nil {
 		t.Fatal(err)
@@ -193,7 +195,8 @@ func TestPingAcrossTheHubBetweenNetworkNamespaces(t *testing.T) {
 		t.Fatal(err)
 	}
 	hubKey := testKey(t, 1)
-	h, err := Listen(Config{Conn: sock, Key: hubKey, Logger: testLogger(t)})
+	reg := prometheus.NewRegistry()
+	h, err := vpnhub.Listen(vpnhub.Config{Conn: sock, Key: hubKey}, vpnhub.Options{Logger: testLogger(t), Registerer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -227,7 +230,7 @@ func TestPingAcrossTheHubBetweenNetworkNamespaces(t *testing.T) {
 		}
 	}
 	// Each ping is an echo request and a reply through the hub: at least 12 packets.
-	if got := testutil.ToFloat64(h.m.packets); got < 12 {
+	if got := gauge(t, reg, "relay_vpnhub_forwarded_packets_total"); got < 12 {
 		t.Fatalf("forwarded_packets_total = %v after two pings of 3", got)
 	}
 	tcpAcross(t, topo)

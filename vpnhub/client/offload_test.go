@@ -1,4 +1,4 @@
-package vpnhub
+package client
 
 import (
 	"bytes"
@@ -80,7 +80,7 @@ func TestSegmentAndCoalesceTCP4RoundTrip(t *testing.T) {
 	}
 
 	var writes [][]byte
-	err := coalesceTCP4(segs, make([]byte, virtioNetHdrLen+maxIPv4Packet), func(b []byte) error {
+	err := coalesceTCP4(segs, 0, make([]byte, virtioNetHdrLen+maxIPv4Packet), func(b []byte) error {
 		writes = append(writes, bytes.Clone(b))
 		return nil
 	})
@@ -119,7 +119,7 @@ func TestCoalesceTCP4KeepsWhatMustStayApart(t *testing.T) {
 	}
 	for _, c := range cases {
 		var writes [][]byte
-		coalesceTCP4(c.pkts, make([]byte, virtioNetHdrLen+maxIPv4Packet), func(b []byte) error {
+		coalesceTCP4(c.pkts, 0, make([]byte, virtioNetHdrLen+maxIPv4Packet), func(b []byte) error {
 			writes = append(writes, bytes.Clone(b))
 			return nil
 		})
@@ -149,7 +149,7 @@ func FuzzSegmentTCP4(f *testing.F) {
 		for _, s := range segs {
 			checksumsValid(t, s)
 		}
-		if err := coalesceTCP4(segs, out, func([]byte) error { return nil }); err != nil {
+		if err := coalesceTCP4(segs, 0, out, func([]byte) error { return nil }); err != nil {
 			t.Fatal(err)
 		}
 	})

@@ -1,4 +1,4 @@
-package vpnhub
+package wire
 
 import (
 	"encoding/binary"
@@ -12,10 +12,14 @@ import (
 // Handshake message framing on the first bidirectional stream: a 2-byte big-endian length, then
 // the Noise message.
 
+// MaxHandshakeMessage bounds the messages either side reads: message 1 is 96 bytes plus a payload
+// of about 100, message 2 48 plus about 80.
+const MaxHandshakeMessage = 1024
+
 var errEmptyFrame = errors.New("handshake message of length 0")
 
-// writeFrame writes msg with its length prefix in one Write.
-func writeFrame(w io.Writer, msg []byte) error {
+// WriteFrame writes msg with its length prefix in one Write.
+func WriteFrame(w io.Writer, msg []byte) error {
 	if len(msg) > contracts.VPNMaxHandshakeMessage {
 		return fmt.Errorf("handshake message of %d bytes is too long", len(msg))
 	}
@@ -26,9 +30,9 @@ func writeFrame(w io.Writer, msg []byte) error {
 	return err
 }
 
-// readFrame reads one length-prefixed message of at most limit bytes. A longer or empty message is
+// ReadFrame reads one length-prefixed message of at most limit bytes. A longer or empty message is
 // an error, read no further.
-func readFrame(r io.Reader, limit int) ([]byte, error) {
+func ReadFrame(r io.Reader, limit int) ([]byte, error) {
 	var l [contracts.VPNHandshakeLengthBytes]byte
 	if _, err := io.ReadFull(r, l[:]); err != nil {
 		return nil, err

@@ -1,4 +1,4 @@
-package vpnhub
+package wire
 
 import (
 	"math"
@@ -13,7 +13,7 @@ type naiveWindow struct {
 }
 
 func (n *naiveWindow) accept(c uint64) bool {
-	if c == 0 || c == math.MaxUint64 || n.seen[c] || (c <= n.last && n.last-c >= ReplayWindow) {
+	if c == 0 || c == math.MaxUint64 || n.seen[c] || (c <= n.last && n.last-c >= ReplayWindowSize) {
 		return false
 	}
 	n.seen[c] = true
@@ -22,12 +22,12 @@ func (n *naiveWindow) accept(c uint64) bool {
 }
 
 func TestReplayWindowIsAtLeast2048(t *testing.T) {
-	if ReplayWindow < 2048 {
-		t.Fatalf("ReplayWindow = %d; SPEC §7 wants at least 2048", ReplayWindow)
+	if ReplayWindowSize < 2048 {
+		t.Fatalf("ReplayWindowSize = %d; SPEC §7 wants at least 2048", ReplayWindowSize)
 	}
-	var w replayWindow
-	w.accept(5000)
-	if !w.check(5000-2047) || w.check(5000) {
+	var w ReplayWindow
+	w.Accept(5000)
+	if !w.Check(5000-2047) || w.Check(5000) {
 		t.Fatal("a counter 2047 below the newest must still be accepted once")
 	}
 }
@@ -35,7 +35,7 @@ func TestReplayWindowIsAtLeast2048(t *testing.T) {
 func TestReplayWindowMatchesNaiveReference(t *testing.T) {
 	for seed := uint64(0); seed < 50; seed++ {
 		r := rand.New(rand.NewPCG(seed, seed*7+1))
-		var w replayWindow
+		var w ReplayWindow
 		ref := naiveWindow{seen: map[uint64]bool{}}
 		var base uint64 = 1
 		for i := 0; i < 20000; i++ {
@@ -45,11 +45,11 @@ func TestReplayWindowMatchesNaiveReference(t *testing.T) {
 				c = base + uint64(r.IntN(64))
 				base++
 			case k < 70: // a duplicate or a late one inside the window
-				c = ref.last - uint64(r.IntN(ReplayWindow+200))
+				c = ref.last - uint64(r.IntN(ReplayWindowSize+200))
 			case k < 80: // exactly at the window's edges
-				c = ref.last - ReplayWindow + uint64(r.IntN(3)) - 1
+				c = ref.last - ReplayWindowSize + uint64(r.IntN(3)) - 1
 			case k < 85: // far in the future
-				c = ref.last + uint64(r.IntN(1<<20)) + ReplayWindow
+				c = ref.last + uint64(r.IntN(1<<20)) + ReplayWindowSize
 				base = c
 			case k < 90: // far in the past
 				c = r.Uint64N(ref.last/2 + 1)
@@ -59,18 +59,18 @@ func TestReplayWindowMatchesNaiveReference(t *testing.T) {
 				c = ref.last
 			}
 			want := ref.accept(c)
-			got := w.check(c)
+			got := w.Check(c)
 			if got {
-				w.accept(c)
+				w.Accept(c)
 			}
 			if got != want {
 				t.Fatalf("seed %d step %d: counter %d (newest %d): window says %v, reference %v", seed, i, c, ref.last, got, want)
 			}
 		}
-		for _, c := range []uint64{math.MaxUint64 - 1, math.MaxUint64 - 1, math.MaxUint64 - ReplayWindow, math.MaxUint64 - ReplayWindow + 1} {
-			want, got := ref.accept(c), w.check(c)
+		for _, c := range []uint64{math.MaxUint64 - 1, math.MaxUint64 - 1, math.MaxUint64 - ReplayWindowSize, math.MaxUint64 - ReplayWindowSize + 1} {
+			want, got := ref.accept(c), w.Check(c)
 			if got {
-				w.accept(c)
+				w.Accept(c)
 			}
 			if got != want {
 				t.Fatalf("seed %d: counter %d at the top: window says %v, reference %v", seed, c, got, want)
@@ -80,11 +80,11 @@ func TestReplayWindowMatchesNaiveReference(t *testing.T) {
 }
 
 func BenchmarkReplayWindow(b *testing.B) {
-	var w replayWindow
+	var w ReplayWindow
 	for i := uint64(1); i <= uint64(b.N); i++ {
 		c := i ^ 3
-		if w.check(c) {
-			w.accept(c)
+		if w.Check(c) {
+			w.Accept(c)
 		}
 	}
 }

@@ -1,4 +1,4 @@
-package vpnhub
+package wire
 
 import (
 	"crypto/ecdsa"
@@ -16,8 +16,8 @@ import (
 // QUIC's TLS carries no trust here (SPEC §7): the hub presents a throwaway self-signed
 // certificate and the client does not verify it. The Noise handshake authenticates both sides.
 
-// hubTLSConfig returns the hub's TLS configuration with a fresh self-signed certificate.
-func hubTLSConfig() (*tls.Config, error) {
+// HubTLSConfig returns the hub's TLS configuration with a fresh self-signed certificate.
+func HubTLSConfig() (*tls.Config, error) {
 	priv, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		return nil, err
@@ -40,8 +40,8 @@ func hubTLSConfig() (*tls.Config, error) {
 	}, nil
 }
 
-// clientTLSConfig dials on the address alone and verifies nothing.
-func clientTLSConfig() *tls.Config {
+// ClientTLSConfig dials on the address alone and verifies nothing.
+func ClientTLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS13,
 		InsecureSkipVerify: true, // SPEC §7: Noise authenticates the hub, not TLS

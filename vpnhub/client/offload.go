@@ -1,4 +1,4 @@
-package vpnhub
+package client
 
 import (
 	"encoding/binary"
@@ -194,10 +194,27 @@ func canFollow(first, last, q []byte, gso, size, count int) bool {
 	return binary.BigEndian.Uint32(last[24:])+uint32(len(last)-hl) == binary.BigEndian.Uint32(q[24:])
 }
 
-// coalesceTCP4 writes pkts to write, merging runs of adjacent segments of one TCP flow into
-// super-packets with a virtio-net header asking the kernel to segment and checksum them (GSO
-// TCPv4). Every other packet goes alone with an empty header. buf must hold 10+65535 bytes.
-func coalesceTCP4(pkts [][]byte, buf []byte, write func([]byte) error) error {
+// coalesceTCP4 writes the packets bufs[i][offset:] to write, merging runs of adjacent segments of
+// one TCP flow into super-packets with a virtio-net header asking the kernel to segment and
+// checksum them (GSO TCPv4). Every other packet goes alone with an empty header. buf must hold
+// 10+65535 bytes.
+func coalesceTCP4(bufs [][]byte, offset int, buf []byte, write func([]byte) error) error {
+	var held [maxCoalescedSegments][]byte
+	for len(bufs) > 0 {
+		n := min(len(bufs), len(held))
+		pkts := held[:n]
+		for i := range pkts {
+			pkts[i] = bufs[i][offset:]
+		}
+		bufs = bufs[n:]
+		if err := coalesceRun(pkts, buf, write); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+func coalesceRun(pkts [][]byte, buf []byte, write func([]byte) error) error {
 	for i := 0; i < len(pkts); {
 		first := pkts[i]
 		j := i + 1

@@ -1,6 +1,6 @@
 //go:build linux
 
-package vpnhub
+package client
 
 import (
 	"fmt"
@@ -11,14 +11,13 @@ import (
 	"golang.org/x/sys/unix"
 )
 
-// TUN is a Linux TUN interface (IFF_TUN, no packet information header): one IP packet per read
-// and write. It is a Device for a Tunnel. The interface lives in the network namespace of the
-// thread that opened it.
+// TUN is a Linux TUN interface (IFF_TUN, no packet information header). It is a Device for a
+// Tunnel. The interface lives in the network namespace of the thread that opened it.
 //
 // With offloads (OpenTUNOffload) the kernel hands over TCP super-packets of up to 64 KiB, which
-// ReadPacket cuts into MTU-sized segments, and WritePackets merges a burst of received segments
-// of one TCP flow back into one write: far fewer system calls and far less kernel work per byte
-// of TCP, as wireguard-go does.
+// Read cuts into MTU-sized segments, and Write merges a burst of received segments of one TCP
+// flow back into one write: far fewer system calls and far less kernel work per byte of TCP, as
+// wireguard-go does.
 type TUN struct {
 	f       *os.File
 	name    string
@@ -81,18 +80,26 @@ func openTUN(name string, offload bool) (*TUN, error) {
 // Name is the interface's name.
 func (t *TUN) Name() string { return t.name }
 
-// ReadPacket reads the next packet the kernel routes into the interface. One goroutine at a time
-// may call it.
-func (t *TUN) ReadPacket(buf []byte) (int, error) {
-	if !t.offload {
-		return t.f.Read(buf)
+// BatchSize is how many packets one Read returns at most.
+func (t *TUN) BatchSize() int {
+	if t.offload {
+		return maxCoalescedSegments
 	}
-	for {
-		if len(t.pending) > 0 {
-			n := copy(buf, t.pending[0])
-			t.pending = t.pending[1:]
-			return n, nil
+	return 1
+}
+
+// Read reads the packets the kernel routes into the interface, one or (with offloads) the
+// segments of one super-packet, into bufs[i][offset:]. One goroutine at a time may call it.
+func (t *TUN) Read(bufs [][]byte, sizes []int, offset int) (int, error) {
+	if !t.offload {
+		n, err := t.f.Read(bufs[0][offset:])
+		if err != nil {
+			return 0, err
 		}
+		sizes[0] = n
+		return 1, nil
+	}
+	for len(t.pending) == 0 {
 		n, err := t.f.Read(t.rbuf)
 		if err != nil {
 			return 0, err
@@ -105,50 +112,44 @@ func (t *TUN) ReadPacket(buf []byte) (int, error) {
 		p := t.rbuf[virtioNetHdrLen:n]
 		switch h.gsoType &^ virtioGSOECN {
 		case virtioGSONone:
-			if h.flags&virtioNeedsCsum != 0 && !finishChecksum(p, int(h.csumStart), int(h.csumOffset)) {
-				continue
+			if h.flags&virtioNeedsCsum == 0 || finishChecksum(p, int(h.csumStart), int(h.csumOffset)) {
+				t.pending = append(t.pending[:0], p)
 			}
-			return copy(buf, p), nil
 		case virtioGSOTCPv4:
-			segs, ok := segmentTCP4(p, int(h.gsoSize), t.segBuf, t.pending[:0])
-			if ok {
+			if segs, ok := segmentTCP4(p, int(h.gsoSize), t.segBuf, t.pending[:0]); ok {
 				t.pending = segs
 			}
 		}
 	}
-}
-
-// WritePacket hands one packet to the kernel as if it arrived on the interface.
-func (t *TUN) WritePacket(p []byte) error {
-	if !t.offload {
-		_, err := t.f.Write(p)
-		return err
+	n := 0
+	for ; n < len(bufs) && len(t.pending) > 0; n++ {
+		sizes[n] = copy(bufs[n][offset:], t.pending[0])
+		t.pending = t.pending[1:]
 	}
-	t.wmu.Lock()
-	defer t.wmu.Unlock()
-	clear(t.wbuf[:virtioNetHdrLen])
-	n := copy(t.wbuf[virtioNetHdrLen:], p)
-	_, err := t.f.Write(t.wbuf[:virtioNetHdrLen+n])
-	return err
+	return n, nil
 }
 
-// WritePackets hands a burst of packets to the kernel; with offloads, adjacent segments of one
-// TCP flow go in one write.
-func (t *TUN) WritePackets(pkts [][]byte) error {
+// Write hands packets bufs[i][offset:] to the kernel as if they arrived on the interface; with
+// offloads, adjacent segments of one TCP flow go in one write.
+func (t *TUN) Write(bufs [][]byte, offset int) (int, error) {
 	if !t.offload {
-		for _, p := range pkts {
-			if _, err := t.f.Write(p); err != nil {
-				return err
+		for i, b := range bufs {
+			if _, err := t.f.Write(b[offset:]); err != nil {
+				return i, err
 			}
 		}
-		return nil
+		return len(bufs), nil
 	}
 	t.wmu.Lock()
 	defer t.wmu.Unlock()
-	return coalesceTCP4(pkts, t.wbuf, func(b []byte) error {
+	err := coalesceTCP4(bufs, offset, t.wbuf, func(b []byte) error {
 		_, err := t.f.Write(b)
 		return err
 	})
+	if err != nil {
+		return 0, err
+	}
+	return len(bufs), nil
 }
 
 // Close removes the interface (unless it was made persistent elsewhere).
