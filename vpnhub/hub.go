@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
@@ -79,6 +80,7 @@ type Hub struct {
 	m        *metrics       // set at construction
 	clock    Clock          // set at construction
 	tr       *quic.Transport
+	batch    *udp.Conn // the socket under tr; nil when it is not a UDP socket
 	ln       *quic.Listener
 	endpoint contracts.VPNHubEndpoint
 	limiter  *handshakeLimiter
@@ -129,11 +131,16 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 		if err != nil {
 			return nil, err
 		}
-		udp, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		sock, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
 		if err != nil {
 			return nil, fmt.Errorf("vpnhub: bind %s: %w", addr, err)
 		}
-		conn = udp
+		conn = sock
+	}
+	var batch *udp.Conn
+	if sock, ok := conn.(*net.UDPConn); ok {
+		batch = udp.New(sock) // the hub owns the socket either way: Run closes it
+		conn = batch
 	}
 	bound, err := netip.ParseAddrPort(conn.LocalAddr().String())
 	if err != nil || !bound.Addr().Unmap().Is4() || bound.Addr().IsUnspecified() {
@@ -155,6 +162,7 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 			NoisePublicKey: contracts.EncodeKey32(cfg.Key.Public)},
 		limiter:  newHandshakeLimiter(cfg.HandshakeRate, cfg.HandshakeBurst, cfg.GlobalHandshakeRate, cfg.GlobalHandshakeBurst, opts.Clock.Now),
 		sessions: make(map[[32]byte]*session), lastHello: make(map[[32]byte]int64), routes: make(map[uint32]*session),
+		batch: batch,
 	}
 	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() }}
 	h.ln, err = h.tr.Listen(tlsConf, &quic.Config{

@@ -4,12 +4,14 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 )
 
@@ -34,6 +36,7 @@ type session struct {
 	heard     bool                // owned by forwardLoop: a datagram of this session authenticated
 	live      atomic.Bool         // heard, for the silence timer
 	seal      *wire.Sealer        // owned by sendLoop
+	flow      *udp.Flow           // set by run: the member's datagrams the drain loop reports; nil: none
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
 	ctx    context.Context
@@ -66,6 +69,12 @@ func (s *session) run() {
 		}
 	})
 	defer silence.Stop()
+	if b := s.hub.batch; b != nil {
+		if ap, err := netip.ParseAddrPort(s.conn.RemoteAddr().String()); err == nil {
+			s.flow = b.Flow(ap)
+			defer s.flow.Close()
+		}
+	}
 	var wg sync.WaitGroup
 	wg.Add(3)
 	go func() { defer wg.Done(); s.sendLoop() }()
@@ -111,6 +120,9 @@ func (s *session) drainLoop() {
 		d, err := s.conn.ReceiveDatagram(s.ctx)
 		if err != nil {
 			return
+		}
+		if s.flow != nil {
+			s.flow.Drained()
 		}
 		if s.inbox.push(d) {
 			s.hub.dropped(s, dropInboxFull)

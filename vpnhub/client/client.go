@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
@@ -53,9 +54,10 @@ const (
 // connection or a refusal); each Dial is a new session, which replaces the member's previous one
 // at the hub.
 type Client struct {
-	cfg  Config // set at construction, defaults filled
-	tr   *quic.Transport
-	owns net.PacketConn // the socket New opened, closed by Close
+	cfg   Config // set at construction, defaults filled
+	tr    *quic.Transport
+	owns  net.PacketConn // the socket New opened, closed by Close
+	batch *udp.Conn      // the socket wrapped for batched sends and receives; nil: not a UDP socket
 
 	helloMu   sync.Mutex
 	lastHello int64 // guarded by helloMu: the last message 1 timestamp sent, Unix µs
@@ -83,11 +85,15 @@ func New(cfg Config) (*Client, error) {
 	cl := &Client{cfg: cfg}
 	conn := cfg.Conn
 	if conn == nil {
-		udp, err := net.ListenUDP("udp4", &net.UDPAddr{})
+		sock, err := net.ListenUDP("udp4", &net.UDPAddr{})
 		if err != nil {
 			return nil, fmt.Errorf("vpnhub client socket: %w", err)
 		}
-		conn, cl.owns = udp, udp
+		conn, cl.owns = sock, sock
+	}
+	if sock, ok := conn.(*net.UDPConn); ok {
+		cl.batch = udp.New(sock)
+		conn = cl.batch
 	}
 	cl.tr = &quic.Transport{Conn: conn}
 	return cl, nil
@@ -96,6 +102,9 @@ func New(cfg Config) (*Client, error) {
 // Close closes the client's transport (and every Conn dialled through it).
 func (cl *Client) Close() error {
 	err := cl.tr.Close()
+	if cl.batch != nil {
+		cl.batch.Stop()
+	}
 	if cl.owns != nil {
 		cl.owns.Close()
 	}
@@ -167,6 +176,10 @@ func (cl *Client) handshake(ctx context.Context, qc *quic.Conn, deadline time.Ti
 		return nil, err
 	}
 	c := newConn(qc, stream, welcome, min(welcome.MTU, own), keys, cl.cfg.KeepAliveInterval)
+	if cl.batch != nil {
+		c.flow = cl.batch.Flow(cl.cfg.Hub)
+	}
+	go c.drainLoop()
 	return c, nil
 }
 
@@ -188,6 +201,7 @@ type Conn struct {
 	inbox  *inbox       // pushed by drainLoop, popped by the receive methods
 
 	dropped atomic.Int64 // datagrams from the hub that did not open, were replayed, or overflowed
+	flow    *udp.Flow    // set at construction: the hub's datagrams drainLoop reports; nil: none
 }
 
 func newConn(qc *quic.Conn, stream *quic.Stream, w contracts.VPNWelcome, mtu int, keys wire.TransportKeys, keepAlive time.Duration) *Conn {
@@ -195,7 +209,6 @@ func newConn(qc *quic.Conn, stream *quic.Stream, w contracts.VPNWelcome, mtu int
 		qc: qc, stream: stream, welcome: w, mtu: mtu,
 		seal: wire.NewSealer(keys.Send, w.MTU), open: wire.NewOpener(keys.Recv), inbox: newInbox(inboxLen),
 	}
-	go c.drainLoop()
 	go c.keepAliveLoop(keepAlive)
 	return c
 }
@@ -209,8 +222,14 @@ func (c *Conn) drainLoop() {
 	for {
 		d, err := c.qc.ReceiveDatagram(context.Background())
 		if err != nil {
+			if c.flow != nil {
+				c.flow.Close()
+			}
 			c.inbox.close()
 			return
+		}
+		if c.flow != nil {
+			c.flow.Drained()
 		}
 		if !c.inbox.push(d) {
 			c.dropped.Add(1)
