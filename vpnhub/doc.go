@@ -12,7 +12,7 @@
 //	     ──stream 0: len‖Noise IK msg1 {nodeId, timestamp}──► respond (handshake.go, no I/O),
 //	                                                          then register: timestamp > last for the key
 //	     ◄─stream 0: len‖msg2 {controlAddress,mtu,expiresAt}── or close(1, "vpn-…: reason")
-//	     ══datagrams: counter‖ChaCha20-Poly1305(packet)══► drainLoop → inbox → forwardLoop → forward
+//	     ══datagrams: counter‖ChaCha20-Poly1305(packet)══► receiveLoop → forward (forward.go)
 //	                                                       → other member's packetQueue (queue.go)
 //	                                                       → its sendLoop seals ══► node
 //	     an empty packet is a keep-alive; none authenticated within 15 s: close(1, "vpn-session-silent")
@@ -21,8 +21,8 @@
 //
 //   - hub.go: Listen, Endpoint, PushMembership, Run; session table, routes, hello timestamps and
 //     the expiry timer.
-//   - session.go: one member's connection: drain, forward and send loops, stream watcher, silence
-//     timer, shut.
+//   - session.go: one member's connection: receive and send loops, stream watcher, silence timer,
+//     shut.
 //   - forward.go: the data plane for one datagram, allocation-free.
 //   - handshake.go: the judgement of message 1.
 //   - membership.go, packet.go, queue.go, ratelimit.go: the pieces forward and handshake use.
@@ -31,10 +31,11 @@
 // # Ownership
 //
 // One goroutine owns each piece of per-packet state: a session's opener and replay window belong
-// to its forward loop, its sealer to its send loop. Forward loops of any session push into another
-// session's queue, which drops its oldest packet when full, so no member waits for another. Each
-// session's drain loop only moves datagrams out of quic-go's small receive queue into the
-// session's inbox, so a burst is queued rather than dropped unseen.
+// to its receive loop, its sealer to its send loop. Receive loops of any session push into
+// another session's queue, which drops its oldest packet when full, so no member waits for
+// another. quic-go's receive queue holds only 128 datagrams per connection; the socket under the
+// hub (internal/udp) hands quic-go no more of a member's packets than its receive loop has room
+// for, so a burst waits in the kernel's socket buffer rather than being dropped unseen.
 // Membership, the session table, the hello timestamps and the expiry timer are guarded by Hub.mu;
 // the route table by Hub.routesMu, read once per packet.
 package vpnhub

@@ -37,13 +37,12 @@ const (
 	dropExpired                    // source or destination member past expiresAt
 	dropTooLarge                   // larger than the destination's mtu
 	dropQueueFull                  // the destination's queue was full: its oldest packet went
-	dropInboxFull                  // the source's receive queue was full: its oldest datagram went
 	dropReasons
 )
 
 var dropReasonNames = [dropReasons]string{
 	"", "malformed", "unauthenticated", "replayed", "spoofed", "not-unicast", "unknown-destination",
-	"expired", "too-large", "queue-full", "receive-queue-full",
+	"expired", "too-large", "queue-full",
 }
 
 func (r dropReason) String() string { return dropReasonNames[r] }

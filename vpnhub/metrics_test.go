@@ -52,7 +52,7 @@ func TestMetricNames(t *testing.T) {
 			t.Errorf("label value %q is not kebab-case: %s", v, l)
 		}
 	}
-	for _, r := range []string{"spoofed", "replayed", "unknown-destination", "not-unicast", "queue-full", "receive-queue-full", "too-large", "expired", "malformed", "unauthenticated"} {
+	for _, r := range []string{"spoofed", "replayed", "unknown-destination", "not-unicast", "queue-full", "too-large", "expired", "malformed", "unauthenticated"} {
 		if !labels["relay_vpnhub_dropped_packets_total{reason="+r+"}"] {
 			t.Errorf("drop reason %q missing", r)
 		}

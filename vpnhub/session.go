@@ -15,11 +15,11 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 )
 
-// session is one member's connection to the hub. Four goroutines under one context: the drain
-// loop (datagrams out of quic-go into the inbox), the forward loop (the inbox opened and forwarded
-// to other members), the send loop (the member's queue out, sealed) and a watcher on the
-// handshake stream, whose end ends the session. A timer closes it as vpn-session-silent if no
-// datagram of it has authenticated within contracts.VPNSilentTimeout of its handshake.
+// session is one member's connection to the hub. Three goroutines under one context: the receive
+// loop (datagrams out of quic-go, opened and forwarded to other members), the send loop (the
+// member's queue out, sealed) and a watcher on the handshake stream, whose end ends the session.
+// A timer closes it as vpn-session-silent if no datagram of it has authenticated within
+// contracts.VPNSilentTimeout of its handshake.
 type session struct {
 	hub       *Hub
 	conn      *quic.Conn
@@ -30,13 +30,12 @@ type session struct {
 	mtu       int                 // set at construction: the largest inner packet sent to it
 	hello     int64               // set at construction: message 1's timestamp, Unix µs
 	expiresAt atomic.Int64        // Unix ms; updated by newer memberships
-	queue     *packetQueue        // pushed by any forwardLoop, popped by sendLoop
-	inbox     *packetQueue        // pushed by drainLoop, popped by forwardLoop
-	open      *wire.Opener        // owned by forwardLoop
-	heard     bool                // owned by forwardLoop: a datagram of this session authenticated
+	queue     *packetQueue        // pushed by any receiveLoop, popped by sendLoop
+	open      *wire.Opener        // owned by receiveLoop
+	heard     bool                // owned by receiveLoop: a datagram of this session authenticated
 	live      atomic.Bool         // heard, for the silence timer
 	seal      *wire.Sealer        // owned by sendLoop
-	flow      *udp.Flow           // set by run: the member's datagrams the drain loop reports; nil: none
+	flow      *udp.Flow           // set by run: what receiveLoop reports to the socket's reader; nil: none
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
 	ctx    context.Context
@@ -48,8 +47,8 @@ func newSession(h *Hub, conn *quic.Conn, stream *quic.Stream, acc accepted, mtu 
 	s := &session{
 		hub: h, conn: conn, stream: stream, member: acc.member, authority: acc.authority,
 		addr: wire.AddrU32(acc.member.ControlAddress), mtu: mtu, hello: acc.timestamp,
-		queue: newPacketQueue(h.cfg.QueueLen), inbox: newPacketQueue(h.cfg.QueueLen),
-		open: wire.NewOpener(acc.keys.Recv), seal: wire.NewSealer(acc.keys.Send, mtu),
+		queue: newPacketQueue(h.cfg.QueueLen),
+		open:  wire.NewOpener(acc.keys.Recv), seal: wire.NewSealer(acc.keys.Send, mtu),
 		msg2: acc.msg2,
 	}
 	s.expiresAt.Store(acc.member.ExpiresAt)
@@ -76,15 +75,14 @@ func (s *session) run() {
 		}
 	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.sendLoop() }()
-	go func() { defer wg.Done(); s.forwardLoop() }()
 	go func() {
 		defer wg.Done()
 		io.Copy(io.Discard, s.stream) // returns when the member ends the stream or the connection
 		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	}()
-	s.drainLoop()
+	s.receiveLoop()
 	s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	wg.Wait()
 }
@@ -111,38 +109,19 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 	})
 }
 
-// drainLoop moves the member's datagrams out of quic-go's receive queue, which holds 128 and drops
-// beyond, into the session's inbox as fast as they arrive. After the process was descheduled,
-// quic-go hands over a burst faster than packets can be opened and forwarded; split this way the
-// burst waits in the inbox instead of being dropped unseen.
-func (s *session) drainLoop() {
+// receiveLoop takes the member's datagrams out of quic-go's receive queue, which holds 128 and
+// drops beyond, and forwards each at once: forward never blocks. The socket's reader hands quic-go
+// no more of the member's packets than the window this loop reports its progress to (flow), so
+// the queue cannot overflow while the loop is not scheduled; the backlog waits in the kernel.
+func (s *session) receiveLoop() {
 	for {
 		d, err := s.conn.ReceiveDatagram(s.ctx)
 		if err != nil {
 			return
 		}
+		s.hub.forward(s, d)
 		if s.flow != nil {
 			s.flow.Drained()
-		}
-		if s.inbox.push(d) {
-			s.hub.dropped(s, dropInboxFull)
-		}
-	}
-}
-
-// forwardLoop opens and forwards the inbox's datagrams until the session ends.
-func (s *session) forwardLoop() {
-	var batch [][]byte
-	for {
-		select {
-		case <-s.inbox.ready:
-		case <-s.ctx.Done():
-			return
-		}
-		batch = s.inbox.popAll(batch[:0])
-		for i, d := range batch {
-			s.hub.forward(s, d)
-			batch[i] = nil
 		}
 	}
 }

@@ -159,6 +159,12 @@ func (t *TUN) Close() error { return t.f.Close() }
 // up, as `ip addr add` and `ip link set up mtu` would. Call it in the interface's network
 // namespace.
 func (t *TUN) Configure(addr netip.Prefix, mtu int) error {
+	return ConfigureInterface(t.name, addr, mtu)
+}
+
+// ConfigureInterface is Configure for the interface name.
+func ConfigureInterface(name string, addr netip.Prefix, mtu int) error {
+	t := struct{ name string }{name}
 	if !addr.Addr().Is4() {
 		return fmt.Errorf("vpnhub: tun %s: address %s is not IPv4", t.name, addr)
 	}
