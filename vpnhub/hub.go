@@ -18,8 +18,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
@@ -80,7 +80,7 @@ type Hub struct {
 	m        *metrics       // set at construction
 	clock    Clock          // set at construction
 	tr       *quic.Transport
-	batch    *udp.Conn // the socket under tr; nil when it is not a UDP socket
+	batch    *quicsock.Conn // the socket under tr; nil when it is not a UDP socket
 	ln       *quic.Listener
 	endpoint contracts.VPNHubEndpoint
 	limiter  *handshakeLimiter
@@ -137,9 +137,9 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 		}
 		conn = sock
 	}
-	var batch *udp.Conn
+	var batch *quicsock.Conn
 	if sock, ok := conn.(*net.UDPConn); ok {
-		batch = udp.New(sock) // the hub owns the socket either way: Run closes it
+		batch = quicsock.New(sock) // the hub owns the socket either way: Run closes it
 		conn = batch
 	}
 	bound, err := netip.ParseAddrPort(conn.LocalAddr().String())

@@ -11,8 +11,8 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
 )
 
 // session is one member's connection to the hub. Three goroutines under one context: the receive
@@ -35,7 +35,7 @@ type session struct {
 	heard     bool                // owned by receiveLoop: a datagram of this session authenticated
 	live      atomic.Bool         // heard, for the silence timer
 	seal      *wire.Sealer        // owned by sendLoop
-	flow      *udp.Flow           // set by run: what receiveLoop reports to the socket's reader; nil: none
+	flow      *quicsock.Flow      // set by run: what receiveLoop reports to the socket's reader; nil: none
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
 	ctx    context.Context

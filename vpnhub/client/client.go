@@ -15,8 +15,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub/internal/udp"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
@@ -57,7 +57,7 @@ type Client struct {
 	cfg   Config // set at construction, defaults filled
 	tr    *quic.Transport
 	owns  net.PacketConn // the socket New opened, closed by Close
-	batch *udp.Conn      // the socket wrapped for batched sends and receives; nil: not a UDP socket
+	batch *quicsock.Conn // the socket wrapped for batched sends and receives; nil: not a UDP socket
 
 	helloMu   sync.Mutex
 	lastHello int64 // guarded by helloMu: the last message 1 timestamp sent, Unix µs
@@ -92,7 +92,7 @@ func New(cfg Config) (*Client, error) {
 		conn, cl.owns = sock, sock
 	}
 	if sock, ok := conn.(*net.UDPConn); ok {
-		cl.batch = udp.New(sock)
+		cl.batch = quicsock.New(sock)
 		conn = cl.batch
 	}
 	cl.tr = &quic.Transport{Conn: conn}
@@ -200,8 +200,8 @@ type Conn struct {
 	open   *wire.Opener // guarded by recvMu
 	inbox  *inbox       // pushed by drainLoop, popped by the receive methods
 
-	dropped atomic.Int64 // datagrams from the hub that did not open, were replayed, or overflowed
-	flow    *udp.Flow    // set at construction: the hub's datagrams drainLoop reports; nil: none
+	dropped atomic.Int64   // datagrams from the hub that did not open, were replayed, or overflowed
+	flow    *quicsock.Flow // set at construction: the hub's datagrams drainLoop reports; nil: none
 }
 
 func newConn(qc *quic.Conn, stream *quic.Stream, w contracts.VPNWelcome, mtu int, keys wire.TransportKeys, keepAlive time.Duration) *Conn {

@@ -1,6 +1,6 @@
 //go:build linux
 
-package udp
+package quicsock
 
 import (
 	"bytes"

@@ -1,4 +1,4 @@
-// Package udp is the UDP socket the VPN hub and its client give quic-go. It does two things
+// Package quicsock is the UDP socket the VPN hub and its client give quic-go. It does two things
 // quic-go does not do for DATAGRAM traffic.
 //
 // It moves datagrams between quic-go and the kernel in batches (send.go, receive.go). quic-go
@@ -19,4 +19,4 @@
 // dropped in quic-go's queue, which is not.
 //
 // A send error drops the datagram, as the network would: quic-go's loss detection sees it.
-package udp
+package quicsock

@@ -1,4 +1,4 @@
-package udp
+package quicsock
 
 import (
 	"net/netip"
