@@ -26,7 +26,7 @@ var layers = map[string]struct{ own, third []string }{
 	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":               {own: []string{"contracts", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"vpnhub/client":        {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys"}},
+	"vpnhub/client":        {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
 	"vpnhub/quicsock":      {third: []string{"golang.org/x/net", "golang.org/x/sys"}},
 	"vpnhub/internal/wire": {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
 	"vpnhub/vpnkey":        {own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},

@@ -34,7 +34,7 @@
 // to its receive loop, its sealer to its send loop. Receive loops of any session push into
 // another session's queue, which drops its oldest packet when full, so no member waits for
 // another. quic-go's receive queue holds only 128 datagrams per connection; the socket under the
-// hub (internal/udp) hands quic-go no more of a member's packets than its receive loop has room
+// hub (vpnhub/quicsock) hands quic-go no more of a member's packets than its receive loop has room
 // for, so a burst waits in the kernel's socket buffer rather than being dropped unseen.
 // Membership, the session table, the hello timestamps and the expiry timer are guarded by Hub.mu;
 // the route table by Hub.routesMu, read once per packet.

@@ -53,8 +53,8 @@ func orchestrate(args []string) {
 	duration := fs.Duration("duration", 10*time.Second, "iperf3 TCP duration per run")
 	repeat := fs.Int("repeat", 3, "rounds; each runs every setup once")
 	wgPath := fs.String("wireguard", "/tmp/wgbin/wireguard", "the wireguard-go binary")
-	only := fs.String("only", "vpnhub,wireguard,udpfwd", "setups to run")
-	profDir := fs.String("cpuprofile", "", "write our hub's CPU profile of each round here")
+	only := fs.String("only", "vpnhub,wireguard,udpfwd,quicfwd", "setups to run")
+	profDir := fs.String("cpuprofile", "", "write our hub's and clients' CPU profiles of each round here")
 	udp := fs.Bool("udp", true, "measure UDP packets per second in every round")
 	quicDrops := fs.Bool("quic-drops", false, "have our hub and clients count quic-go's own drops (slows them)")
 	fs.Parse(args)
@@ -170,6 +170,16 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 			s.procs = append(s.procs, spawn("udpfwd-client", c.ns, nil, self, "udpfwd-client", "-hub", underlayHub+":5555", "-addr", c.addr+"/24"))
 		}
 		m.mtu = 1472
+	case "quicfwd":
+		args := []string{self, "quicfwd-hub", "-listen", underlayHub + ":5556"}
+		if profDir != "" {
+			args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("quicfwd-hub-round%d.pprof", round)))
+		}
+		s.procs = []*proc{spawn("quicfwd-hub", nsHub, nil, args...)}
+		time.Sleep(200 * time.Millisecond)
+		for _, c := range []struct{ ns, addr string }{{nsA, tunA}, {nsB, tunB}} {
+			s.procs = append(s.procs, spawn("quicfwd-client", c.ns, nil, self, "quicfwd-client", "-hub", underlayHub+":5556", "-addr", c.addr+"/24"))
+		}
 	case "vpnhub":
 		hubKey := keyFile(dir, "hub.key")
 		ka, kb := keyFile(dir, "a.key"), keyFile(dir, "b.key")
@@ -192,9 +202,13 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 		s.procs = []*proc{spawn("vpnhub-hub", nsHub, nil, hubArgs...)}
 		time.Sleep(200 * time.Millisecond)
 		for _, c := range []struct{ ns, node, key, addr string }{{nsA, "node-a", "a.key", tunA}, {nsB, "node-b", "b.key", tunB}} {
-			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, append([]string{self, "client", "-hub", underlayHub + ":4433",
+			args := append([]string{self, "client", "-hub", underlayHub + ":4433",
 				"-hub-key", contracts.EncodeKey32(hubKey.Public), "-key", filepath.Join(dir, c.key), "-node", c.node,
-				"-authority", authority, "-addr", c.addr + "/24"}, extra...)...))
+				"-authority", authority, "-addr", c.addr + "/24"}, extra...)
+			if profDir != "" {
+				args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("vpnhub-%s-round%d.pprof", c.node, round)))
+			}
+			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, args...))
 		}
 	case "wireguard":
 		env := []string{"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"}
@@ -351,8 +365,11 @@ func report(names []string, res map[string]*measure, d time.Duration, repeat int
 	for _, n := range names {
 		m := res[n]
 		mtu := fmt.Sprint(m.mtu)
-		if n == "vpnhub" {
+		switch n {
+		case "vpnhub":
 			mtu = "from message 2"
+		case "quicfwd":
+			mtu = "datagram size"
 		}
 		ss := m.samples
 		rcv := func(i int) float64 { return medianOf(ss, func(s sample) float64 { return s.rcvbufErrs[i] }) }
@@ -377,6 +394,8 @@ func report(names []string, res map[string]*measure, d time.Duration, repeat int
 	}
 	ratio("vpnhub", "wireguard")
 	ratio("vpnhub", "udpfwd")
+	ratio("vpnhub", "quicfwd")
+	ratio("quicfwd", "wireguard")
 	ratio("wireguard", "udpfwd")
 	fmt.Println()
 	if v := res["vpnhub"]; v != nil && v.hubStats != "" {

@@ -120,7 +120,16 @@ func roleClient(args []string) {
 	tunName := fs.String("tun", "bt0", "TUN name")
 	traceDrops := fs.Bool("quic-drops", false, "count quic-go's own drops (slow)")
 	offload := fs.Bool("offload", true, "TUN with TCP segmentation and coalescing offloads")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
 	fs.Parse(args)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	drops := newQUICDrops()
 	var tracer = drops.tracer
 	if !*traceDrops {

@@ -1,7 +1,7 @@
 // Package client is the Go client of the cluster's managed VPN hub (SPEC §7): it dials the hub as
 // one member, runs the Noise IK handshake, and sends and receives IP packets as QUIC datagrams
 // (Client, Conn); Tunnel keeps a member joined and carries packets between the hub and a Device,
-// a Linux TUN interface (TUN) in production. It is used by the tests, the simulator and the
+// a Linux TUN interface (TUN, golang.zx2c4.com/wireguard/tun's) in production. It is used by the tests, the simulator and the
 // benchmarks, and is what a node implementation written in Go would run. It never logs a packet or
 // a private key.
 //
@@ -20,6 +20,6 @@
 //   - client.go: Client (dial, handshake) and Conn (send, receive, keep-alive).
 //   - inbox.go: the bounded queue between a Conn's drain loop and its receivers.
 //   - tunnel.go: Device and Tunnel, the reconnecting carrier.
-//   - tun_linux.go, offload.go: a Linux TUN with TCP segmentation and coalescing offloads.
+//   - tun_linux.go: the Linux TUN, with TCP and UDP segmentation and coalescing offloads.
 //   - errors.go: named errors.
 package client
