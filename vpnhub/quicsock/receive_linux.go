@@ -26,7 +26,7 @@ type segment struct {
 // kernel coalesced is split again, and a flow's packets wait while its window is full. Only one
 // goroutine may call it (quic-go's listen loop).
 func (c *Conn) ReadBatch(ms []ipv4.Message, flags int) (int, error) {
-	if len(c.held) == 0 {
+	for len(c.held) == 0 { // never 0 messages and no error: quic-go would read a stale message
 		if err := c.read(flags); err != nil {
 			return 0, err
 		}

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"os"
 	"testing"
 	"time"
 	"unsafe"
@@ -205,5 +206,29 @@ func TestStopFlushesAndEndsWrites(t *testing.T) {
 			t.Fatalf("%d of 100 arrived: %v", got, err)
 		}
 		got += k
+	}
+}
+
+// Empty datagrams carry nothing for quic-go and are skipped: ReadBatch never reports zero
+// messages without an error, which quic-go would take as a stale message to read again.
+func TestEmptyDatagramsAreSkipped(t *testing.T) {
+	defer goleak.VerifyNone(t)
+	rc, sc := New(listen(t)), listen(t)
+	defer rc.Close()
+	defer sc.Close()
+	to := rc.LocalAddr().(*net.UDPAddr)
+	sc.WriteToUDP(nil, to)
+	sc.WriteToUDP(nil, to)
+	time.Sleep(50 * time.Millisecond) // both in the socket's queue, nothing else
+	ms := quicMessages()
+	rc.SetReadDeadline(time.Now().Add(200 * time.Millisecond))
+	if k, err := rc.ReadBatch(ms, 0); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("with only empty datagrams to read: ReadBatch = %d, %v; want it to wait", k, err)
+	}
+	sc.WriteToUDP([]byte("after"), to)
+	rc.SetReadDeadline(time.Now().Add(5 * time.Second))
+	k, err := rc.ReadBatch(ms, 0)
+	if err != nil || k != 1 || string(ms[0].Buffers[0][:ms[0].N]) != "after" {
+		t.Fatalf("ReadBatch = %d, %v, %q", k, err, ms[0].Buffers[0][:ms[0].N])
 	}
 }
