@@ -178,7 +178,11 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 		s.procs = []*proc{spawn("quicfwd-hub", nsHub, nil, args...)}
 		time.Sleep(200 * time.Millisecond)
 		for _, c := range []struct{ ns, addr string }{{nsA, tunA}, {nsB, tunB}} {
-			s.procs = append(s.procs, spawn("quicfwd-client", c.ns, nil, self, "quicfwd-client", "-hub", underlayHub+":5556", "-addr", c.addr+"/24"))
+			args := []string{self, "quicfwd-client", "-hub", underlayHub + ":5556", "-addr", c.addr + "/24"}
+			if profDir != "" {
+				args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("quicfwd-%s-round%d.pprof", c.addr, round)))
+			}
+			s.procs = append(s.procs, spawn("quicfwd-client", c.ns, nil, args...))
 		}
 	case "vpnhub":
 		hubKey := keyFile(dir, "hub.key")

@@ -132,7 +132,16 @@ func roleQUICClient(args []string) {
 	hub := fs.String("hub", "", "hub address:port")
 	addr := fs.String("addr", "", "address/prefix length")
 	tunName := fs.String("tun", "bt0", "TUN name")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
 	fs.Parse(args)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	prefix, hubAt := netip.MustParsePrefix(*addr), netip.MustParseAddrPort(*hub)
 	tun, err := client.OpenTUNOffload(*tunName)
 	if err != nil {
