@@ -299,7 +299,7 @@ func (c *Conn) write(p []byte) error {
 
 // ReceivePacket waits for the next IP packet from the hub and returns it, decrypted in the
 // datagram's own buffer; the caller owns it. Datagrams that do not open or are replayed are
-// skipped and counted (Dropped), and so are keep-alives. One goroutine at a time may call it.
+// skipped and counted (Dropped); keep-alives are skipped. One goroutine at a time may call it.
 func (c *Conn) ReceivePacket(ctx context.Context) ([]byte, error) {
 	for {
 		d, err := c.next(ctx)
