@@ -26,11 +26,16 @@ var layers = map[string]struct{ own, third []string }{
 	"restore":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"vpnhub":               {own: []string{"contracts", "internal/backoff"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/crypto", "golang.org/x/sys"}},
+	"vpnhub":               {own: []string{"contracts", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"vpnhub/client":        {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
+	"vpnhub/quicsock":      {third: []string{"golang.org/x/net", "golang.org/x/sys"}},
+	"vpnhub/internal/wire": {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
+	"vpnhub/vpnkey":        {own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
+	"vpnhub/vpntest":       {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}}, // tests only
 	"relay":                {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"faults":               {}, // tests only
 	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 }
 
 // TestDependencyDirection fails when a package imports what its layer does not allow: contracts
@@ -136,7 +141,7 @@ func TestLogFieldsAreDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := 0
-	for _, dir := range []string{"relay", "escrow", "ingress", "restore", "corestore", "registry", "vpnhub", "internal/typedsocket", "cmd/relay"} {
+	for _, dir := range []string{"relay", "escrow", "ingress", "restore", "corestore", "registry", "vpnhub", "vpnhub/client", "vpnhub/vpnkey", "internal/typedsocket", "cmd/relay"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {

@@ -29,7 +29,6 @@ targets=(
   "./vpnhub FuzzHandshakeMessage"
   "./vpnhub FuzzHandshakePayload"
   "./vpnhub FuzzDatagram"
-  "./vpnhub FuzzSegmentTCP4"
 )
 
 run_one() {

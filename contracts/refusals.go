@@ -250,11 +250,18 @@ const (
 	VPNAuthorityMismatch  RefusalName = "vpn-authority-mismatch"
 	VPNMemberRemoved      RefusalName = "vpn-member-removed"
 	VPNMemberReplaced     RefusalName = "vpn-member-replaced"
+	// VPNHandshakeReplayed is a message 1 whose timestamp is not greater than the last one the
+	// hub accepted for its key.
+	VPNHandshakeReplayed RefusalName = "vpn-handshake-replayed"
+	// VPNSessionSilent is a session that delivered no authenticated datagram within
+	// VPNSilentTimeout of its handshake.
+	VPNSessionSilent RefusalName = "vpn-session-silent"
 )
 
 var vpnRefusals = [...]RefusalName{
 	VPNMemberUnknown, VPNMemberExpired, VPNMemberNodeMismatch, VPNAuthorityMismatch, VPNMemberRemoved, VPNMemberReplaced,
+	VPNHandshakeReplayed, VPNSessionSilent,
 }
 
 // VPNRefusals lists the hub's refusal names.
-func VPNRefusals() [6]RefusalName { return vpnRefusals }
+func VPNRefusals() [8]RefusalName { return vpnRefusals }

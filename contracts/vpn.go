@@ -3,6 +3,7 @@ package contracts
 import (
 	"net/netip"
 	"strconv"
+	"time"
 )
 
 // The managed VPN hub's wire (SPEC §7). Everything in this file is project-defined unless marked
@@ -19,13 +20,20 @@ import (
 //     verifying the hub's self-signed certificate.
 //  3. On the first bidirectional stream, each message prefixed by a 2-byte big-endian length
 //     (VPNHandshakeLengthBytes), the node sends Noise IK message 1 (VPNNoiseProtocol, prologue
-//     VPNHubPrologue(authorityId)) with payload { nodeId } (EncodeVPNHello); the hub answers
-//     message 2 with payload { controlAddress, mtu, expiresAt } (EncodeVPNWelcome), or closes the
-//     connection with application error VPNCloseCodeRefused and a reason that starts with one of
-//     VPNRefusals. The stream stays open for the life of the session.
+//     VPNHubPrologue(authorityId)) with payload { nodeId, timestamp } (EncodeVPNHello), timestamp
+//     the node's Unix time in microseconds; the hub refuses a timestamp not greater than the last
+//     it accepted for the key (vpn-handshake-replayed), answers message 2 with payload
+//     { controlAddress, mtu, expiresAt } (EncodeVPNWelcome), or closes the connection with
+//     application error VPNCloseCodeRefused and a reason that starts with one of VPNRefusals.
+//     The stream stays open for the life of the session.
 //  4. Each QUIC datagram is one IP packet: an 8-byte big-endian counter (from 1), then the
 //     ChaCha20-Poly1305 sealing of the packet under that direction's Noise transport key, nonce =
 //     4 zero bytes ‖ counter little-endian, no associated data (VPNDataOverhead bytes in all).
+//     An empty packet is a keep-alive: the node sends one right after the handshake and every
+//     VPNKeepAliveInterval while idle; a session with no authenticated datagram within
+//     VPNSilentTimeout of its handshake is closed (vpn-session-silent).
+//  5. Refusal reasons travel in unauthenticated QUIC close frames, so a node redials with backoff
+//     after every refusal, vpn-member-replaced included, and never stops for one.
 
 // Project-defined protocol constants of the VPN hub.
 const (
@@ -58,6 +66,12 @@ const (
 	// VPNMaxControlPrefixLength is seed-defined:
 	// runtimeNetworkAddressPlanContract.maximumControlPrefixLength.
 	VPNMaxControlPrefixLength = 30
+	// VPNKeepAliveInterval is how long a node's session may be idle before it sends an empty
+	// keep-alive datagram.
+	VPNKeepAliveInterval = 10 * time.Second
+	// VPNSilentTimeout is how long after its handshake a session may go without an authenticated
+	// datagram before the hub closes it (vpn-session-silent).
+	VPNSilentTimeout = 15 * time.Second
 )
 
 // VPNHubPrologue is the Noise prologue: "servezone-vpnhub:" followed by the authority id.
@@ -259,22 +273,44 @@ func ReadVPNMembershipApplied(raw []byte) (int64, bool) {
 	return ReadCounter(generation)
 }
 
-// EncodeVPNHello is message 1's payload { nodeId }.
-func EncodeVPNHello(nodeID string) []byte {
-	return append(AppendString([]byte(`{"nodeId":`), nodeID), '}')
+// VPNHello is message 1's payload: the node the key claims to be, and the node's Unix time in
+// microseconds when it wrote the message, which must grow from one handshake of a key to the
+// next (WireGuard's TAI64N timestamp: a replayed message 1 carries an old one).
+type VPNHello struct {
+	NodeID    string
+	Timestamp int64
 }
 
-// ReadVPNHello reads message 1's payload, exact-key; nodeId must be a cluster node id.
-func ReadVPNHello(raw []byte) (nodeID string, err error) {
-	var node []byte
-	if ReadExact(raw, Req("nodeId", &node)) != nil {
-		return "", &InvalidError{[]string{"vpn hello must use its exact schema"}}
+// EncodeVPNHello encodes message 1's payload { nodeId, timestamp }.
+func EncodeVPNHello(h VPNHello) []byte {
+	b := AppendString([]byte(`{"nodeId":`), h.NodeID)
+	b = strconv.AppendInt(append(b, `,"timestamp":`...), h.Timestamp, 10)
+	return append(b, '}')
+}
+
+// ReadVPNHello reads message 1's payload. The shape is project-defined, so it is read tolerantly
+// (SPEC's top rule): members other than nodeId and timestamp are ignored. nodeId must be a
+// cluster node id and timestamp a non-negative safe integer.
+func ReadVPNHello(raw []byte) (VPNHello, error) {
+	var node, timestamp []byte
+	if ReadTolerant(raw, Opt("nodeId", &node), Opt("timestamp", &timestamp)) != nil {
+		return VPNHello{}, &InvalidError{[]string{"vpn hello must be an object"}}
 	}
-	s, err := ReadString(node)
-	if err != nil || !IsClusterNodeID(s) {
-		return "", &InvalidError{[]string{"vpn hello nodeId must be a cluster node id"}}
+	var h VPNHello
+	var reasons []string
+	if s, err := ReadString(node); err != nil || !IsClusterNodeID(s) {
+		reasons = append(reasons, "vpn hello nodeId must be a cluster node id")
+	} else {
+		h.NodeID = s
 	}
-	return s, nil
+	var ok bool
+	if h.Timestamp, ok = ReadCounter(timestamp); !ok {
+		reasons = append(reasons, "vpn hello timestamp must be a non-negative safe integer (Unix µs)")
+	}
+	if len(reasons) > 0 {
+		return VPNHello{}, &InvalidError{reasons}
+	}
+	return h, nil
 }
 
 // VPNWelcome is message 2's payload: the member's control address, the largest inner packet the
@@ -293,13 +329,14 @@ func EncodeVPNWelcome(w VPNWelcome) []byte {
 	return append(b, '}')
 }
 
-// ReadVPNWelcome reads message 2's payload, exact-key: a canonical IPv4 control address, an mtu
-// from VPNMinMTU to VPNMaxMTU, and a non-negative safe integer expiry.
+// ReadVPNWelcome reads message 2's payload, tolerantly as ReadVPNHello: a canonical IPv4 control
+// address, an mtu from VPNMinMTU to VPNMaxMTU, and a non-negative safe integer expiry; other
+// members are ignored.
 func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
 	const path = "vpn welcome"
 	var controlAddress, mtu, expiresAt []byte
-	if ReadExact(raw, Req("controlAddress", &controlAddress), Req("mtu", &mtu), Req("expiresAt", &expiresAt)) != nil {
-		return VPNWelcome{}, &InvalidError{[]string{path + " must use its exact schema"}}
+	if ReadTolerant(raw, Opt("controlAddress", &controlAddress), Opt("mtu", &mtu), Opt("expiresAt", &expiresAt)) != nil {
+		return VPNWelcome{}, &InvalidError{[]string{path + " must be an object"}}
 	}
 	var w VPNWelcome
 	var reasons []string
@@ -313,10 +350,9 @@ func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
 	} else {
 		w.MTU = int(n)
 	}
-	if t, ok := ReadCounter(expiresAt); !ok {
+	var ok bool
+	if w.ExpiresAt, ok = ReadCounter(expiresAt); !ok {
 		reasons = append(reasons, path+" expiresAt must be a non-negative safe integer (Unix ms)")
-	} else {
-		w.ExpiresAt = t
 	}
 	if len(reasons) > 0 {
 		return VPNWelcome{}, &InvalidError{reasons}

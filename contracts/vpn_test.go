@@ -112,10 +112,20 @@ func TestVPNHandshakePayloads(t *testing.T) {
 	if string(VPNHubPrologue("auth-1")) != "servezone-vpnhub:auth-1" {
 		t.Fatalf("prologue %q", VPNHubPrologue("auth-1"))
 	}
-	if id, err := ReadVPNHello(EncodeVPNHello("-node")); err != nil || id != "-node" {
-		t.Fatalf("hello round trip: %q %v", id, err)
+	hello := VPNHello{NodeID: "-node", Timestamp: 1_764_561_600_123_456}
+	if raw := EncodeVPNHello(hello); string(raw) != `{"nodeId":"-node","timestamp":1764561600123456}` {
+		t.Fatalf("hello %s", raw)
 	}
-	for _, bad := range []string{`{}`, `{"nodeId":"a","x":1}`, `{"nodeId":"a","nodeId":"b"}`, `{"nodeId":"a b"}`, `{"nodeId":1}`, `[]`, ``} {
+	if got, err := ReadVPNHello(EncodeVPNHello(hello)); err != nil || got != hello {
+		t.Fatalf("hello round trip: %+v %v", got, err)
+	}
+	// Project-defined, so read tolerantly: a member the hub does not know is ignored.
+	if got, err := ReadVPNHello([]byte(`{"v":2,"timestamp":7,"nodeId":"a","x":{}}`)); err != nil || got != (VPNHello{"a", 7}) {
+		t.Fatalf("hello with extra members: %+v %v", got, err)
+	}
+	for _, bad := range []string{`{}`, `{"nodeId":"a"}`, `{"timestamp":1}`, `{"nodeId":"a","nodeId":"b","timestamp":1}`,
+		`{"nodeId":"a b","timestamp":1}`, `{"nodeId":1,"timestamp":1}`, `{"nodeId":"a","timestamp":-1}`,
+		`{"nodeId":"a","timestamp":1.5}`, `{"nodeId":"a","timestamp":9007199254740992}`, `[]`, ``} {
 		if _, err := ReadVPNHello([]byte(bad)); err == nil {
 			t.Errorf("hello %q accepted", bad)
 		}
@@ -131,11 +141,14 @@ func TestVPNHandshakePayloads(t *testing.T) {
 	for _, bad := range []string{
 		`{"controlAddress":"10.64.0.2","mtu":67,"expiresAt":1}`, `{"controlAddress":"10.64.0.2","mtu":65536,"expiresAt":1}`,
 		`{"controlAddress":"::1","mtu":1200,"expiresAt":1}`, `{"controlAddress":"10.64.0.2","mtu":1200}`,
-		`{"controlAddress":"10.64.0.2","mtu":1200,"expiresAt":-1}`,
+		`{"controlAddress":"10.64.0.2","mtu":1200,"expiresAt":-1}`, `[]`,
 	} {
 		if _, err := ReadVPNWelcome([]byte(bad)); err == nil {
 			t.Errorf("welcome %s accepted", bad)
 		}
+	}
+	if got, err := ReadVPNWelcome([]byte(`{"expiresAt":1,"next":[1],"mtu":1200,"controlAddress":"10.64.0.2"}`)); err != nil || got.MTU != 1200 {
+		t.Fatalf("welcome with an extra member: %+v %v", got, err)
 	}
 	if g, ok := ReadVPNMembershipApplied(EncodeVPNMembershipApplied(42)); !ok || g != 42 {
 		t.Fatalf("applied round trip %d %v", g, ok)

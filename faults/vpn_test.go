@@ -15,6 +15,8 @@ import (
 
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/client"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // TestFaultVPNHandshakeFlood: bogus initiations — real QUIC and Noise dials with keys that are
@@ -26,12 +28,11 @@ func TestFaultVPNHandshakeFlood(t *testing.T) {
 	sources, total := size(200, 1000), size(3*time.Second, 20*time.Second)
 	f := figures{fault: fmt.Sprintf("VPN handshake flood from %d sources for %s", sources, total), nodes: 2}
 	func() {
-		key, err := vpnhub.GenerateKey()
+		key, err := vpnkey.Generate()
 		if err != nil {
 			t.Fatal(err)
 		}
-		metrics := vpnhub.NewMetrics()
-		hub, err := vpnhub.Listen(vpnhub.Config{Listen: "127.0.0.1:0", Key: key, Logger: zerolog.Nop(), Metrics: metrics})
+		hub, err := vpnhub.Listen(vpnhub.Config{Listen: "127.0.0.1:0", Key: key}, vpnhub.Options{})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -127,8 +128,8 @@ func bogusDials(hub netip.AddrPort, hubKey [32]byte, i int, stop <-chan struct{}
 		return
 	}
 	defer pc.Close()
-	key, _ := vpnhub.GenerateKey()
-	cl, err := vpnhub.NewClient(vpnhub.ClientConfig{Hub: hub, HubKey: hubKey, AuthorityID: sim.SimVPNAuthority,
+	key, _ := vpnkey.Generate()
+	cl, err := client.New(client.Config{Hub: hub, HubKey: hubKey, AuthorityID: sim.SimVPNAuthority,
 		NodeID: fmt.Sprintf("bogus-%d", i), Key: key, Conn: pc, HandshakeTimeout: time.Second, Logger: zerolog.Nop()})
 	if err != nil {
 		return

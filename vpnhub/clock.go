@@ -2,8 +2,8 @@ package vpnhub
 
 import "time"
 
-// Clock is the hub's time source: member expiry is judged and scheduled with it. Tests inject a
-// fake; nil means the wall clock.
+// Clock is the hub's time source: member expiry and silent sessions are judged and scheduled with
+// it. Tests inject a fake; nil means the wall clock.
 type Clock interface {
 	Now() time.Time
 	// AfterFunc calls f in its own goroutine once d has passed.

@@ -1,16 +1,27 @@
 package vpnhub
 
+import "code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+
 // forward is the hub's data plane for one datagram from src (SPEC §7): open it, check the inner
 // source is src's control address, look the destination up, and queue the packet for the member
-// there, whose send loop seals it again. It runs on src's forward loop, never blocks and allocates
-// nothing: the packet is decrypted in place and the queue takes the datagram's buffer.
+// there, whose send loop seals it again. An empty packet is a keep-alive: it proves the session
+// live and goes nowhere. forward runs on src's receive loop, never blocks and allocates nothing:
+// the packet is decrypted in place and the queue takes the datagram's buffer.
 func (h *Hub) forward(src *session, datagram []byte) {
-	packet, reason := src.open.open(datagram)
-	if reason != dropNone {
-		h.dropped(src, reason)
+	packet, verdict := src.open.Open(datagram)
+	if verdict != wire.Opened {
+		h.dropped(src, openDrops[verdict])
 		return
 	}
-	from, to, ok := ipv4Addrs(packet)
+	if !src.heard {
+		src.heard = true
+		src.live.Store(true)
+	}
+	if len(packet) == 0 {
+		h.m.keepAlives.Inc()
+		return
+	}
+	from, to, ok := wire.IPv4Addrs(packet)
 	if !ok {
 		h.dropped(src, dropMalformed)
 		return
@@ -40,6 +51,9 @@ func (h *Hub) forward(src *session, datagram []byte) {
 		h.dropped(dst, dropQueueFull)
 	}
 }
+
+// openDrops names the drop of each verdict of Opener.Open but Opened.
+var openDrops = [...]dropReason{wire.Malformed: dropMalformed, wire.Replayed: dropReplayed, wire.Unauthenticated: dropUnauthenticated}
 
 // dropped counts a dropped packet and logs it at debug level, once a second per reason at most.
 // The log names the member and the reason, never the packet.

@@ -3,50 +3,50 @@ package vpnhub
 import (
 	"bytes"
 	"net/netip"
-	"strings"
 	"testing"
 
-	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	dto "github.com/prometheus/client_model/go"
 	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // plane is the hub's data plane without sockets: two sessions with their keys, no QUIC.
 type plane struct {
 	h          *Hub
 	a, b       *session
-	aSend      *sealer // a's client side: seals what a sends
-	bOpen      *opener // b's client side: opens what the hub sends b
+	aSend      *wire.Sealer // a's client side: seals what a sends
+	bOpen      *wire.Opener // b's client side: opens what the hub sends b
 	queueLimit int
 }
 
 func newPlane(t testing.TB, queueLen int) *plane {
 	clock := newFakeClock(testNow)
-	h := &Hub{cfg: Config{QueueLen: queueLen}, log: zerolog.Nop(), m: NewMetrics(), clock: clock,
+	h := &Hub{cfg: Config{QueueLen: queueLen}, log: zerolog.Nop(), m: newMetrics(), clock: clock,
 		sessions: map[[32]byte]*session{}, routes: map[uint32]*session{}}
 	ka, kb := testKey(t, 2), testKey(t, 3)
 	h.view.Store(testView(testMember(ka, "node-a", 2), testMember(kb, "node-b", 3)))
-	mk := func(k StaticKey, node string, last byte, keys transportKeys) *session {
+	mk := func(k vpnkey.Pair, node string, last byte, keys wire.TransportKeys) *session {
 		acc := accepted{keys: keys, member: testMember(k, node, last), authority: testAuthority}
-		s := &session{hub: h, member: acc.member, authority: acc.authority, addr: addrU32(acc.member.ControlAddress), mtu: 1400,
-			queue: newPacketQueue(queueLen), open: newOpener(keys.recv), seal: newSealer(keys.send, 1400)}
+		s := &session{hub: h, member: acc.member, authority: acc.authority, addr: wire.AddrU32(acc.member.ControlAddress), mtu: 1400,
+			queue: newPacketQueue(queueLen), open: wire.NewOpener(keys.Recv), seal: wire.NewSealer(keys.Send, 1400)}
 		s.expiresAt.Store(acc.member.ExpiresAt)
 		h.sessions[k.Public] = s
 		h.routes[s.addr] = s
 		return s
 	}
 	p := &plane{h: h}
-	p.a = mk(ka, "node-a", 2, transportKeys{send: [32]byte{1}, recv: [32]byte{2}})
-	p.b = mk(kb, "node-b", 3, transportKeys{send: [32]byte{3}, recv: [32]byte{4}})
-	p.aSend = newSealer([32]byte{2}, 1400)
-	p.bOpen = newOpener([32]byte{3})
+	p.a = mk(ka, "node-a", 2, wire.TransportKeys{Send: [32]byte{1}, Recv: [32]byte{2}})
+	p.b = mk(kb, "node-b", 3, wire.TransportKeys{Send: [32]byte{3}, Recv: [32]byte{4}})
+	p.aSend = wire.NewSealer([32]byte{2}, 1400)
+	p.bOpen = wire.NewOpener([32]byte{3})
 	return p
 }
 
 // fromA seals packet as node-a's client would and returns a fresh datagram.
 func (p *plane) fromA(packet []byte) []byte {
-	d, _ := p.aSend.seal(packet)
+	d, _ := p.aSend.Seal(packet)
 	return bytes.Clone(d)
 }
 
@@ -58,10 +58,10 @@ func TestForwardReencryptsForTheDestination(t *testing.T) {
 	if !bytes.Equal(q, pkt) {
 		t.Fatalf("queued %q", q)
 	}
-	d, _ := p.b.seal.seal(q)
-	got, reason := p.bOpen.open(bytes.Clone(d))
-	if reason != dropNone || !bytes.Equal(got, pkt) {
-		t.Fatalf("b's client opened %q (%v)", got, reason)
+	d, _ := p.b.seal.Seal(q)
+	got, verdict := p.bOpen.Open(bytes.Clone(d))
+	if verdict != wire.Opened || !bytes.Equal(got, pkt) {
+		t.Fatalf("b's client opened %q (%v)", got, verdict)
 	}
 }
 
@@ -126,7 +126,7 @@ func TestForwardPathAllocatesNothing(t *testing.T) {
 		p.h.forward(p.a, datagrams[i])
 		i++
 		q := p.b.queue.pop()
-		if _, ok := p.b.seal.seal(q); !ok {
+		if _, ok := p.b.seal.Seal(q); !ok {
 			panic("seal")
 		}
 	})
@@ -156,66 +156,34 @@ func BenchmarkForwardPath(b *testing.B) {
 			copy(d, datagrams[i])
 		} else {
 			b.StopTimer()
-			e, _ := p.aSend.seal(pkt)
+			e, _ := p.aSend.Seal(pkt)
 			copy(d, e)
 			b.StartTimer()
 		}
 		p.h.forward(p.a, d)
 		q := p.b.queue.pop()
-		p.b.seal.seal(q)
+		p.b.seal.Seal(q)
 	}
 }
 
-func TestMetricNames(t *testing.T) {
-	want := map[string]dto.MetricType{
-		"relay_vpnhub_members": dto.MetricType_GAUGE, "relay_vpnhub_sessions": dto.MetricType_GAUGE,
-		"relay_vpnhub_membership_generation": dto.MetricType_GAUGE,
-		"relay_vpnhub_handshakes_total":      dto.MetricType_COUNTER, "relay_vpnhub_forwarded_packets_total": dto.MetricType_COUNTER,
-		"relay_vpnhub_forwarded_bytes_total": dto.MetricType_COUNTER, "relay_vpnhub_dropped_packets_total": dto.MetricType_COUNTER,
-		"relay_vpnhub_session_closes_total": dto.MetricType_COUNTER,
+// An empty packet is a keep-alive (SPEC §7): it proves the session live, is counted, and goes
+// nowhere.
+func TestForwardTakesAnEmptyPacketAsKeepAlive(t *testing.T) {
+	p := newPlane(t, 8)
+	if p.a.live.Load() {
+		t.Fatal("live before any datagram")
 	}
-	reg := prometheus.NewRegistry()
-	if err := NewMetrics().Register(reg); err != nil {
-		t.Fatal(err)
+	p.h.forward(p.a, p.fromA(nil))
+	if !p.a.live.Load() || testutil.ToFloat64(p.h.m.keepAlives) != 1 {
+		t.Fatal("a keep-alive did not count as liveness")
 	}
-	mfs, err := reg.Gather()
-	if err != nil {
-		t.Fatal(err)
+	if p.b.queue.len() != 0 || testutil.ToFloat64(p.h.m.packets) != 0 || testutil.ToFloat64(p.h.m.drops.WithLabelValues("malformed")) != 0 {
+		t.Fatal("a keep-alive was forwarded or dropped")
 	}
-	labels := map[string]bool{}
-	for _, mf := range mfs {
-		typ, ok := want[mf.GetName()]
-		switch {
-		case !ok:
-			t.Errorf("unexpected metric %q", mf.GetName())
-		case typ != mf.GetType():
-			t.Errorf("%s is a %v", mf.GetName(), mf.GetType())
-		case typ == dto.MetricType_COUNTER && !strings.HasSuffix(mf.GetName(), "_total"):
-			t.Errorf("counter %s does not end in _total", mf.GetName())
-		}
-		delete(want, mf.GetName())
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				labels[mf.GetName()+"{"+l.GetName()+"="+l.GetValue()+"}"] = true
-			}
-		}
-	}
-	for n := range want {
-		t.Errorf("metric %q missing", n)
-	}
-	for _, r := range []string{"spoofed", "replayed", "unknown_destination", "not_unicast", "queue_full", "receive_queue_full", "too_large", "expired", "malformed", "unauthenticated"} {
-		if !labels["relay_vpnhub_dropped_packets_total{reason="+r+"}"] {
-			t.Errorf("drop reason %q missing", r)
-		}
-	}
-	for _, o := range []string{"accepted", "rate-limited", "broken", "vpn-member-unknown", "vpn-member-expired", "vpn-member-node-mismatch", "vpn-authority-mismatch"} {
-		if !labels["relay_vpnhub_handshakes_total{outcome="+o+"}"] {
-			t.Errorf("handshake outcome %q missing", o)
-		}
-	}
-	for _, r := range []string{"vpn-member-removed", "vpn-member-replaced", "vpn-member-expired", "left", "shutdown"} {
-		if !labels["relay_vpnhub_session_closes_total{reason="+r+"}"] {
-			t.Errorf("close reason %q missing", r)
-		}
+	// A datagram that does not authenticate proves nothing.
+	q := newPlane(t, 8)
+	q.h.forward(q.a, make([]byte, 40))
+	if q.a.live.Load() {
+		t.Fatal("an unauthenticated datagram counted as liveness")
 	}
 }

@@ -14,6 +14,8 @@ import (
 	"github.com/flynn/noise"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // Fuzz targets for everything a peer can send the hub or the client: framed handshake messages,
@@ -40,7 +42,7 @@ func FuzzHandshakeMessage(f *testing.F) {
 		f.Add(s[0])
 	}
 	f.Fuzz(func(t *testing.T, framed []byte) {
-		msg1, err := readFrame(bytes.NewReader(framed), maxHandshakeMessage)
+		msg1, err := wire.ReadFrame(bytes.NewReader(framed), wire.MaxHandshakeMessage)
 		if err != nil {
 			return
 		}
@@ -60,9 +62,9 @@ func FuzzHandshakeMessage(f *testing.F) {
 }
 
 // FuzzHandshakePayload carries fuzzed payloads through real Noise messages: message 1's
-// { nodeId } to the hub, and message 2's { controlAddress, mtu, expiresAt } to the client. The
-// hub accepts exactly the payload naming the member's node; the client accepts exactly what
-// ReadVPNWelcome reads.
+// { nodeId, timestamp } to the hub, and message 2's { controlAddress, mtu, expiresAt } to the
+// client. The hub accepts exactly the payload naming the member's node; the client accepts
+// exactly what ReadVPNWelcome reads.
 func FuzzHandshakePayload(f *testing.F) {
 	hub, cli := testKey(f, 1), testKey(f, 2)
 	view := testView(testMember(cli, "node-a", 2))
@@ -73,7 +75,7 @@ func FuzzHandshakePayload(f *testing.F) {
 		if len(hello) > 512 || len(welcome) > 512 {
 			return
 		}
-		ini, err := noise.NewHandshakeState(noise.Config{CipherSuite: noiseSuite, Random: newDetRand(2), Pattern: noise.HandshakeIK,
+		ini, err := noise.NewHandshakeState(noise.Config{CipherSuite: wire.Suite, Random: newDetRand(2), Pattern: noise.HandshakeIK,
 			Initiator: true, Prologue: contracts.VPNHubPrologue(testAuthority), StaticKeypair: dhKey(cli), PeerStatic: hub.Public[:]})
 		if err != nil {
 			t.Fatal(err)
@@ -83,21 +85,21 @@ func FuzzHandshakePayload(f *testing.F) {
 			t.Fatal(err)
 		}
 		_, ref := respond(&hub, view, msg1, testNow, 1216, newDetRand(3))
-		id, herr := contracts.ReadVPNHello(hello)
-		if wantOK := herr == nil && id == "node-a"; (ref == nil) != wantOK {
-			t.Fatalf("hello %q: refusal %v, reader says %q %v", hello, ref, id, herr)
+		h, herr := contracts.ReadVPNHello(hello)
+		if wantOK := herr == nil && h.NodeID == "node-a"; (ref == nil) != wantOK {
+			t.Fatalf("hello %q: refusal %v, reader says %+v %v", hello, ref, h, herr)
 		}
 		if ref != nil && !errors.Is(ref, contracts.VPNMemberNodeMismatch) {
 			t.Fatalf("hello %q refused as %v", hello, ref)
 		}
 
 		// Message 2 with the fuzzed welcome, from a responder written here.
-		res, _ := noise.NewHandshakeState(noise.Config{CipherSuite: noiseSuite, Random: newDetRand(4), Pattern: noise.HandshakeIK,
+		res, _ := noise.NewHandshakeState(noise.Config{CipherSuite: wire.Suite, Random: newDetRand(4), Pattern: noise.HandshakeIK,
 			Prologue: contracts.VPNHubPrologue(testAuthority), StaticKeypair: dhKey(hub)})
-		c := &initiator{}
-		c.hs, _ = noise.NewHandshakeState(noise.Config{CipherSuite: noiseSuite, Random: newDetRand(5), Pattern: noise.HandshakeIK,
-			Initiator: true, Prologue: contracts.VPNHubPrologue(testAuthority), StaticKeypair: dhKey(cli), PeerStatic: hub.Public[:]})
-		m1, _, _, _ := c.hs.WriteMessage(nil, contracts.EncodeVPNHello("node-a"))
+		c, m1, err := startHandshake(&cli, hub.Public, testAuthority, "node-a", newDetRand(5))
+		if err != nil {
+			t.Fatal(err)
+		}
 		if _, _, _, err := res.ReadMessage(nil, m1); err != nil {
 			t.Fatal(err)
 		}
@@ -105,7 +107,7 @@ func FuzzHandshakePayload(f *testing.F) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		w, _, err := c.finish(m2)
+		w, _, err := c.Finish(m2)
 		want, werr := contracts.ReadVPNWelcome(welcome)
 		if (err == nil) != (werr == nil) || (err == nil && w != want) {
 			t.Fatalf("welcome %q: client read %+v %v, reader %+v %v", welcome, w, err, want, werr)
@@ -129,15 +131,15 @@ func FuzzDatagram(f *testing.F) {
 		if p.b.queue.len() != 0 { // forging a tag is out of reach: the AEAD was bypassed
 			t.Fatalf("raw datagram %x was forwarded", raw)
 		}
-		p.aSend.counter = counter - 1
-		d, ok := p.aSend.seal(packet)
+		p.aSend.SetCounter(counter - 1)
+		d, ok := p.aSend.Seal(packet)
 		if !ok {
 			return
 		}
 		p.h.forward(p.a, bytes.Clone(d))
 		got := p.b.queue.pop()
-		src, dst, isV4 := ipv4Addrs(packet)
-		wantForward := counter != 0 && counter < 1<<64-1 && isV4 && src == addrU32(addrA) && dst == addrU32(addrB) && len(packet) <= p.b.mtu
+		src, dst, isV4 := wire.IPv4Addrs(packet)
+		wantForward := counter != 0 && counter < 1<<64-1 && isV4 && src == wire.AddrU32(addrA) && dst == wire.AddrU32(addrB) && len(packet) <= p.b.mtu
 		if (got != nil) != wantForward {
 			t.Fatalf("counter %d packet %x: forwarded %v, want %v", counter, packet, got != nil, wantForward)
 		}
@@ -150,7 +152,7 @@ func FuzzDatagram(f *testing.F) {
 // seedInputs are the seed corpora, also written to testdata/fuzz when VPNHUB_WRITE_SEEDS is set.
 func seedInputs(f *testing.F) map[string][][][]byte {
 	hub, cli, other := testKey(f, 1), testKey(f, 2), testKey(f, 3)
-	msg := func(k StaticKey, auth, node string) []byte {
+	msg := func(k vpnkey.Pair, auth, node string) []byte {
 		_, m, err := startHandshake(&k, hub.Public, auth, node, newDetRand(9))
 		if err != nil {
 			f.Fatal(err)
@@ -165,7 +167,8 @@ func seedInputs(f *testing.F) map[string][][][]byte {
 			{frame(nil)}, {{0xff, 0xff, 1}}, {frame(bytes.Repeat([]byte{0}, 96))},
 		},
 		"FuzzHandshakePayload": {
-			{[]byte(`{"nodeId":"node-a"}`), []byte(`{"controlAddress":"10.64.0.2","mtu":1216,"expiresAt":1700000060000}`)},
+			{[]byte(`{"nodeId":"node-a","timestamp":1764561600123456}`), []byte(`{"controlAddress":"10.64.0.2","mtu":1216,"expiresAt":1700000060000}`)},
+			{[]byte(`{"timestamp":0,"nodeId":"node-a","v":2}`), []byte(`{"expiresAt":1,"controlAddress":"10.64.0.2","mtu":1216,"x":null}`)},
 			{[]byte(`{"nodeId":"node-b"}`), []byte(`{"controlAddress":"10.64.0.2","mtu":67,"expiresAt":1}`)},
 			{[]byte(`{"nodeId":"node-a","nodeId":"node-a"}`), []byte(`{"controlAddress":"::1","mtu":1216,"expiresAt":1}`)},
 			{[]byte(`{}`), []byte(`{"controlAddress":"10.64.0.2","mtu":1216}`)},

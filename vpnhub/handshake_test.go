@@ -3,6 +3,7 @@ package vpnhub
 import (
 	"bytes"
 	"errors"
+	"io"
 	"net/netip"
 	"strings"
 	"testing"
@@ -10,31 +11,17 @@ import (
 	"github.com/flynn/noise"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-func testKey(t testing.TB, b byte) StaticKey {
-	t.Helper()
-	k, err := KeyFromPrivate([32]byte{b, 0x42, b, 7})
-	if err != nil {
-		t.Fatal(err)
-	}
-	return k
-}
-
-const testNow = int64(1_700_000_000_000)
-
-func testView(members ...contracts.VPNMember) *membershipView {
-	return newMembershipView(contracts.VPNMembership{
-		AuthorityID: "authority-1", ControlPrefix: netip.MustParsePrefix("10.64.0.0/24"), Generation: 3, Members: members,
-	})
-}
-
-func testMember(k StaticKey, node string, last byte) contracts.VPNMember {
-	return contracts.VPNMember{NodeID: node, PublicKey: k.Public, ControlAddress: netip.AddrFrom4([4]byte{10, 64, 0, last}), ExpiresAt: testNow + 60_000}
+// startHandshake writes message 1 for node at a fixed timestamp.
+func startHandshake(key *vpnkey.Pair, hub [32]byte, authority, node string, rng io.Reader) (*wire.Initiator, []byte, error) {
+	return wire.StartHandshake(key, hub, authority, contracts.VPNHello{NodeID: node, Timestamp: 1}, rng)
 }
 
 func TestNoiseProtocolNameIsSPECs(t *testing.T) {
-	if got := noiseProtocolName(); got != contracts.VPNNoiseProtocol {
+	if got := wire.ProtocolName(); got != contracts.VPNNoiseProtocol {
 		t.Fatalf("noise protocol %q, SPEC §7 says %q", got, contracts.VPNNoiseProtocol)
 	}
 }
@@ -50,14 +37,14 @@ func TestHandshakeAcceptsAMemberAndAgreesOnKeys(t *testing.T) {
 	if ref != nil {
 		t.Fatalf("refused: %v", ref)
 	}
-	w, keys, err := ini.finish(acc.msg2)
+	w, keys, err := ini.Finish(acc.msg2)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if w.ControlAddress != netip.MustParseAddr("10.64.0.2") || w.MTU != 1216 || w.ExpiresAt != testNow+60_000 {
 		t.Fatalf("welcome %+v", w)
 	}
-	if keys.send != acc.keys.recv || keys.recv != acc.keys.send || keys.send == keys.recv {
+	if keys.Send != acc.keys.Recv || keys.Recv != acc.keys.Send || keys.Send == keys.Recv {
 		t.Fatal("the two sides disagree on the transport keys")
 	}
 }
@@ -70,7 +57,7 @@ func TestHandshakeRefusalsByName(t *testing.T) {
 	cases := []struct {
 		name      string
 		view      *membershipView
-		key       StaticKey
+		key       vpnkey.Pair
 		hubPublic [32]byte
 		authority string
 		node      string
@@ -109,12 +96,20 @@ func TestHandshakeRefusesGarbageAndANodelessPayload(t *testing.T) {
 			t.Fatalf("garbage of %d bytes: %v", len(msg1), ref)
 		}
 	}
-	// A valid Noise message 1 from a member whose payload is not { nodeId }.
-	hs, _ := noise.NewHandshakeState(noise.Config{CipherSuite: noiseSuite, Pattern: noise.HandshakeIK, Initiator: true,
-		Prologue: contracts.VPNHubPrologue("authority-1"), StaticKeypair: dhKey(cli), PeerStatic: hub.Public[:]})
-	msg1, _, _, _ := hs.WriteMessage(nil, []byte(`{"nodeId":"node-a","extra":1}`))
-	if _, ref := respond(&hub, view, msg1, testNow, 1216, nil); !errors.Is(ref, contracts.VPNMemberNodeMismatch) {
-		t.Fatalf("payload with an extra key: %v", ref)
+	// Valid Noise messages 1 from a member whose payload is not { nodeId, timestamp }; a member
+	// the hub does not know is ignored (the shape is project-defined, so read tolerantly).
+	for payload, ok := range map[string]bool{`{"nodeId":"node-a"}`: false, `{"nodeId":"node-a","timestamp":"1"}`: false,
+		`[]`: false, `{"timestamp":5,"nodeId":"node-a","extra":1}`: true} {
+		hs, _ := noise.NewHandshakeState(noise.Config{CipherSuite: wire.Suite, Pattern: noise.HandshakeIK, Initiator: true,
+			Prologue: contracts.VPNHubPrologue("authority-1"), StaticKeypair: dhKey(cli), PeerStatic: hub.Public[:]})
+		msg1, _, _, _ := hs.WriteMessage(nil, []byte(payload))
+		acc, ref := respond(&hub, view, msg1, testNow, 1216, nil)
+		switch {
+		case ok && (ref != nil || acc.timestamp != 5):
+			t.Fatalf("payload %s: %v %+v", payload, ref, acc)
+		case !ok && !errors.Is(ref, contracts.VPNMemberNodeMismatch):
+			t.Fatalf("payload %s: %v; want vpn-member-node-mismatch", payload, ref)
+		}
 	}
 }
 
@@ -124,12 +119,12 @@ func TestInitiatorRefusesABadMessage2(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := ini.finish(bytes.Repeat([]byte{9}, 80)); !errors.Is(err, ErrHandshake) {
+	if _, _, err := ini.Finish(bytes.Repeat([]byte{9}, 80)); !errors.Is(err, wire.ErrHandshake) {
 		t.Fatalf("garbage message 2: %v", err)
 	}
 }
 
-func dhKey(k StaticKey) noise.DHKey {
+func dhKey(k vpnkey.Pair) noise.DHKey {
 	priv := k.Private()
 	return noise.DHKey{Private: priv[:], Public: k.Public[:]}
 }
@@ -147,7 +142,7 @@ func TestDataPathInteroperatesWithFlynnCipherStates(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	msg1, _, _, err := hs.WriteMessage(nil, []byte(`{"nodeId":"node-a"}`))
+	msg1, _, _, err := hs.WriteMessage(nil, []byte(`{"nodeId":"node-a","timestamp":1764561600123456}`))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -165,18 +160,18 @@ func TestDataPathInteroperatesWithFlynnCipherStates(t *testing.T) {
 	packet := []byte("an inner packet of some length")
 
 	// Client → hub: flynn seals at counters 1 and 7; the hub's opener reads them.
-	op := newOpener(acc.keys.recv)
+	op := wire.NewOpener(acc.keys.Recv)
 	for _, n := range []uint64{1, 7} {
 		d := append(be64(n), toHub.Cipher().Encrypt(nil, n, nil, packet)...)
-		got, reason := op.open(d)
-		if reason != dropNone || !bytes.Equal(got, packet) {
-			t.Fatalf("counter %d: hub could not open flynn's datagram: %v", n, reason)
+		got, verdict := op.Open(d)
+		if verdict != wire.Opened || !bytes.Equal(got, packet) {
+			t.Fatalf("counter %d: hub could not open flynn's datagram: %v", n, verdict)
 		}
 	}
 	// Hub → client: the fast path seals at counters 1, 2; flynn opens them at the carried counter.
-	se := newSealer(acc.keys.send, 1216)
+	se := wire.NewSealer(acc.keys.Send, 1216)
 	for want := uint64(1); want <= 2; want++ {
-		d, ok := se.seal(packet)
+		d, ok := se.Seal(packet)
 		if !ok || len(d) != len(packet)+contracts.VPNDataOverhead {
 			t.Fatalf("seal: %d bytes", len(d))
 		}

@@ -2,20 +2,44 @@ package vpnhub
 
 import (
 	"context"
-	"encoding/binary"
-	"net/netip"
-	"os"
+	"errors"
+	"net"
 	"sort"
 	"sync"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"github.com/rs/zerolog"
-	"go.uber.org/goleak"
+	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/client"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
+	"code.foss.global/serve.zone/relay/vpnhub/vpntest"
 )
+
+// Short names for the shared test fixtures (internal/vpntest).
+var (
+	testKey    = vpntest.Key
+	testMember = vpntest.Member
+	ipv4Packet = vpntest.IPv4Packet
+	eventually = vpntest.Eventually
+	checkLeaks = vpntest.CheckLeaks
+	testLogger = vpntest.Logger
+	addrA      = vpntest.A
+	addrB      = vpntest.B
+	testPrefix = vpntest.ControlPrefix
+)
+
+const (
+	testAuthority = vpntest.Authority
+	testNow       = vpntest.Now
+)
+
+func testView(members ...contracts.VPNMember) *membershipView {
+	return newMembershipView(contracts.VPNMembership{AuthorityID: testAuthority, ControlPrefix: testPrefix, Generation: 3, Members: members})
+}
 
 // fakeClock is a Clock that moves only when told. Due timers fire inside Advance, in order.
 type fakeClock struct {
@@ -78,55 +102,24 @@ func (c *fakeClock) Advance(d time.Duration) {
 	}
 }
 
-// ipv4Packet builds an IPv4/UDP packet from src to dst carrying payload, checksums included.
-func ipv4Packet(src, dst netip.Addr, payload []byte) []byte {
-	p := make([]byte, 28+len(payload))
-	p[0], p[8], p[9] = 0x45, 64, 17
-	binary.BigEndian.PutUint16(p[2:], uint16(len(p)))
-	s, d := src.As4(), dst.As4()
-	copy(p[12:16], s[:])
-	copy(p[16:20], d[:])
-	binary.BigEndian.PutUint16(p[10:], checksum(p[:20]))
-	binary.BigEndian.PutUint16(p[20:], 4000)
-	binary.BigEndian.PutUint16(p[22:], 5000)
-	binary.BigEndian.PutUint16(p[24:], uint16(8+len(payload)))
-	copy(p[28:], payload)
-	return p
-}
-
-func checksum(b []byte) uint16 {
-	var sum uint32
-	for i := 0; i+1 < len(b); i += 2 {
-		sum += uint32(b[i])<<8 | uint32(b[i+1])
-	}
-	if len(b)%2 == 1 {
-		sum += uint32(b[len(b)-1]) << 8
-	}
-	for sum > 0xffff {
-		sum = sum>>16 + sum&0xffff
-	}
-	return ^uint16(sum)
-}
-
 // testHub is a hub on loopback with a fake clock, served until the test ends.
 type testHub struct {
 	*Hub
 	clock *fakeClock
-	key   StaticKey
+	key   vpnkey.Pair
 	stop  func() // stops the hub and waits for Run; idempotent, also run at cleanup
 }
 
-const testAuthority = "authority-1"
-
-func startHub(t *testing.T, mod func(*Config)) *testHub {
+func startHub(t *testing.T, mod func(*Config, *Options)) *testHub {
 	t.Helper()
 	clock := newFakeClock(testNow)
-	cfg := Config{Listen: "127.0.0.1:0", Key: testKey(t, 1), Clock: clock, Logger: testLogger(t), IdleTimeout: 10 * time.Second,
+	cfg := Config{Listen: "127.0.0.1:0", Key: testKey(t, 1), IdleTimeout: 10 * time.Second,
 		HandshakeBurst: 1000} // the fake clock stands still: the limiter would never refill
+	opts := Options{Logger: testLogger(t), Clock: clock}
 	if mod != nil {
-		mod(&cfg)
+		mod(&cfg, &opts)
 	}
-	h, err := Listen(cfg)
+	h, err := Listen(cfg, opts)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +141,7 @@ func startHub(t *testing.T, mod func(*Config)) *testHub {
 
 func (th *testHub) push(t *testing.T, generation int64, members ...contracts.VPNMember) int64 {
 	t.Helper()
-	body := contracts.EncodeVPNMembershipPush(contracts.VPNMembership{
-		AuthorityID: testAuthority, ControlPrefix: netip.MustParsePrefix("10.64.0.0/24"), Generation: generation, Members: members,
-	})
-	ans, err := th.PushMembership(body)
+	ans, err := th.PushMembership(vpntest.Membership(generation, members...))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -162,14 +152,10 @@ func (th *testHub) push(t *testing.T, generation int64, members ...contracts.VPN
 	return g
 }
 
-func (th *testHub) addr() netip.AddrPort {
-	return netip.MustParseAddrPort(th.tr.Conn.LocalAddr().String())
-}
-
-// dial joins as node with key, to the hub under authority.
-func (th *testHub) dial(t *testing.T, key StaticKey, node, authority string) (*Conn, error) {
+// dial joins as node with key, to the hub under authority, with the Go client.
+func (th *testHub) dial(t *testing.T, key vpnkey.Pair, node, authority string) (*client.Conn, error) {
 	t.Helper()
-	cl, err := NewClient(ClientConfig{Hub: th.addr(), HubKey: th.key.Public, AuthorityID: authority, NodeID: node, Key: key})
+	cl, err := client.New(client.Config{Hub: th.Addr(), HubKey: th.key.Public, AuthorityID: authority, NodeID: node, Key: key})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -179,13 +165,24 @@ func (th *testHub) dial(t *testing.T, key StaticKey, node, authority string) (*C
 	return cl.Dial(ctx)
 }
 
-func (th *testHub) mustDial(t *testing.T, key StaticKey, node string) *Conn {
+// mustDial joins and waits until the hub has heard the client's first keep-alive, so that
+// advancing the fake clock past the silence timeout does not close the session.
+func (th *testHub) mustDial(t *testing.T, key vpnkey.Pair, node string) *client.Conn {
 	t.Helper()
 	c, err := th.dial(t, key, node, testAuthority)
 	if err != nil {
 		t.Fatalf("dial %s: %v", node, err)
 	}
+	eventually(t, node+"'s first keep-alive", func() bool { return th.live(key) })
 	return c
+}
+
+// live reports whether key's current session has authenticated a datagram.
+func (th *testHub) live(key vpnkey.Pair) bool {
+	th.mu.Lock()
+	defer th.mu.Unlock()
+	s := th.sessions[key.Public]
+	return s != nil && s.live.Load()
 }
 
 func (th *testHub) drops(r dropReason) float64 { return testutil.ToFloat64(th.m.dropBy[r]) }
@@ -194,20 +191,108 @@ func (th *testHub) handshakes(outcome string) float64 {
 	return testutil.ToFloat64(th.m.handshakes.WithLabelValues(outcome))
 }
 
-// eventually polls cond until it holds or 10 s pass.
-func eventually(t *testing.T, what string, cond func() bool) {
+func (th *testHub) closes(reason string) float64 {
+	return testutil.ToFloat64(th.m.closes.WithLabelValues(reason))
+}
+
+// rawMember is a member written here from internal/wire instead of the Go client: it sends the
+// message 1 it is told to, keeps its keys in reach, sends no keep-alive and answers nothing, so
+// tests can replay, forge and stay silent.
+type rawMember struct {
+	qc     *quic.Conn
+	stream *quic.Stream
+	seal   *wire.Sealer
+	open   *wire.Opener
+	mtu    int
+}
+
+// message1 is a message 1 and the initiator that wrote it (nil for a replayer, who has only the
+// bytes).
+type message1 struct {
+	ini   *wire.Initiator
+	bytes []byte
+}
+
+// dialRaw opens a QUIC connection to the hub and sends m as message 1. It returns the connection
+// with message 2 read, or the refusal the hub closed it with.
+func (th *testHub) dialRaw(t *testing.T, m message1) (*rawMember, error) {
 	t.Helper()
-	deadline := time.Now().Add(10 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(5 * time.Millisecond)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	t.Cleanup(func() { tr.Close(); udp.Close() })
+	qc, err := tr.Dial(ctx, net.UDPAddrFromAddrPort(th.Addr()), wire.ClientTLSConfig(), &quic.Config{EnableDatagrams: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	st, err := qc.OpenStreamSync(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := wire.WriteFrame(st, m.bytes); err != nil {
+		t.Fatal(err)
+	}
+	st.SetDeadline(time.Now().Add(5 * time.Second))
+	msg2, err := wire.ReadFrame(st, wire.MaxHandshakeMessage)
+	if err != nil {
+		<-qc.Context().Done()
+		return nil, wire.FromCloseError(context.Cause(qc.Context()))
+	}
+	st.SetDeadline(time.Time{})
+	if m.ini == nil {
+		return nil, errors.New("the hub accepted a message 1 replayed without its initiator")
+	}
+	w, keys, err := m.ini.Finish(msg2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &rawMember{qc: qc, stream: st, seal: wire.NewSealer(keys.Send, w.MTU), open: wire.NewOpener(keys.Recv), mtu: w.MTU}, nil
+}
+
+// hello writes a message 1 for node with key at timestamp (Unix µs).
+func (th *testHub) hello(t *testing.T, key vpnkey.Pair, node string, timestamp int64) message1 {
+	t.Helper()
+	ini, msg1, err := wire.StartHandshake(&key, th.key.Public, testAuthority, contracts.VPNHello{NodeID: node, Timestamp: timestamp}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return message1{ini, msg1}
+}
+
+// send seals p and sends it; the returned datagram can be sent again with sendRaw.
+func (m *rawMember) send(t *testing.T, p []byte) []byte {
+	t.Helper()
+	d, _ := m.seal.Seal(p)
+	d = append([]byte(nil), d...)
+	m.sendRaw(t, d)
+	return d
+}
+
+func (m *rawMember) sendRaw(t *testing.T, d []byte) {
+	t.Helper()
+	if err := m.qc.SendDatagram(d); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// ended waits for the member's connection to end and returns the refusal it ended with.
+func (m *rawMember) ended(t *testing.T) error {
+	t.Helper()
+	select {
+	case <-m.qc.Context().Done():
+		return wire.FromCloseError(context.Cause(m.qc.Context()))
+	case <-time.After(10 * time.Second):
+		t.Fatal("session still open")
+		return nil
 	}
 }
 
 // receiveWithin returns the next packet c receives within d, or nil.
-func receiveWithin(c *Conn, d time.Duration) []byte {
+func receiveWithin(c *client.Conn, d time.Duration) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), d)
 	defer cancel()
 	p, err := c.ReceivePacket(ctx)
@@ -218,7 +303,7 @@ func receiveWithin(c *Conn, d time.Duration) []byte {
 }
 
 // waitClosed waits for c's session to end and returns why.
-func waitClosed(t *testing.T, c *Conn) error {
+func waitClosed(t *testing.T, c *client.Conn) error {
 	t.Helper()
 	select {
 	case <-c.Done():
@@ -227,19 +312,4 @@ func waitClosed(t *testing.T, c *Conn) error {
 		t.Fatal("session still open")
 		return nil
 	}
-}
-
-// checkLeaks fails the test if goroutines it started outlive it. Call it first: cleanups run
-// last-in first-out, so the check runs after every other cleanup stopped hubs and clients.
-func checkLeaks(t *testing.T) {
-	opt := goleak.IgnoreCurrent()
-	t.Cleanup(func() { goleak.VerifyNone(t, opt) })
-}
-
-// testLogger logs to the test's output when VPNHUB_TEST_LOG is set.
-func testLogger(t *testing.T) zerolog.Logger {
-	if os.Getenv("VPNHUB_TEST_LOG") == "" {
-		return zerolog.Nop()
-	}
-	return zerolog.New(zerolog.NewTestWriter(t)).Level(zerolog.DebugLevel)
 }

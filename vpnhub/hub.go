@@ -12,14 +12,28 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/qlogwriter"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// Config configures a hub. Zero values are the defaults.
+// Options are what every component of the relay is built with. The zero value is usable.
+type Options struct {
+	// Logger is the relay's logger; the hub adds component "vpnhub".
+	Logger zerolog.Logger
+	// Registerer gets the hub's metrics; nil leaves them unregistered.
+	Registerer prometheus.Registerer
+	// Clock judges and schedules member expiry and silent sessions; nil is the wall clock.
+	Clock Clock
+}
+
+// Config says what the hub serves and how. Zero values are the defaults.
 type Config struct {
 	// Listen is host:port; the host must be the concrete IPv4 address the hub binds (inside
 	// vpn.hubPrefix in production): the hub reports exactly what it bound.
@@ -31,11 +45,7 @@ type Config struct {
 	// `relay dev`, whose hub binds loopback, which registerClusterRelay refuses.
 	ReportAddress netip.Addr
 	// Key is the hub's static Noise key.
-	Key StaticKey
-
-	Logger  zerolog.Logger
-	Metrics *Metrics // nil: new, unregistered
-	Clock   Clock    // nil: the wall clock
+	Key vpnkey.Pair
 
 	InitialPacketSize uint16        // QUIC packet size to start with; 0: quic-go's 1280
 	QueueLen          int           // packets queued per member; 0: DefaultQueueLen
@@ -59,17 +69,18 @@ const (
 	DefaultQueueLen         = 1024
 	DefaultHandshakeTimeout = 5 * time.Second
 	DefaultIdleTimeout      = 30 * time.Second
-	keepAlivePeriod         = 10 * time.Second
+	keepAlivePeriod         = 10 * time.Second // QUIC PINGs, so that an idle member's path stays open
 )
 
 // Hub is the cluster's managed VPN hub. It implements the relay's VPNHub: Endpoint,
 // PushMembership, Run.
 type Hub struct {
-	cfg      Config // set at construction, defaults filled
-	log      zerolog.Logger
-	m        *Metrics
-	clock    Clock
+	cfg      Config         // set at construction, defaults filled
+	log      zerolog.Logger // set at construction
+	m        *metrics       // set at construction
+	clock    Clock          // set at construction
 	tr       *quic.Transport
+	batch    *quicsock.Conn // the socket under tr; nil when it is not a UDP socket
 	ln       *quic.Listener
 	endpoint contracts.VPNHubEndpoint
 	limiter  *handshakeLimiter
@@ -77,10 +88,11 @@ type Hub struct {
 
 	view atomic.Pointer[membershipView] // swapped under mu; read lock-free by handshakes
 
-	mu       sync.Mutex
-	sessions map[[32]byte]*session // guarded by mu: the current session of each member key
-	timer    Timer                 // guarded by mu: the next expiry
-	stopped  bool                  // guarded by mu: Run ended; sessions are refused
+	mu        sync.Mutex
+	sessions  map[[32]byte]*session // guarded by mu: the current session of each member key
+	lastHello map[[32]byte]int64    // guarded by mu: the greatest hello timestamp accepted per member key
+	timer     Timer                 // guarded by mu: the next expiry
+	stopped   bool                  // guarded by mu: Run ended; sessions are refused
 
 	routesMu sync.RWMutex
 	routes   map[uint32]*session // guarded by routesMu: control address → session
@@ -88,13 +100,11 @@ type Hub struct {
 	wg sync.WaitGroup // handshake and session goroutines
 }
 
-// Listen binds the hub's UDP socket and QUIC listener. The hub serves once Run is called.
-func Listen(cfg Config) (*Hub, error) {
-	if cfg.Metrics == nil {
-		cfg.Metrics = NewMetrics()
-	}
-	if cfg.Clock == nil {
-		cfg.Clock = wallClock{}
+// Listen binds the hub's UDP socket and QUIC listener and registers the hub's metrics. The hub
+// serves once Run is called.
+func Listen(cfg Config, opts Options) (*Hub, error) {
+	if opts.Clock == nil {
+		opts.Clock = wallClock{}
 	}
 	if cfg.QueueLen <= 0 {
 		cfg.QueueLen = DefaultQueueLen
@@ -114,17 +124,23 @@ func Listen(cfg Config) (*Hub, error) {
 	if cfg.Key.Public == ([32]byte{}) {
 		return nil, errors.New("vpnhub: no static key")
 	}
+
 	conn := cfg.Conn
 	if conn == nil {
 		addr, err := ParseListen(cfg.Listen)
 		if err != nil {
 			return nil, err
 		}
-		udp, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
+		sock, err := net.ListenUDP("udp4", net.UDPAddrFromAddrPort(addr))
 		if err != nil {
 			return nil, fmt.Errorf("vpnhub: bind %s: %w", addr, err)
 		}
-		conn = udp
+		conn = sock
+	}
+	var batch *quicsock.Conn
+	if sock, ok := conn.(*net.UDPConn); ok {
+		batch = quicsock.New(sock) // the hub owns the socket either way: Run closes it
+		conn = batch
 	}
 	bound, err := netip.ParseAddrPort(conn.LocalAddr().String())
 	if err != nil || !bound.Addr().Unmap().Is4() || bound.Addr().IsUnspecified() {
@@ -135,17 +151,18 @@ func Listen(cfg Config) (*Hub, error) {
 	if cfg.ReportAddress.IsValid() {
 		report = cfg.ReportAddress
 	}
-	tlsConf, err := hubTLSConfig()
+	tlsConf, err := wire.HubTLSConfig()
 	if err != nil {
 		conn.Close()
 		return nil, fmt.Errorf("vpnhub: certificate: %w", err)
 	}
 	h := &Hub{
-		cfg: cfg, log: cfg.Logger.With().Str("component", "vpnhub").Logger(), m: cfg.Metrics, clock: cfg.Clock,
+		cfg: cfg, log: opts.Logger.With().Str("component", "vpnhub").Logger(), m: newMetrics(), clock: opts.Clock,
 		endpoint: contracts.VPNHubEndpoint{Address: report.String(), QUICPort: int(bound.Port()),
 			NoisePublicKey: contracts.EncodeKey32(cfg.Key.Public)},
-		limiter:  newHandshakeLimiter(cfg.HandshakeRate, cfg.HandshakeBurst, cfg.GlobalHandshakeRate, cfg.GlobalHandshakeBurst, cfg.Clock.Now),
-		sessions: make(map[[32]byte]*session), routes: make(map[uint32]*session),
+		limiter:  newHandshakeLimiter(cfg.HandshakeRate, cfg.HandshakeBurst, cfg.GlobalHandshakeRate, cfg.GlobalHandshakeBurst, opts.Clock.Now),
+		sessions: make(map[[32]byte]*session), lastHello: make(map[[32]byte]int64), routes: make(map[uint32]*session),
+		batch: batch,
 	}
 	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() }}
 	h.ln, err = h.tr.Listen(tlsConf, &quic.Config{
@@ -157,6 +174,10 @@ func Listen(cfg Config) (*Hub, error) {
 		h.tr.Close()
 		conn.Close()
 		return nil, fmt.Errorf("vpnhub: listen: %w", err)
+	}
+	if err := h.m.register(opts.Registerer); err != nil {
+		h.Close()
+		return nil, fmt.Errorf("register vpn hub metrics: %w", err)
 	}
 	return h, nil
 }
@@ -187,9 +208,6 @@ func (h *Hub) Addr() netip.AddrPort {
 	return netip.AddrPortFrom(ap.Addr().Unmap(), ap.Port())
 }
 
-// Metrics are the hub's metrics.
-func (h *Hub) Metrics() *Metrics { return h.m }
-
 // PushMembership serves pushClusterVpnMembership: a newer generation replaces the membership and
 // closes at once every session whose member is gone (vpn-member-removed), expired
 // (vpn-member-expired), now under another authority (vpn-authority-mismatch) or given another node
@@ -214,6 +232,11 @@ func (h *Hub) PushMembership(body json.RawMessage) (json.RawMessage, error) {
 	}
 	v := newMembershipView(m)
 	h.view.Store(v)
+	for key := range h.lastHello { // a key that leaves starts afresh if it comes back
+		if _, ok := v.byKey[key]; !ok {
+			delete(h.lastHello, key)
+		}
+	}
 	type victim struct {
 		s      *session
 		reason *contracts.Refusal
@@ -333,11 +356,18 @@ func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(contracts.VPNCloseCodeNone, "hub shutting down") })
 	s, ref, err := h.handshake(ctx, conn)
 	stop()
+	open := true
+	if s != nil {
+		// The session is routable before message 2 leaves, so that once the member's handshake
+		// completes its peers reach it; what they send meanwhile waits in its queue, and what it
+		// receives early waits in QUIC's datagram queue until it holds the keys.
+		ref, open = h.register(s)
+	}
 	switch {
 	case ref != nil:
 		h.m.handshakes.WithLabelValues(string(ref.Name)).Inc()
 		h.logRefusal(conn, ref)
-		conn.CloseWithError(contracts.VPNCloseCodeRefused, closeReason(ref))
+		conn.CloseWithError(contracts.VPNCloseCodeRefused, wire.CloseReason(ref))
 		return
 	case err != nil:
 		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
@@ -346,14 +376,11 @@ func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
 		}
 		conn.CloseWithError(contracts.VPNCloseCodeNone, "handshake failed")
 		return
-	}
-	// The session is routable before message 2 leaves, so that once the member's handshake
-	// completes its peers reach it; what they send meanwhile waits in its queue, and what it
-	// receives early waits in QUIC's datagram queue until it holds the keys.
-	if !h.register(s) {
+	case !open:
+		conn.CloseWithError(contracts.VPNCloseCodeNone, "hub shutting down")
 		return
 	}
-	if err := writeFrame(s.stream, s.msg2); err != nil {
+	if err := wire.WriteFrame(s.stream, s.msg2); err != nil {
 		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
 		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 		return
@@ -374,7 +401,8 @@ func (h *Hub) logRefusal(conn *quic.Conn, ref *contracts.Refusal) {
 	e.Str("remote", conn.RemoteAddr().String()).Str("outcome", string(ref.Name)).Str("reason", ref.Reason).Msg("vpn handshake refused")
 }
 
-// handshake reads message 1, judges it and answers message 2.
+// handshake reads message 1 and judges it. An accepted handshake is a session that is not yet
+// registered.
 func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contracts.Refusal, error) {
 	deadline := time.Now().Add(h.cfg.HandshakeTimeout)
 	hctx, cancel := context.WithDeadline(ctx, deadline)
@@ -384,11 +412,11 @@ func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contra
 		return nil, nil, fmt.Errorf("accept handshake stream: %w", err)
 	}
 	stream.SetDeadline(deadline)
-	msg1, err := readFrame(stream, maxHandshakeMessage)
+	msg1, err := wire.ReadFrame(stream, wire.MaxHandshakeMessage)
 	if err != nil {
 		return nil, nil, fmt.Errorf("read message 1: %w", err)
 	}
-	mtu, err := datagramMTU(conn)
+	mtu, err := wire.DatagramMTU(conn)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -399,55 +427,44 @@ func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contra
 	return newSession(h, conn, stream, acc, mtu), nil, nil
 }
 
-// datagramProbe is larger than any DATAGRAM frame, so SendDatagram refuses it and states the
-// connection's largest datagram payload. It is never written to.
-var datagramProbe = make([]byte, 1<<14+1)
-
-// datagramMTU is the largest inner packet conn carries: its largest datagram payload less the
-// counter and tag.
-func datagramMTU(conn *quic.Conn) (int, error) {
-	if st := conn.ConnectionState(); !st.SupportsDatagrams.Remote || !st.SupportsDatagrams.Local {
-		return 0, ErrNoDatagrams
+// register makes s its member's current session, replacing any earlier one
+// (vpn-member-replaced). It refuses s when its hello's timestamp is not newer than the last one
+// accepted for its key (vpn-handshake-replayed: SPEC §7, so that a recorded message 1 can never
+// displace a live session), or when the membership changed under the handshake
+// (vpn-member-removed). open is false when the hub is stopping.
+func (h *Hub) register(s *session) (ref *contracts.Refusal, open bool) {
+	h.mu.Lock()
+	old, ref, open := h.registerLocked(s)
+	h.mu.Unlock()
+	if old != nil {
+		old.shut(contracts.VPNCloseCodeRefused,
+			contracts.VPNMemberReplaced.Refuse("node %s opened a newer session", old.member.NodeID), string(contracts.VPNMemberReplaced))
 	}
-	var tooLarge *quic.DatagramTooLargeError
-	if err := conn.SendDatagram(datagramProbe); !errors.As(err, &tooLarge) {
-		return 0, fmt.Errorf("vpnhub: probe datagram size: %v", err)
-	}
-	mtu := min(int(tooLarge.MaxDatagramPayloadSize)-contracts.VPNDataOverhead, contracts.VPNMaxMTU)
-	if mtu < contracts.VPNMinMTU {
-		return 0, fmt.Errorf("vpnhub: datagrams of %d bytes carry no IPv4 packet", tooLarge.MaxDatagramPayloadSize)
-	}
-	return mtu, nil
+	return ref, open
 }
 
-// register makes s its member's current session, replacing any earlier one
-// (vpn-member-replaced). It refuses s when the membership changed under the handshake.
-func (h *Hub) register(s *session) bool {
-	h.mu.Lock()
+func (h *Hub) registerLocked(s *session) (old *session, ref *contracts.Refusal, open bool) {
+	if h.stopped {
+		return nil, nil, false
+	}
 	v := h.view.Load()
 	var mem contracts.VPNMember
 	ok := false
 	if v != nil {
 		mem, ok = v.byKey[s.member.PublicKey]
 	}
-	var ref *contracts.Refusal
+	last, seen := h.lastHello[s.member.PublicKey]
 	switch {
-	case h.stopped:
-		h.mu.Unlock()
-		s.shut(contracts.VPNCloseCodeNone, nil, closeShutdown)
-		return false
 	case !ok:
-		ref = contracts.VPNMemberRemoved.Refuse("node %s left the membership during its handshake", s.member.NodeID)
+		return nil, contracts.VPNMemberRemoved.Refuse("node %s left the membership during its handshake", s.member.NodeID), true
 	case v.authorityID != s.authority || mem.NodeID != s.member.NodeID || mem.ControlAddress != s.member.ControlAddress:
-		ref = contracts.VPNMemberRemoved.Refuse("node %s changed during its handshake: join again", s.member.NodeID)
+		return nil, contracts.VPNMemberRemoved.Refuse("node %s changed during its handshake: join again", s.member.NodeID), true
+	case seen && s.hello <= last:
+		return nil, contracts.VPNHandshakeReplayed.Refuse("node %s: message 1 timestamp %d is not after %d", s.member.NodeID, s.hello, last), true
 	}
-	if ref != nil {
-		h.mu.Unlock()
-		s.shut(contracts.VPNCloseCodeRefused, ref, string(ref.Name))
-		return false
-	}
+	h.lastHello[s.member.PublicKey] = s.hello
 	s.expiresAt.Store(mem.ExpiresAt)
-	old := h.sessions[s.member.PublicKey]
+	old = h.sessions[s.member.PublicKey]
 	if old != nil {
 		h.detachLocked(old)
 	}
@@ -457,12 +474,7 @@ func (h *Hub) register(s *session) bool {
 	h.routesMu.Unlock()
 	h.m.sessions.Inc()
 	h.rescheduleLocked(h.clock.Now().UnixMilli())
-	h.mu.Unlock()
-	if old != nil {
-		old.shut(contracts.VPNCloseCodeRefused,
-			contracts.VPNMemberReplaced.Refuse("node %s opened a newer session", old.member.NodeID), string(contracts.VPNMemberReplaced))
-	}
-	return true
+	return old, nil, true
 }
 
 // detachLocked takes s out of the session and route tables, if it is still in them.

@@ -6,15 +6,17 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Metrics are the hub's Prometheus metrics: namespace relay, subsystem vpnhub. Per-packet
-// counters are resolved once at construction, so counting allocates nothing.
-type Metrics struct {
+// metrics are the hub's Prometheus metrics: namespace relay, subsystem vpnhub. Per-packet
+// counters are resolved once at construction, so counting allocates nothing. Every label value
+// is from a fixed, kebab-case set.
+type metrics struct {
 	members    prometheus.Gauge
 	sessions   prometheus.Gauge
 	generation prometheus.Gauge
 	handshakes *prometheus.CounterVec
 	packets    prometheus.Counter
 	bytes      prometheus.Counter
+	keepAlives prometheus.Counter
 	drops      *prometheus.CounterVec
 	closes     *prometheus.CounterVec
 
@@ -35,13 +37,12 @@ const (
 	dropExpired                    // source or destination member past expiresAt
 	dropTooLarge                   // larger than the destination's mtu
 	dropQueueFull                  // the destination's queue was full: its oldest packet went
-	dropInboxFull                  // the source's receive queue was full: its oldest datagram went
 	dropReasons
 )
 
 var dropReasonNames = [dropReasons]string{
-	"", "malformed", "unauthenticated", "replayed", "spoofed", "not_unicast", "unknown_destination",
-	"expired", "too_large", "queue_full", "receive_queue_full",
+	"", "malformed", "unauthenticated", "replayed", "spoofed", "not-unicast", "unknown-destination",
+	"expired", "too-large", "queue-full",
 }
 
 func (r dropReason) String() string { return dropReasonNames[r] }
@@ -59,10 +60,10 @@ const (
 	closeShutdown = "shutdown" // the hub stopped
 )
 
-// NewMetrics creates the hub's metrics, unregistered.
-func NewMetrics() *Metrics {
+// newMetrics creates the hub's metrics, unregistered.
+func newMetrics() *metrics {
 	const ns, sub = "relay", "vpnhub"
-	m := &Metrics{
+	m := &metrics{
 		members: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "members",
 			Help: "Members in the membership the hub holds."}),
 		sessions: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "sessions",
@@ -75,6 +76,8 @@ func NewMetrics() *Metrics {
 			Help: "Packets forwarded from one member to another."}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "forwarded_bytes_total",
 			Help: "Inner packet bytes forwarded from one member to another."}),
+		keepAlives: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "keepalives_total",
+			Help: "Empty keep-alive datagrams received from members."}),
 		drops: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "dropped_packets_total",
 			Help: "Packets dropped by reason."}, []string{"reason"}),
 		closes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "session_closes_total",
@@ -88,14 +91,13 @@ func NewMetrics() *Metrics {
 		m.handshakes.WithLabelValues(o)
 	}
 	for _, n := range contracts.VPNRefusals() {
+		if n != contracts.VPNMemberReplaced && n != contracts.VPNSessionSilent { // never a handshake's
+			m.handshakes.WithLabelValues(string(n))
+		}
 		switch n {
-		case contracts.VPNMemberRemoved, contracts.VPNMemberReplaced:
+		case contracts.VPNMemberRemoved, contracts.VPNMemberReplaced, contracts.VPNSessionSilent,
+			contracts.VPNMemberExpired, contracts.VPNAuthorityMismatch: // what ends a live session
 			m.closes.WithLabelValues(string(n))
-		case contracts.VPNMemberExpired:
-			m.closes.WithLabelValues(string(n))
-			m.handshakes.WithLabelValues(string(n))
-		default:
-			m.handshakes.WithLabelValues(string(n))
 		}
 	}
 	m.closes.WithLabelValues(closeLeft)
@@ -103,19 +105,17 @@ func NewMetrics() *Metrics {
 	return m
 }
 
-// Collectors lists every metric, for registering in the relay's registry.
-func (m *Metrics) Collectors() []prometheus.Collector {
-	return []prometheus.Collector{m.members, m.sessions, m.generation, m.handshakes, m.packets, m.bytes, m.drops, m.closes}
-}
-
-// Register registers every metric with r.
-func (m *Metrics) Register(r prometheus.Registerer) error {
-	for _, c := range m.Collectors() {
-		if err := r.Register(c); err != nil {
+// register registers every metric with reg; nil registers none.
+func (m *metrics) register(reg prometheus.Registerer) error {
+	if reg == nil {
+		return nil
+	}
+	for _, c := range []prometheus.Collector{m.members, m.sessions, m.generation, m.handshakes, m.packets, m.bytes, m.keepAlives, m.drops, m.closes} {
+		if err := reg.Register(c); err != nil {
 			return err
 		}
 	}
 	return nil
 }
 
-func (m *Metrics) drop(r dropReason) { m.dropBy[r].Inc() }
+func (m *metrics) drop(r dropReason) { m.dropBy[r].Inc() }

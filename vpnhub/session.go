@@ -4,18 +4,22 @@ import (
 	"context"
 	"errors"
 	"io"
+	"net/netip"
 	"sync"
 	"sync/atomic"
 
 	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
 )
 
-// session is one member's connection to the hub. Four goroutines under one context: the drain
-// loop (datagrams out of quic-go into the inbox), the forward loop (the inbox opened and forwarded
-// to other members), the send loop (the member's queue out, sealed) and a watcher on the
-// handshake stream, whose end ends the session.
+// session is one member's connection to the hub. Three goroutines under one context: the receive
+// loop (datagrams out of quic-go, opened and forwarded to other members), the send loop (the
+// member's queue out, sealed) and a watcher on the handshake stream, whose end ends the session.
+// A timer closes it as vpn-session-silent if no datagram of it has authenticated within
+// contracts.VPNSilentTimeout of its handshake.
 type session struct {
 	hub       *Hub
 	conn      *quic.Conn
@@ -24,11 +28,14 @@ type session struct {
 	authority string              // set at construction: the authority the handshake ran under
 	addr      uint32              // set at construction: the control address
 	mtu       int                 // set at construction: the largest inner packet sent to it
+	hello     int64               // set at construction: message 1's timestamp, Unix µs
 	expiresAt atomic.Int64        // Unix ms; updated by newer memberships
-	queue     *packetQueue        // pushed by any forwardLoop, popped by sendLoop
-	inbox     *packetQueue        // pushed by drainLoop, popped by forwardLoop
-	open      *opener             // owned by forwardLoop
-	seal      *sealer             // owned by sendLoop
+	queue     *packetQueue        // pushed by any receiveLoop, popped by sendLoop
+	open      *wire.Opener        // owned by receiveLoop
+	heard     bool                // owned by receiveLoop: a datagram of this session authenticated
+	live      atomic.Bool         // heard, for the silence timer
+	seal      *wire.Sealer        // owned by sendLoop
+	flow      *quicsock.Flow      // set by run: what receiveLoop reports to the socket's reader; nil: none
 	msg2      []byte              // set at construction: handshake message 2, sent after register
 
 	ctx    context.Context
@@ -39,9 +46,9 @@ type session struct {
 func newSession(h *Hub, conn *quic.Conn, stream *quic.Stream, acc accepted, mtu int) *session {
 	s := &session{
 		hub: h, conn: conn, stream: stream, member: acc.member, authority: acc.authority,
-		addr: addrU32(acc.member.ControlAddress), mtu: mtu,
-		queue: newPacketQueue(h.cfg.QueueLen), inbox: newPacketQueue(h.cfg.QueueLen),
-		open: newOpener(acc.keys.recv), seal: newSealer(acc.keys.send, mtu),
+		addr: wire.AddrU32(acc.member.ControlAddress), mtu: mtu, hello: acc.timestamp,
+		queue: newPacketQueue(h.cfg.QueueLen),
+		open:  wire.NewOpener(acc.keys.Recv), seal: wire.NewSealer(acc.keys.Send, mtu),
 		msg2: acc.msg2,
 	}
 	s.expiresAt.Store(acc.member.ExpiresAt)
@@ -53,16 +60,29 @@ var errSessionEnded = errors.New("vpnhub: session ended")
 
 // run serves the session until it ends.
 func (s *session) run() {
+	silence := s.hub.clock.AfterFunc(contracts.VPNSilentTimeout, func() {
+		if !s.live.Load() {
+			s.shut(contracts.VPNCloseCodeRefused, contracts.VPNSessionSilent.Refuse(
+				"node %s sent no authenticated datagram within %s of its handshake", s.member.NodeID, contracts.VPNSilentTimeout),
+				string(contracts.VPNSessionSilent))
+		}
+	})
+	defer silence.Stop()
+	if b := s.hub.batch; b != nil {
+		if ap, err := netip.ParseAddrPort(s.conn.RemoteAddr().String()); err == nil {
+			s.flow = b.Flow(ap)
+			defer s.flow.Close()
+		}
+	}
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(2)
 	go func() { defer wg.Done(); s.sendLoop() }()
-	go func() { defer wg.Done(); s.forwardLoop() }()
 	go func() {
 		defer wg.Done()
 		io.Copy(io.Discard, s.stream) // returns when the member ends the stream or the connection
 		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	}()
-	s.drainLoop()
+	s.receiveLoop()
 	s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 	wg.Wait()
 }
@@ -75,7 +95,7 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 		s.cancel(errSessionEnded)
 		msg := "session ended"
 		if ref != nil {
-			msg = closeReason(ref)
+			msg = wire.CloseReason(ref)
 		} else if label == closeShutdown {
 			msg = "hub shutting down"
 		}
@@ -89,35 +109,19 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 	})
 }
 
-// drainLoop moves the member's datagrams out of quic-go's receive queue, which holds 128 and drops
-// beyond, into the session's inbox as fast as they arrive. After the process was descheduled,
-// quic-go hands over a burst faster than packets can be opened and forwarded; split this way the
-// burst waits in the inbox instead of being dropped unseen.
-func (s *session) drainLoop() {
+// receiveLoop takes the member's datagrams out of quic-go's receive queue, which holds 128 and
+// drops beyond, and forwards each at once: forward never blocks. The socket's reader hands quic-go
+// no more of the member's packets than the window this loop reports its progress to (flow), so
+// the queue cannot overflow while the loop is not scheduled; the backlog waits in the kernel.
+func (s *session) receiveLoop() {
 	for {
 		d, err := s.conn.ReceiveDatagram(s.ctx)
 		if err != nil {
 			return
 		}
-		if s.inbox.push(d) {
-			s.hub.dropped(s, dropInboxFull)
-		}
-	}
-}
-
-// forwardLoop opens and forwards the inbox's datagrams until the session ends.
-func (s *session) forwardLoop() {
-	var batch [][]byte
-	for {
-		select {
-		case <-s.inbox.ready:
-		case <-s.ctx.Done():
-			return
-		}
-		batch = s.inbox.popAll(batch[:0])
-		for i, d := range batch {
-			s.hub.forward(s, d)
-			batch[i] = nil
+		s.hub.forward(s, d)
+		if s.flow != nil {
+			s.flow.Drained()
 		}
 	}
 }
@@ -144,7 +148,7 @@ func (s *session) sendLoop() {
 
 // send seals p and hands it to QUIC. It reports false when the session cannot send any more.
 func (s *session) send(p []byte) bool {
-	d, ok := s.seal.seal(p)
+	d, ok := s.seal.Seal(p)
 	if !ok {
 		go s.shut(contracts.VPNCloseCodeNone, nil, closeLeft) // counter space spent: the member joins again
 		return false

@@ -1,16 +1,18 @@
 // Command vpnhub is the VPN hub benchmark (SPEC §13, issue 5): TCP throughput with iperf3 and
 // packets per second between two network namespaces whose only path is a hub in a third, through
-// three hubs measured in the same run —
+// hubs measured in the same run —
 //
 //   - vpnhub:     our hub and client (QUIC DATAGRAM + Noise), a TUN on each side;
 //   - wireguard:  wireguard-go as the same hub-and-spoke (a TUN on each side and one at the hub,
 //     the hub's kernel routing between its peers);
-//   - udpfwd:     a plain UDP forwarder and a TUN client without crypto, the physical reference.
+//   - udpfwd:     a plain UDP forwarder and a TUN client without crypto, the physical reference;
+//   - quicfwd:    the same in QUIC DATAGRAMs on our socket, without Noise: quic-go's own floor
+//     (quicfwd.go).
 //
 // It needs root, iproute2, iperf3, wireguard-tools and a wireguard-go binary; run.sh installs them
 // and runs it. It is not part of CI. Usage (as root):
 //
-//	vpnhub run [-duration 10s] [-repeat 3] [-wireguard /tmp/wgbin/wireguard] [-only vpnhub,wireguard,udpfwd] [-cpuprofile dir]
+//	vpnhub run [-duration 10s] [-repeat 3] [-wireguard /tmp/wgbin/wireguard] [-only vpnhub,wireguard,udpfwd,quicfwd] [-cpuprofile dir]
 //
 // The other subcommands (hub, client, udpfwd-hub, udpfwd-client) are the processes it starts
 // inside the namespaces.
@@ -23,7 +25,7 @@ import (
 
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintln(os.Stderr, "usage: vpnhub run|hub|client|udpfwd-hub|udpfwd-client [flags]")
+		fmt.Fprintln(os.Stderr, "usage: vpnhub run|hub|client|udpfwd-hub|udpfwd-client|quicfwd-hub|quicfwd-client [flags]")
 		os.Exit(2)
 	}
 	args := os.Args[2:]
@@ -38,6 +40,10 @@ func main() {
 		roleUDPForwarder(args)
 	case "udpfwd-client":
 		roleUDPClient(args)
+	case "quicfwd-hub":
+		roleQUICForwarder(args)
+	case "quicfwd-client":
+		roleQUICClient(args)
 	default:
 		fmt.Fprintf(os.Stderr, "unknown subcommand %q\n", os.Args[1])
 		os.Exit(2)

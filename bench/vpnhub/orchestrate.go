@@ -10,13 +10,12 @@ import (
 	"os/exec"
 	"path/filepath"
 	"runtime"
-	"slices"
 	"strings"
 	"syscall"
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // The orchestrator: three namespaces (hub, a, b) joined by 1500-byte veth pairs, the hub's
@@ -44,14 +43,9 @@ type setup struct {
 }
 
 type measure struct {
-	tcpMbps    []float64
-	retrans    []float64
-	udpPPS     float64 // delivered packets per second, 100-byte payloads
-	udpSentPPS float64
-	hubCPU     []float64 // seconds of CPU per TCP run, hub process
-	spokeCPU   []float64 // seconds, both spokes
-	mtu        int
-	hubStats   string
+	samples  []sample
+	mtu      int
+	hubStats string
 }
 
 func orchestrate(args []string) {
@@ -59,9 +53,9 @@ func orchestrate(args []string) {
 	duration := fs.Duration("duration", 10*time.Second, "iperf3 TCP duration per run")
 	repeat := fs.Int("repeat", 3, "rounds; each runs every setup once")
 	wgPath := fs.String("wireguard", "/tmp/wgbin/wireguard", "the wireguard-go binary")
-	only := fs.String("only", "vpnhub,wireguard,udpfwd", "setups to run")
-	profDir := fs.String("cpuprofile", "", "write our hub's CPU profile of each round here")
-	udp := fs.Bool("udp", true, "measure UDP packets per second in round 1")
+	only := fs.String("only", "vpnhub,wireguard,udpfwd,quicfwd", "setups to run")
+	profDir := fs.String("cpuprofile", "", "write our hub's and clients' CPU profiles of each round here")
+	udp := fs.Bool("udp", true, "measure UDP packets per second in every round")
 	quicDrops := fs.Bool("quic-drops", false, "have our hub and clients count quic-go's own drops (slows them)")
 	fs.Parse(args)
 	if os.Geteuid() != 0 {
@@ -100,27 +94,18 @@ func orchestrate(args []string) {
 				dumpLogs(s)
 				fatal(fmt.Errorf("%s: %w", n, err))
 			}
-			mbps, retr := tcpRun(*duration)
-			if round == 1 && *udp {
-				m.udpPPS, m.udpSentPPS = udpRun(5 * time.Second)
-			}
-			hub, spokes := stop(s)
-			m.tcpMbps = append(m.tcpMbps, mbps)
-			m.retrans = append(m.retrans, retr)
-			m.hubCPU = append(m.hubCPU, hub)
-			m.spokeCPU = append(m.spokeCPU, spokes)
+			r := measureRound(s, *duration, *udp)
+			stop(s)
+			m.samples = append(m.samples, r)
 			if n == "vpnhub" {
 				m.hubStats = strings.TrimSpace(s.procs[0].out.String())
 				for _, p := range s.procs[1:] {
 					fmt.Fprintf(os.Stderr, "  %s: %s\n", p.name, strings.TrimSpace(p.out.String()))
 				}
 				fmt.Fprintf(os.Stderr, "  hub: %s\n", m.hubStats)
-				for _, ns := range []string{nsHub, nsA, nsB} {
-					out, _ := exec.Command("ip", "netns", "exec", ns, "nstat", "-az", "UdpRcvbufErrors", "UdpSndbufErrors", "UdpInErrors").Output()
-					fmt.Fprintf(os.Stderr, "  %s: %s\n", ns, strings.Join(strings.Fields(string(out)), " "))
-				}
 			}
-			fmt.Fprintf(os.Stderr, "round %d %-9s tcp %8.1f Mbit/s  retrans %6.0f  cpu hub %.1fs spokes %.1fs\n", round, n, mbps, retr, hub, spokes)
+			fmt.Fprintf(os.Stderr, "round %d %-9s tcp %7.1f Mbit/s retrans %6.0f hub %5.2f µs/pkt (%.1fs, %.0f pkts) spokes %.1fs | udp %6.0f/%6.0f pkts/s hub %5.2f µs/pkt | rcvbuf errors %v\n",
+				round, n, r.tcpMbps, r.retrans, r.hubCPUPerPacket(), r.tcpHubCPU, r.tcpPackets, r.tcpSpokesCPU, r.udpPPS, r.udpSent, r.udpCPUPerPacket(), r.rcvbufErrs)
 		}
 	}
 	report(names, results, *duration, *repeat)
@@ -185,6 +170,20 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 			s.procs = append(s.procs, spawn("udpfwd-client", c.ns, nil, self, "udpfwd-client", "-hub", underlayHub+":5555", "-addr", c.addr+"/24"))
 		}
 		m.mtu = 1472
+	case "quicfwd":
+		args := []string{self, "quicfwd-hub", "-listen", underlayHub + ":5556"}
+		if profDir != "" {
+			args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("quicfwd-hub-round%d.pprof", round)))
+		}
+		s.procs = []*proc{spawn("quicfwd-hub", nsHub, nil, args...)}
+		time.Sleep(200 * time.Millisecond)
+		for _, c := range []struct{ ns, addr string }{{nsA, tunA}, {nsB, tunB}} {
+			args := []string{self, "quicfwd-client", "-hub", underlayHub + ":5556", "-addr", c.addr + "/24"}
+			if profDir != "" {
+				args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("quicfwd-%s-round%d.pprof", c.addr, round)))
+			}
+			s.procs = append(s.procs, spawn("quicfwd-client", c.ns, nil, args...))
+		}
 	case "vpnhub":
 		hubKey := keyFile(dir, "hub.key")
 		ka, kb := keyFile(dir, "a.key"), keyFile(dir, "b.key")
@@ -207,9 +206,13 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 		s.procs = []*proc{spawn("vpnhub-hub", nsHub, nil, hubArgs...)}
 		time.Sleep(200 * time.Millisecond)
 		for _, c := range []struct{ ns, node, key, addr string }{{nsA, "node-a", "a.key", tunA}, {nsB, "node-b", "b.key", tunB}} {
-			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, append([]string{self, "client", "-hub", underlayHub + ":4433",
+			args := append([]string{self, "client", "-hub", underlayHub + ":4433",
 				"-hub-key", contracts.EncodeKey32(hubKey.Public), "-key", filepath.Join(dir, c.key), "-node", c.node,
-				"-authority", authority, "-addr", c.addr + "/24"}, extra...)...))
+				"-authority", authority, "-addr", c.addr + "/24"}, extra...)
+			if profDir != "" {
+				args = append(args, "-cpuprofile", filepath.Join(profDir, fmt.Sprintf("vpnhub-%s-round%d.pprof", c.node, round)))
+			}
+			s.procs = append(s.procs, spawn("vpnhub-client", c.ns, nil, args...))
 		}
 	case "wireguard":
 		env := []string{"WG_I_PREFER_BUGGY_USERSPACE_TO_POLISHED_KMOD=1"}
@@ -250,9 +253,9 @@ func start(name, self, wgPath, dir string, round int, profDir string, quicDrops 
 	return s
 }
 
-func keyFile(dir, name string) vpnhub.StaticKey {
+func keyFile(dir, name string) vpnkey.Pair {
 	path := filepath.Join(dir, name)
-	k, err := vpnhub.LoadOrCreateKeyFile(path)
+	k, err := vpnkey.LoadOrCreateFile(path, logger())
 	if err != nil {
 		fatal(err)
 	}
@@ -285,12 +288,12 @@ func waitReady() error {
 	return fmt.Errorf("a and b cannot ping each other")
 }
 
-// stop ends a setup's processes and returns the CPU seconds the hub and the spokes used.
-func stop(s *setup) (hub, spokes float64) {
+// stop ends a setup's processes.
+func stop(s *setup) {
 	for _, p := range s.procs {
 		p.cmd.Process.Signal(syscall.SIGTERM)
 	}
-	for i, p := range s.procs {
+	for _, p := range s.procs {
 		done := make(chan struct{})
 		go func() { p.cmd.Wait(); close(done) }()
 		select {
@@ -299,17 +302,7 @@ func stop(s *setup) (hub, spokes float64) {
 			p.cmd.Process.Kill()
 			<-done
 		}
-		var cpu float64
-		if ru, ok := p.cmd.ProcessState.SysUsage().(*syscall.Rusage); ok {
-			cpu = time.Duration(ru.Utime.Nano() + ru.Stime.Nano()).Seconds()
-		}
-		if i == 0 {
-			hub = cpu
-		} else {
-			spokes += cpu
-		}
 	}
-	return hub, spokes
 }
 
 func dumpLogs(s *setup) {
@@ -366,41 +359,49 @@ func udpRun(d time.Duration) (delivered, sent float64) {
 	return (s.Packets - s.LostPackets) / s.Seconds, s.Packets / s.Seconds
 }
 
-func median(xs []float64) float64 {
-	s := slices.Clone(xs)
-	slices.Sort(s)
-	if len(s) == 0 {
-		return 0
-	}
-	return s[len(s)/2]
-}
-
 func report(names []string, res map[string]*measure, d time.Duration, repeat int) {
 	host, _ := os.Hostname()
 	fmt.Printf("## VPN hub benchmark, %s\n\n", time.Now().UTC().Format("2006-01-02 15:04 UTC"))
-	fmt.Printf("Machine: %s, %s/%s, %d CPUs (GOMAXPROCS %d), Go %s. iperf3 TCP %s per run, %d interleaved rounds (median); UDP 100-byte payloads, 5 s, round 1.\n\n",
+	fmt.Printf("Machine: %s, %s/%s, %d CPUs (GOMAXPROCS %d), Go %s, shared with other work. iperf3 TCP %s and UDP (100-byte payloads, unlimited rate) 5 s per run, %d interleaved rounds, medians. Hub CPU per packet: the hub process's CPU time during the run over the inner packets it carried (TCP: the segments both spokes sent; UDP: the packets delivered).\n\n",
 		host, runtime.GOOS, runtime.GOARCH, runtime.NumCPU(), runtime.GOMAXPROCS(0), runtime.Version(), d, repeat)
-	fmt.Println("| setup | TUN mtu | TCP Mbit/s (median) | runs | retransmits (median) | UDP pkts/s delivered | UDP pkts/s offered | hub CPU s/run | spokes CPU s/run |")
-	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+	fmt.Println("| setup | TUN mtu | TCP Mbit/s | runs | retransmits | hub CPU µs/packet, TCP | runs | UDP pkts/s delivered | offered | hub CPU µs/packet, UDP | spokes CPU s/TCP run | UDP rcvbuf errors hub/a/b |")
+	fmt.Println("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
 	for _, n := range names {
 		m := res[n]
-		runs := make([]string, len(m.tcpMbps))
-		for i, x := range m.tcpMbps {
-			runs[i] = fmt.Sprintf("%.0f", x)
-		}
 		mtu := fmt.Sprint(m.mtu)
-		if n == "vpnhub" {
+		switch n {
+		case "vpnhub":
 			mtu = "from message 2"
+		case "quicfwd":
+			mtu = "datagram size"
 		}
-		fmt.Printf("| %s | %s | %.0f | %s | %.0f | %.0f | %.0f | %.1f | %.1f |\n", n, mtu, median(m.tcpMbps), strings.Join(runs, ", "),
-			median(m.retrans), m.udpPPS, m.udpSentPPS, median(m.hubCPU), median(m.spokeCPU))
+		ss := m.samples
+		rcv := func(i int) float64 { return medianOf(ss, func(s sample) float64 { return s.rcvbufErrs[i] }) }
+		fmt.Printf("| %s | %s | %.0f | %s | %.0f | %.2f | %s | %.0f | %.0f | %.2f | %.1f | %.0f/%.0f/%.0f |\n", n, mtu,
+			medianOf(ss, func(s sample) float64 { return s.tcpMbps }), runs(ss, func(s sample) float64 { return s.tcpMbps }, "%.0f"),
+			medianOf(ss, func(s sample) float64 { return s.retrans }),
+			medianOf(ss, sample.hubCPUPerPacket), runs(ss, sample.hubCPUPerPacket, "%.2f"),
+			medianOf(ss, func(s sample) float64 { return s.udpPPS }), medianOf(ss, func(s sample) float64 { return s.udpSent }),
+			medianOf(ss, sample.udpCPUPerPacket), medianOf(ss, func(s sample) float64 { return s.tcpSpokesCPU }), rcv(0), rcv(1), rcv(2))
 	}
-	if v, w := res["vpnhub"], res["wireguard"]; v != nil && w != nil && median(w.tcpMbps) > 0 {
-		fmt.Printf("\nvpnhub / wireguard-go: TCP %.2f×, UDP pkts/s %.2f×\n", median(v.tcpMbps)/median(w.tcpMbps), v.udpPPS/w.udpPPS)
+	ratio := func(a, b string) {
+		v, w := res[a], res[b]
+		if v == nil || w == nil || len(w.samples) == 0 {
+			return
+		}
+		med := func(m *measure, f func(sample) float64) float64 { return medianOf(m.samples, f) }
+		tcp := func(s sample) float64 { return s.tcpMbps }
+		pps := func(s sample) float64 { return s.udpPPS }
+		fmt.Printf("\n%s / %s: TCP throughput %.2f×, hub CPU per packet %.2f× (TCP) %.2f× (UDP), UDP pkts/s %.2f×", a, b,
+			med(v, tcp)/med(w, tcp), med(v, sample.hubCPUPerPacket)/med(w, sample.hubCPUPerPacket),
+			med(v, sample.udpCPUPerPacket)/med(w, sample.udpCPUPerPacket), med(v, pps)/med(w, pps))
 	}
-	if v, u := res["vpnhub"], res["udpfwd"]; v != nil && u != nil && median(u.tcpMbps) > 0 {
-		fmt.Printf("vpnhub / udpfwd: TCP %.2f×, UDP pkts/s %.2f×\n", median(v.tcpMbps)/median(u.tcpMbps), v.udpPPS/u.udpPPS)
-	}
+	ratio("vpnhub", "wireguard")
+	ratio("vpnhub", "udpfwd")
+	ratio("vpnhub", "quicfwd")
+	ratio("quicfwd", "wireguard")
+	ratio("wireguard", "udpfwd")
+	fmt.Println()
 	if v := res["vpnhub"]; v != nil && v.hubStats != "" {
 		fmt.Printf("\nour hub's counters, last round: `%s`\n", v.hubStats)
 	}

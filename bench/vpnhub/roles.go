@@ -21,6 +21,8 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/client"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // The processes the orchestrator starts inside the namespaces, one role each: our hub and client,
@@ -37,8 +39,8 @@ func logger() zerolog.Logger {
 	return zerolog.New(os.Stderr).Level(zerolog.WarnLevel).With().Timestamp().Logger()
 }
 
-func readKey(path string) vpnhub.StaticKey {
-	k, err := vpnhub.LoadKeyFile(path)
+func readKey(path string) vpnkey.Pair {
+	k, err := vpnkey.LoadFile(path, logger())
 	if err != nil {
 		fatal(err)
 	}
@@ -59,11 +61,9 @@ func roleHub(args []string) {
 	if !*traceDrops {
 		tracer = nil
 	}
-	m := vpnhub.NewMetrics()
 	reg := prometheus.NewRegistry()
-	m.Register(reg)
-	h, err := vpnhub.Listen(vpnhub.Config{Listen: *listen, Key: readKey(*keyFile), Logger: logger(), Metrics: m,
-		InitialPacketSize: quicPacketSize, QUICTracer: tracer})
+	h, err := vpnhub.Listen(vpnhub.Config{Listen: *listen, Key: readKey(*keyFile), InitialPacketSize: quicPacketSize, QUICTracer: tracer},
+		vpnhub.Options{Logger: logger(), Registerer: reg})
 	if err != nil {
 		fatal(err)
 	}
@@ -120,7 +120,16 @@ func roleClient(args []string) {
 	tunName := fs.String("tun", "bt0", "TUN name")
 	traceDrops := fs.Bool("quic-drops", false, "count quic-go's own drops (slow)")
 	offload := fs.Bool("offload", true, "TUN with TCP segmentation and coalescing offloads")
+	cpuprofile := fs.String("cpuprofile", "", "write a CPU profile here")
 	fs.Parse(args)
+	if *cpuprofile != "" {
+		f, err := os.Create(*cpuprofile)
+		if err != nil {
+			fatal(err)
+		}
+		pprof.StartCPUProfile(f)
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
 	drops := newQUICDrops()
 	var tracer = drops.tracer
 	if !*traceDrops {
@@ -131,21 +140,21 @@ func roleClient(args []string) {
 		fatal(err)
 	}
 	prefix := netip.MustParsePrefix(*addr)
-	open := vpnhub.OpenTUN
+	open := client.OpenTUN
 	if *offload {
-		open = vpnhub.OpenTUNOffload
+		open = client.OpenTUNOffload
 	}
 	tun, err := open(*tunName)
 	if err != nil {
 		fatal(err)
 	}
-	cl, err := vpnhub.NewClient(vpnhub.ClientConfig{Hub: netip.MustParseAddrPort(*hub), HubKey: hk, AuthorityID: *authority,
+	cl, err := client.New(client.Config{Hub: netip.MustParseAddrPort(*hub), HubKey: hk, AuthorityID: *authority,
 		NodeID: *node, Key: readKey(*keyFile), InitialPacketSize: quicPacketSize, Logger: logger(), QUICTracer: tracer})
 	if err != nil {
 		fatal(err)
 	}
 	var once sync.Once
-	tu := &vpnhub.Tunnel{Client: cl, Device: tun, Logger: logger(), OnJoin: func(c *vpnhub.Conn) {
+	tu := &client.Tunnel{Client: cl, Device: tun, Logger: logger(), OnJoin: func(c *client.Conn) {
 		once.Do(func() {
 			if err := tun.Configure(prefix, c.MTU()); err != nil {
 				fatal(err)
@@ -216,7 +225,7 @@ func roleUDPClient(args []string) {
 	mtu := fs.Int("mtu", 1472, "TUN mtu: the largest packet one UDP datagram carries on the 1500-byte veth")
 	fs.Parse(args)
 	prefix := netip.MustParsePrefix(*addr)
-	tun, err := vpnhub.OpenTUN(*tunName)
+	tun, err := client.OpenTUN(*tunName)
 	if err != nil {
 		fatal(err)
 	}
@@ -243,13 +252,12 @@ func roleUDPClient(args []string) {
 		}
 	}()
 	go func() {
-		buf := make([]byte, 65536)
+		bufs, sizes := [][]byte{make([]byte, 65536)}, []int{0}
 		for {
-			n, err := tun.ReadPacket(buf)
-			if err != nil {
+			if _, err := tun.Read(bufs, sizes, 0); err != nil {
 				return
 			}
-			c.Write(buf[:n])
+			c.Write(bufs[0][:sizes[0]])
 		}
 	}()
 	go func() {
@@ -263,7 +271,7 @@ func roleUDPClient(args []string) {
 				continue // ECONNREFUSED from an ICMP error before the forwarder was up
 			}
 			if n >= 20 {
-				tun.WritePacket(buf[:n])
+				tun.Write([][]byte{buf[:n]}, 0)
 			}
 		}
 	}()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"io"
 	"net/http"
@@ -16,6 +17,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 func TestHubListenWithoutAnAddressIsAFlagError(t *testing.T) {
@@ -41,6 +43,35 @@ func TestHubListenWithoutAnAddressIsAFlagError(t *testing.T) {
 		"--hub-key-file", filepath.Join(dir, "bad.key"))...)
 	if code != 2 || !strings.Contains(stderr, "--hub-key-file:") || strings.Contains(stderr, "not a key") {
 		t.Errorf("bad key file: exit %d, stderr %q", code, stderr)
+	}
+	// Issue 15, finding 11: the key file is never read through a symbolic link.
+	os.Symlink(filepath.Join(dir, "hub.key"), filepath.Join(dir, "link.key"))
+	code, _, stderr = runMain(t, nil, append(append([]string{}, base...), "--hub-listen", "192.0.2.1:0",
+		"--hub-key-file", filepath.Join(dir, "link.key"))...)
+	if code != 2 || !strings.Contains(stderr, "--hub-key-file:") || !strings.Contains(stderr, "symbolic link") {
+		t.Errorf("symlinked key file: exit %d, stderr %q", code, stderr)
+	}
+}
+
+// Issue 15, finding 11: a hub key file that group or world may read is loaded (nodes' credentials
+// name its key) and the relay warns, as component vpnhub.
+func TestHubKeyFileOpenToOthersIsWarnedAbout(t *testing.T) {
+	dir := t.TempDir()
+	path := filepath.Join(dir, "hub.key")
+	if _, err := vpnkey.WriteNewFile(path); err != nil {
+		t.Fatal(err)
+	}
+	os.Chmod(path, 0o644)
+	var logs bytes.Buffer
+	cfg := relay.Config{HubListen: "127.0.0.1:0", HubKeyFile: path}
+	hub, err := buildHub(cfg, zerolog.New(&logs), nil, netip.MustParseAddr("192.0.2.1"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub.Close()
+	line := logs.String()
+	if !strings.Contains(line, `"level":"warn"`) || !strings.Contains(line, `"component":"vpnhub"`) || !strings.Contains(line, path) {
+		t.Fatalf("no warning about a key file of mode 0644: %s", line)
 	}
 }
 

@@ -6,7 +6,7 @@ import (
 	"io"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // cmdKeygen writes a new hub key file (0600, never overwriting) and prints its public key.
@@ -19,7 +19,7 @@ func cmdKeygen(args []string, stdout io.Writer) error {
 	if *path == "" {
 		return usagef("--hub-key-file: is required")
 	}
-	k, err := vpnhub.WriteNewKeyFile(*path)
+	k, err := vpnkey.WriteNewFile(*path)
 	if err != nil {
 		return err
 	}

@@ -20,6 +20,7 @@ import (
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
@@ -125,15 +126,12 @@ func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, r
 	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
 		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterRelay reports it to nodes"}
 	}
-	key, err := vpnhub.LoadOrCreateKeyFile(cfg.HubKeyFile)
+	key, err := vpnkey.LoadOrCreateFile(cfg.HubKeyFile, log.With().Str("component", "vpnhub").Logger())
 	if err != nil {
 		return nil, &relay.ConfigError{Flag: "hub-key-file", Reason: err.Error()}
 	}
-	metrics := vpnhub.NewMetrics()
-	if err := metrics.Register(reg); err != nil {
-		return nil, fmt.Errorf("register vpn hub metrics: %w", err)
-	}
-	hub, err := vpnhub.Listen(vpnhub.Config{Listen: cfg.HubListen, Key: key, Logger: log, Metrics: metrics, ReportAddress: report})
+	hub, err := vpnhub.Listen(vpnhub.Config{Listen: cfg.HubListen, Key: key, ReportAddress: report},
+		vpnhub.Options{Logger: log, Registerer: reg})
 	if err != nil {
 		return nil, fmt.Errorf("vpn hub: %w", err)
 	}

@@ -13,7 +13,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/client"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // VPN members for the simulator: each VPNNode holds a node's managed VPN credential (its key pair
@@ -32,15 +33,15 @@ var SimVPNControlPrefix = netip.MustParsePrefix("10.88.0.0/16")
 // VPNNode is one node's managed VPN client.
 type VPNNode struct {
 	ID      string
-	Key     vpnhub.StaticKey
+	Key     vpnkey.Pair
 	Address netip.Addr // control address
 
 	log      zerolog.Logger
 	received atomic.Int64 // packets delivered to this node by its peers
 
 	mu     sync.Mutex
-	client *vpnhub.Client // guarded by mu
-	conn   *vpnhub.Conn   // guarded by mu
+	client *client.Client // guarded by mu
+	conn   *client.Conn   // guarded by mu
 	done   chan struct{}  // guarded by mu: closed when the receive loop ends
 }
 
@@ -50,7 +51,7 @@ func NewVPNNodes(prefix netip.Prefix, log zerolog.Logger, ids ...string) ([]*VPN
 	nodes := make([]*VPNNode, len(ids))
 	a := prefix.Addr()
 	for i, id := range ids {
-		k, err := vpnhub.GenerateKey()
+		k, err := vpnkey.Generate()
 		if err != nil {
 			return nil, err
 		}
@@ -90,7 +91,7 @@ func HubTarget(ep contracts.VPNHubEndpoint) (netip.AddrPort, [32]byte, error) {
 // Join dials the hub at addr with hubKey under authorityID and starts counting the packets the
 // node receives. It returns the hub's refusal (a *contracts.Refusal) when the hub refuses.
 func (n *VPNNode) Join(ctx context.Context, addr netip.AddrPort, hubKey [32]byte, authorityID string) error {
-	cl, err := vpnhub.NewClient(vpnhub.ClientConfig{Hub: addr, HubKey: hubKey, AuthorityID: authorityID, NodeID: n.ID, Key: n.Key, Logger: n.log})
+	cl, err := client.New(client.Config{Hub: addr, HubKey: hubKey, AuthorityID: authorityID, NodeID: n.ID, Key: n.Key, Logger: n.log})
 	if err != nil {
 		return err
 	}

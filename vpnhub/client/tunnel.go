@@ -1,0 +1,163 @@
+package client
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/backoff"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+)
+
+// Device is a packet device a Tunnel carries: a TUN interface, or an in-memory device in tests.
+// Its methods are golang.zx2c4.com/wireguard/tun.Device's: a batch of packets per call, each
+// packet at bufs[i][offset:], so that a device with offloads can prepend its virtio-net header
+// without a copy.
+type Device interface {
+	// Read reads up to len(bufs) packets, packet i into bufs[i][offset:] with its length in
+	// sizes[i], and returns how many. It blocks until there is one or the device is closed.
+	Read(bufs [][]byte, sizes []int, offset int) (int, error)
+	// Write writes the packets bufs[i][offset:] and returns how many it took.
+	Write(bufs [][]byte, offset int) (int, error)
+	// BatchSize is how many packets one Read may return.
+	BatchSize() int
+	Close() error
+}
+
+// deviceOffset is the headroom before each packet handed to a Device: room for a virtio-net
+// header (10 bytes), rounded up.
+const deviceOffset = 16
+
+// Tunnel keeps one member joined and carries IP packets between a Device and the hub. It dials
+// again after every lost session and every refusal, vpn-member-replaced included (SPEC §7: a
+// refusal arrives in an unauthenticated QUIC close frame, so it may be forged), waiting by the
+// shared backoff schedule (internal/backoff: 250 ms to 30 s, full jitter). The schedule starts
+// again only after a session that lasted stableSession, so that two tunnels holding the same key
+// replace each other at the schedule's pace, not as fast as they can dial.
+type Tunnel struct {
+	Client *Client
+	Device Device
+	Logger zerolog.Logger
+	// OnJoin, when set, is called with each new session (the control address and mtu are known
+	// then).
+	OnJoin func(*Conn)
+
+	cur      atomic.Pointer[Conn] // the session packets from the device go to; nil between sessions
+	sent     atomic.Int64
+	received atomic.Int64
+	dropped  atomic.Int64
+	joins    atomic.Int64
+}
+
+// stableSession is how long a session must last for the redial schedule to start again.
+const stableSession = 10 * time.Second
+
+// Sent counts packets sent to the hub; Received packets from the hub written to the device;
+// Dropped packets the device gave while no session was up, that were too large, or not from the
+// member's own control address; Joins the sessions the tunnel opened.
+func (t *Tunnel) Sent() int64     { return t.sent.Load() }
+func (t *Tunnel) Received() int64 { return t.received.Load() }
+func (t *Tunnel) Dropped() int64  { return t.dropped.Load() }
+func (t *Tunnel) Joins() int64    { return t.joins.Load() }
+
+// Run carries packets until ctx ends. It closes the device when it returns.
+func (t *Tunnel) Run(ctx context.Context) error {
+	log := t.Logger.With().Str("component", "vpnhub-client").Str("node", t.Client.cfg.NodeID).Logger()
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { defer wg.Done(); t.fromDevice() }()
+	defer func() { t.Device.Close(); wg.Wait() }()
+
+	wait := backoff.New()
+	for {
+		conn, err := t.Client.Dial(ctx)
+		if err == nil {
+			joined := time.Now()
+			t.joins.Add(1)
+			log.Info().Str("controlAddress", conn.ControlAddress().String()).Int("mtu", conn.MTU()).Str("outcome", "joined").Msg("vpn session up")
+			t.cur.Store(conn)
+			if t.OnJoin != nil {
+				t.OnJoin(conn)
+			}
+			err = t.toDevice(ctx, conn)
+			t.cur.Store(nil)
+			conn.Close()
+			if time.Since(joined) >= stableSession {
+				wait.Reset()
+			}
+		}
+		if ctx.Err() != nil {
+			return nil
+		}
+		outcome := "dial-failed"
+		if name := contracts.ReadRefusalName(err.Error(), nil); name != "" {
+			outcome = string(name)
+		}
+		sleep := wait.Next()
+		log.Warn().Str("outcome", outcome).Dur("wait", sleep).Str("error", err.Error()).Msg("vpn session down")
+		timer := time.NewTimer(sleep)
+		select {
+		case <-ctx.Done():
+			timer.Stop()
+			return nil
+		case <-timer.C:
+		}
+	}
+}
+
+// toDevice writes the session's packets to the device until the session ends, a burst at a time.
+func (t *Tunnel) toDevice(ctx context.Context, conn *Conn) error {
+	bufs := make([][]byte, max(t.Device.BatchSize(), 64))
+	for i := range bufs {
+		bufs[i] = make([]byte, deviceOffset+contracts.VPNMaxMTU)
+	}
+	for {
+		n, err := conn.ReceivePackets(ctx, bufs, deviceOffset)
+		if err != nil {
+			return err
+		}
+		if _, err := t.Device.Write(bufs[:n], deviceOffset); err != nil {
+			return err
+		}
+		t.received.Add(int64(n))
+	}
+}
+
+// fromDevice sends the device's packets on the current session until the device is closed.
+// Packets that are not IPv4 from the member's control address are dropped here: the hub would
+// drop them anyway.
+func (t *Tunnel) fromDevice() {
+	batch := max(t.Device.BatchSize(), 1)
+	bufs, sizes := make([][]byte, batch), make([]int, batch)
+	for i := range bufs {
+		bufs[i] = make([]byte, deviceOffset+contracts.VPNMaxMTU)
+	}
+	for {
+		n, err := t.Device.Read(bufs, sizes, deviceOffset)
+		if err != nil {
+			return
+		}
+		conn := t.cur.Load()
+		for i := range n {
+			p := bufs[i][deviceOffset : deviceOffset+sizes[i]]
+			if conn == nil {
+				t.dropped.Add(1)
+				continue
+			}
+			src, _, ok := wire.IPv4Addrs(p)
+			if !ok || src != wire.AddrU32(conn.ControlAddress()) {
+				t.dropped.Add(1)
+				continue
+			}
+			if err := conn.WritePacket(p); err != nil {
+				t.dropped.Add(1)
+				continue
+			}
+			t.sent.Add(1)
+		}
+	}
+}

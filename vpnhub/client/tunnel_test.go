@@ -1,0 +1,197 @@
+package client
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"net"
+	"net/netip"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/quic-go/quic-go"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
+)
+
+// runTunnel runs a Tunnel for cl over a memDevice until the test ends; joins receives each
+// session.
+func runTunnel(t *testing.T, cl *Client) (*Tunnel, *memDevice, chan *Conn) {
+	t.Helper()
+	dev := newMemDevice()
+	joins := make(chan *Conn, 8)
+	tu := &Tunnel{Client: cl, Device: dev, Logger: testLogger(t), OnJoin: func(c *Conn) { joins <- c }}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tu.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("tunnel ended with %v", err)
+		}
+	})
+	return tu, dev, joins
+}
+
+func joined(t *testing.T, joins chan *Conn, within time.Duration) *Conn {
+	t.Helper()
+	select {
+	case c := <-joins:
+		return c
+	case <-time.After(within):
+		t.Fatal("the tunnel did not join")
+		return nil
+	}
+}
+
+func TestTunnelCarriesPacketsAndRejoinsAfterRemoval(t *testing.T) {
+	checkLeaks(t)
+	ka, kb := testKey(t, 2), testKey(t, 3)
+	th := startHub(t, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
+	b := th.dial(t, kb, "node-b")
+	tu, dev, joins := runTunnel(t, th.client(t, ka, "node-a", netip.AddrPort{}, nil))
+	joined(t, joins, 15*time.Second)
+
+	dev.in <- ipv4Packet(addrA, addrB, []byte("through the tunnel"))
+	if got := receiveWithin(b, 5*time.Second); got == nil {
+		t.Fatal("b received nothing from the tunnel")
+	}
+	dev.in <- ipv4Packet(addrB, addrB, []byte("not my address")) // dropped at the tunnel
+	b.WritePacket(ipv4Packet(addrB, addrA, []byte("to the tunnel")))
+	if p := dev.next(t); !bytes.Contains(p, []byte("to the tunnel")) {
+		t.Fatalf("device got %q", p)
+	}
+	th.push(t, 2, testMember(kb, "node-b", 3)) // a removed: its session closes, redials are refused
+	time.Sleep(600 * time.Millisecond)
+	th.push(t, 3, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
+	joined(t, joins, 35*time.Second)
+	if tu.Dropped() < 1 || tu.Sent() < 1 || tu.Received() < 1 {
+		t.Fatalf("sent %d received %d dropped %d", tu.Sent(), tu.Received(), tu.Dropped())
+	}
+}
+
+// SPEC §7: a client treats every refusal, vpn-member-replaced included, as a reason to redial
+// with backoff, never to stop. Here the hub really replaced the tunnel's session: the tunnel takes
+// its key back.
+func TestTunnelRedialsAfterBeingReplaced(t *testing.T) {
+	ka := testKey(t, 2)
+	th := startHub(t, testMember(ka, "node-a", 2))
+	tu, _, joins := runTunnel(t, th.client(t, ka, "node-a", netip.AddrPort{}, nil))
+	first := joined(t, joins, 15*time.Second)
+	th.dial(t, ka, "node-a") // another session of a's key
+	<-first.Done()
+	if err := first.Err(); !errors.Is(err, contracts.VPNMemberReplaced) {
+		t.Fatalf("the first session ended with %v", err)
+	}
+	joined(t, joins, 15*time.Second)
+	if got := tu.Joins(); got != 2 {
+		t.Fatalf("%d joins", got)
+	}
+}
+
+// impersonator answers every QUIC connection as a hub would, up to message 1, and then closes it
+// with the refusal vpn-member-replaced: the reason phrase of a QUIC close is not authenticated by
+// Noise, so anyone on the path who terminates QUIC can send it.
+func impersonator(t *testing.T) (netip.AddrPort, *atomic.Int64) {
+	t.Helper()
+	tlsConf, err := wire.HubTLSConfig()
+	if err != nil {
+		t.Fatal(err)
+	}
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	ln, err := tr.Listen(tlsConf, &quic.Config{EnableDatagrams: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var conns atomic.Int64
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			qc, err := ln.Accept(ctx)
+			if err != nil {
+				return
+			}
+			conns.Add(1)
+			go func() {
+				if st, err := qc.AcceptStream(ctx); err == nil {
+					wire.ReadFrame(st, wire.MaxHandshakeMessage)
+				}
+				qc.CloseWithError(contracts.VPNCloseCodeRefused, wire.CloseReason(contracts.VPNMemberReplaced.Refuse("forged on the path")))
+			}()
+		}
+	}()
+	t.Cleanup(func() { cancel(); ln.Close(); tr.Close(); udp.Close(); <-done })
+	return netip.MustParseAddrPort(udp.LocalAddr().String()), &conns
+}
+
+// Issue 17 / issue 15 finding 9: a forged vpn-member-replaced close must not stop the tunnel: it
+// redials, by the backoff schedule rather than at once, and joins the real hub when the path lets
+// it through again.
+func TestTunnelRedialsAfterAForgedReplacedClose(t *testing.T) {
+	checkLeaks(t)
+	ka := testKey(t, 2)
+	th := startHub(t, testMember(ka, "node-a", 2))
+	forger, forged := impersonator(t)
+	path := newUDPProxy(t, forger)
+	tu, _, joins := runTunnel(t, th.client(t, ka, "node-a", path.addr(), nil))
+	eventually(t, "a forged close", func() bool { return forged.Load() >= 1 })
+	time.Sleep(time.Second)
+	if n := forged.Load(); n < 2 || n > 8 {
+		t.Fatalf("%d dials in the second after a forged vpn-member-replaced; want a few, by the backoff schedule", n)
+	}
+	path.switchTo(th.Addr())
+	joined(t, joins, 35*time.Second)
+	if tu.Joins() != 1 {
+		t.Fatalf("%d joins", tu.Joins())
+	}
+}
+
+// SPEC §7: a client sends an empty keep-alive datagram right after the handshake and every 10 s
+// while idle (shortened here), and none while it sends packets anyway.
+func TestConnSendsKeepAlivesWhileIdle(t *testing.T) {
+	checkLeaks(t)
+	ka, kb := testKey(t, 2), testKey(t, 3)
+	th := startHub(t, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
+	b := th.dial(t, kb, "node-b")
+	defer b.Close()
+	const interval = 200 * time.Millisecond
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	a, err := th.client(t, ka, "node-a", netip.AddrPort{}, func(c *Config) { c.KeepAliveInterval = interval }).Dial(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer a.Close()
+	start := time.Now()
+	eventually(t, "the keep-alives right after the handshakes", func() bool { return th.metric(t, "relay_vpnhub_keepalives_total") >= 2 })
+	if waited := time.Since(start); waited > interval {
+		t.Fatalf("the first keep-alives took %s", waited)
+	}
+	base := th.metric(t, "relay_vpnhub_keepalives_total")
+	time.Sleep(10 * interval)
+	idle := th.metric(t, "relay_vpnhub_keepalives_total") - base
+	// a sends one per interval, b (at 10 s) none: 10, give or take scheduling.
+	if idle < 7 || idle > 11 {
+		t.Fatalf("%v keep-alives in %s idle at one per %s", idle, 10*interval, interval)
+	}
+	base = th.metric(t, "relay_vpnhub_keepalives_total")
+	for end := time.Now().Add(10 * interval); time.Now().Before(end); time.Sleep(interval / 10) {
+		if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("busy"))); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if busy := th.metric(t, "relay_vpnhub_keepalives_total") - base; busy > 1 {
+		t.Fatalf("%v keep-alives while sending every %s", busy, interval/10)
+	}
+	if got := th.metric(t, "relay_vpnhub_forwarded_packets_total"); got < 50 {
+		t.Fatalf("forwarded %v packets", got)
+	}
+}
