@@ -29,6 +29,7 @@ targets=(
   "./vpnhub FuzzHandshakePayload"
   "./vpnhub FuzzDatagram"
   "./vpnhub FuzzSegmentTCP4"
+  "./bench/forwarder FuzzLocate"
 )
 
 run_one() {
