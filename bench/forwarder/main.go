@@ -44,10 +44,13 @@ func main() {
 	listen := flag.String("listen", "127.0.0.1:0", "where nodes connect")
 	upstream := flag.String("upstream", "", "the upstream's ws:// URL")
 	flag.Parse()
-	if err := run(*listen, *upstream); err != nil {
-		fmt.Fprintln(os.Stderr, "forwarder:", err)
-		os.Exit(1)
+	addr, done, err := start(*listen, *upstream)
+	if err == nil {
+		fmt.Printf("listening %s\n", addr)
+		err = <-done
 	}
+	fmt.Fprintln(os.Stderr, "forwarder:", err)
+	os.Exit(1)
 }
 
 // route is where an answer goes back: the node and the id it gave its request, quotes included.
@@ -72,7 +75,8 @@ type node struct {
 	end chan struct{} // closed when the node's reader has ended
 }
 
-func run(listen, upstream string) error {
+// start dials the upstream and accepts nodes on listen; done reports why forwarding stopped.
+func start(listen, upstream string) (addr net.Addr, done <-chan error, err error) {
 	ctx := context.Background()
 	var cork *corkConn
 	client := &http.Client{Transport: &http.Transport{DisableKeepAlives: true,
@@ -86,20 +90,20 @@ func run(listen, upstream string) error {
 		}}}
 	up, _, err := websocket.Dial(ctx, upstream, &websocket.DialOptions{HTTPClient: client})
 	if err != nil {
-		return fmt.Errorf("dial upstream: %w", err)
+		return nil, nil, fmt.Errorf("dial upstream: %w", err)
 	}
 	up.SetReadLimit(readLimit)
 	f := &forwarder{up: up, cork: cork, out: make(chan []byte, upstreamQueue), routes: make(map[uint64]route)}
 	ln, err := net.Listen("tcp", listen)
 	if err != nil {
-		return err
+		up.CloseNow()
+		return nil, nil, err
 	}
-	fmt.Printf("listening %s\n", ln.Addr())
 	errc := make(chan error, 3)
 	go func() { errc <- f.writeUpstream() }()
 	go func() { errc <- f.readUpstream() }()
 	go func() { errc <- http.Serve(ln, http.HandlerFunc(f.serveNode)) }()
-	return <-errc
+	return ln.Addr(), errc, nil
 }
 
 // serveNode reads one node's requests and queues them for the upstream with their ids rewritten.
