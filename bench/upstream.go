@@ -423,6 +423,13 @@ func writeUpstream(w *bytes.Buffer, cfg benchConfig, rounds int, lightSeconds fl
 		s := ratio(per, format)
 		return fmt.Sprintf(format, op(median(x, f), median(y, f))) + s[strings.IndexByte(s, ' '):]
 	}
+	// A core we do not use is no disturbance: direct leaves the hop's core to others.
+	used := func(p phase) float64 {
+		if p.hop == "direct" {
+			return p.others[1]
+		}
+		return max(p.others[0], p.others[1])
+	}
 	capacity := 1e6 / median(of("relay", upstreamNodes), cpu)
 	fmt.Fprintf(w, "\n- **Throughput through the relay: %s direct** (goal ≥ 0.95×); through the forwarder %s. "+
 		"At its CPU per request a whole core carries %.0f requests/s through the relay, %.2f× what the peers manage directly.\n",
@@ -433,14 +440,21 @@ func writeUpstream(w *bytes.Buffer, cfg benchConfig, rounds int, lightSeconds fl
 	fmt.Fprintf(w, "- **Added p99: %s ms with %d nodes, %s ms with 1** (goal ≤ 0.5 ms); added p50 %s ms and %s ms.\n",
 		compare("relay", "direct", upstreamNodes, p99, "%+.2f", true), upstreamNodes, compare("relay", "direct", 1, p99, "%+.3f", true),
 		compare("relay", "direct", upstreamNodes, p50, "%+.2f", true), compare("relay", "direct", 1, p50, "%+.3f", true))
-
-	// A core we do not use is no disturbance: direct leaves the hop's core to others.
-	used := func(p phase) float64 {
-		if p.hop == "direct" {
-			return p.others[1]
-		}
-		return max(p.others[0], p.others[1])
+	quiet := func(hop string, nodes int) []phase {
+		return slices.DeleteFunc(of(hop, nodes), func(p phase) bool { return used(p) > disturbed })
 	}
+	if q := func(n int) bool {
+		return len(quiet("relay", n)) > 0 && len(quiet("direct", n)) > 0 && len(quiet("forwarder", n)) > 0
+	}; q(upstreamNodes) && q(1) {
+		m := func(hop string, nodes int, f func(phase) float64) float64 { return median(quiet(hop, nodes), f) }
+		fmt.Fprintf(w, "- The same over the phases no other process disturbed (unmarked below; relay, direct, forwarder: %d, %d, %d phases with %d nodes, %d, %d, %d with 1): "+
+			"throughput %.2f× direct, CPU per request %.2f× the forwarder's, added p99 %+.2f ms and %+.3f ms, added p50 %+.2f ms and %+.3f ms.\n",
+			len(quiet("relay", upstreamNodes)), len(quiet("direct", upstreamNodes)), len(quiet("forwarder", upstreamNodes)), upstreamNodes, len(quiet("relay", 1)), len(quiet("direct", 1)), len(quiet("forwarder", 1)),
+			m("relay", upstreamNodes, reqs)/m("direct", upstreamNodes, reqs), m("relay", upstreamNodes, cpu)/m("forwarder", upstreamNodes, cpu),
+			m("relay", upstreamNodes, p99)-m("direct", upstreamNodes, p99), m("relay", 1, p99)-m("direct", 1, p99),
+			m("relay", upstreamNodes, p50)-m("direct", upstreamNodes, p50), m("relay", 1, p50)-m("direct", 1, p50))
+	}
+
 	var busiest []float64
 	marked, failed := 0, 0
 	for _, p := range phases {
@@ -567,7 +581,7 @@ func profileHops(w *bytes.Buffer, cfg benchConfig, hops map[string]*hop, ours ma
 		}
 		fmt.Fprintln(w)
 	}
-	const small = 0.1 // µs per request: kinds below it everywhere are summed in one row
+	const small = 0.25 // µs per request: kinds below it everywhere are summed in one row
 	var rest []string
 	for _, k := range order {
 		if slices.ContainsFunc(slices.Collect(maps.Values(profiles)), func(p profile) bool { return p.perRequest[k] >= small }) {
