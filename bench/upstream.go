@@ -571,7 +571,7 @@ func profileHops(w *bytes.Buffer, cfg benchConfig, hops map[string]*hop, ours ma
 	order := slices.Collect(maps.Keys(kinds))
 	key := fmt.Sprintf("relay %d", upstreamNodes)
 	slices.SortFunc(order, func(a, b string) int { return cmp.Compare(profiles[key].perRequest[b], profiles[key].perRequest[a]) })
-	fmt.Fprintf(w, "\nWhere the CPU per request goes: `perf record -F 999 -g` of the relay and of the forwarder over one more %gs phase each (not among the figures above), samples split by kind of work (the innermost system call, Go runtime part or package), in µs per request. perf data in `%s`.\n\n", cfg.seconds, dir)
+	fmt.Fprintf(w, "\nWhere the CPU per request goes: `perf record -F 999 -g` of the relay and of the forwarder over one more %gs phase each (not among the figures above), samples split by kind of work (the innermost system call, Go runtime part or package), in µs per request. perf data in `%s`.\n\n", cfg.seconds, *relayPerf)
 	fmt.Fprintf(w, "| kind of work | relay, %[1]d nodes | forwarder, %[1]d nodes | relay − forwarder | relay, 1 node | forwarder, 1 node | relay − forwarder |\n| --- | --- | --- | --- | --- | --- | --- |\n", upstreamNodes)
 	row := func(label string, v func(profile) float64) {
 		fmt.Fprintf(w, "| %s |", label)
