@@ -29,6 +29,7 @@ targets=(
   "./vpnhub FuzzHandshakeMessage"
   "./vpnhub FuzzHandshakePayload"
   "./vpnhub FuzzDatagram"
+  "./bench/forwarder FuzzLocate"
 )
 
 run_one() {

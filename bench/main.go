@@ -5,9 +5,12 @@
 //	go run ./bench                 # every suite, full length
 //	go run ./bench -quick          # shorter runs, 1 000 nodes at most
 //	go run ./bench -suites upstream
+//	go run ./bench -suites upstream -relayperf /tmp/relayperf   # and where the relay's CPU goes
 //
-// The relay and the Cloudly stand-in run in this process; the simulated nodes run in a child
-// process (this binary with -driver), so the relay's memory per connection is its own.
+// The upstream suite runs the relay (built from ./cmd/relay) and a minimal forwarder as their own
+// processes on one core, Cloudly's stand-in and the nodes on the other. The scale suite runs the
+// relay and the Cloudly stand-in in this process and the simulated nodes in a child process (this
+// binary with -driver), so the relay's memory per connection is its own.
 package main
 
 import (
