@@ -181,6 +181,11 @@ func (s *suite) register(t *testing.T) {
 	if !reflect.DeepEqual(st.Nodes, s.ids) {
 		t.Fatalf("Cloudly holds sessions for %v, want %v", st.Nodes, s.ids)
 	}
+	for _, so := range st.Sockets {
+		if s.viaRelay != so.Relay {
+			t.Fatalf("Cloudly socket %s: relay %v; through the relay only the relay's socket reaches Cloudly, directly only nodes'", so.Name, so.Relay)
+		}
+	}
 }
 
 // echoFields is a body with a bit of everything JSON has.

@@ -84,6 +84,7 @@ type proc struct {
 func start(ctx context.Context, dir, name, script string, args ...string) (*proc, Event, error) {
 	cmd := exec.Command("node", append([]string{filepath.Join(dir, "peers", script)}, args...)...)
 	cmd.Dir = dir
+	dieWithParent(cmd)
 	p := &proc{name: name, cmd: cmd, tail: NewTail(64 << 10), done: make(chan struct{}),
 		waiting: make(map[int64]chan reply), events: make(chan Event, 64)}
 	cmd.Stderr = p.tail

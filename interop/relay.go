@@ -76,6 +76,7 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 		"--advertise-address", "192.0.2.10", "--insecure-plaintext",
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
 		"--log-format", "json", "--log-level", "info")
+	dieWithParent(cmd)
 	r := &Relay{cmd: cmd, log: NewTail(256 << 10), exited: make(chan struct{})}
 	stderr, err := cmd.StderrPipe()
 	if err != nil {
