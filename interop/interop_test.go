@@ -441,14 +441,14 @@ func (s *suite) unknownStream(t *testing.T) {
 		check(t, answer, "interop-unknown-stream-1")
 	})
 	t.Run("from-cloudly", func(t *testing.T) {
-		answer, err := s.cloudly.Raw(ctxFor(t, 30*time.Second), s.ids[5], streamFrame("uni_interop_cycle_2", "interop-unknown-stream-2"), 10_000)
+		answer, err := s.cloudly.Raw(ctxFor(t, 30*time.Second), s.ids[6], streamFrame("uni_interop_cycle_2", "interop-unknown-stream-2"), 10_000)
 		if err != nil {
 			t.Fatal(err)
 		}
 		check(t, answer, "interop-unknown-stream-2")
 	})
 	t.Run("from-node-without-correlation", func(t *testing.T) {
-		answer, err := s.nodes.Raw(ctxFor(t, 30*time.Second), s.ids[5], streamFrame("uni_interop_cycle_3", ""), 1_000)
+		answer, err := s.nodes.Raw(ctxFor(t, 30*time.Second), s.ids[7], streamFrame("uni_interop_cycle_3", ""), 1_000)
 		if err != nil {
 			t.Fatal(err)
 		}

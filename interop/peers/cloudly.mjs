@@ -177,7 +177,7 @@ serveControl({
   download: async ({ node, bytes, chunk }) => {
     const n = nodePeer(node);
     const body = { session: n.session, stream: new VirtualStream(), size: bytes };
-    return sendStream(new TypedRequest(n.peer.target, 'interopDownload'), body, bytes, chunk);
+    return sendStream(n.peer, new TypedRequest(n.peer.target, 'interopDownload'), body, bytes, chunk);
   },
 
   // raw sends a frame built by the suite on the socket that carries node and waits waitMs for

@@ -102,11 +102,16 @@ export async function readAll(stream) {
   return { bytes, sha256: hash.digest('hex') };
 }
 
-// sendStream fires method with a VirtualStream in its request body and writes total bytes into
-// it while the request is out. It resolves with what was written, how the request ended
-// ({ response }, { error } or { failure }: no answer at all) and the time from firing to the
-// answer.
-export async function sendStream(request, body, total, chunkSize) {
+// stallMs is how long a stream frame may wait for its answer before a stream counts as stalled:
+// a frame and its answer cross in well under a second here, so this only ends a stream whose
+// answers are lost (the library itself would wait for ever).
+const stallMs = 30_000;
+
+// sendStream fires a request with a VirtualStream (body.stream) through peer and writes total
+// bytes into it while the request is out. It resolves with what was written, how the request
+// ended ({ response }, { error } or { failure }: no answer, or a stream frame left unanswered
+// for stallMs) and the time from firing to the answer.
+export async function sendStream(peer, request, body, total, chunkSize) {
   const started = process.hrtime.bigint();
   const answered = outcome(request.fire(body)).catch((err) => ({ failure: String(err.message || err) }));
   let sent = null;
@@ -115,7 +120,17 @@ export async function sendStream(request, body, total, chunkSize) {
     (s) => { sent = s; },
     (err) => { writeError = String(err.message || err); },
   );
-  const result = await answered;
+  let watch;
+  const stalled = new Promise((resolve) => {
+    watch = setInterval(() => {
+      const w = peer.oldestUnanswered(body.stream.streamId);
+      if (w && w.ms > stallMs) {
+        resolve({ failure: `stream stalled: its ${w.mainPurpose} frame (cycle ${w.cycleId}) has had no answer for ${w.ms} ms` });
+      }
+    }, 500);
+  });
+  const result = await Promise.race([answered, stalled]);
+  clearInterval(watch);
   const ms = Number(process.hrtime.bigint() - started) / 1e6;
   // A refused or failed request can leave the library's writer waiting for the far side for
   // ever: give it a moment, then report what was written so far.

@@ -126,7 +126,7 @@ serveControl({
     const results = await Promise.all(ids.map((id) => {
       const n = node(id);
       const body = { session: n.session, stream: new VirtualStream(), size: bytes };
-      return sendStream(new TypedRequest(n.peer.target, 'interopUpload'), body, bytes, chunk)
+      return sendStream(n.peer, new TypedRequest(n.peer.target, 'interopUpload'), body, bytes, chunk)
         .then((r) => ({ node: id, ...r }));
     }));
     return { results, ms: Number(process.hrtime.bigint() - started) / 1e6 };

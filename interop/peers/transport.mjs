@@ -78,6 +78,8 @@ export class Peer {
         fn(v);
       };
       const waiter = {
+        frame,
+        sentAt: Date.now(),
         resolve: (v) => done(resolve, v),
         reject: (e) => done(reject, e),
         timer: setTimeout(() => {
@@ -136,6 +138,16 @@ export class Peer {
     if (answer && this.open) {
       this.ws.send(JSON.stringify(answer));
     }
+  }
+
+  // oldestUnanswered is the stream frame of streamId that has waited longest for its answer, and
+  // for how many milliseconds, or null when none waits.
+  oldestUnanswered(streamId) {
+    let oldest = null;
+    for (const w of this.byCycle.values()) {
+      if (w.frame.request.streamId === streamId && (!oldest || w.sentAt < oldest.sentAt)) oldest = w;
+    }
+    return oldest && { ms: Date.now() - oldest.sentAt, mainPurpose: oldest.frame.request.mainPurpose, cycleId: oldest.frame.request.cycleId };
   }
 
   gone(code, reason) {
