@@ -8,6 +8,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"sort"
 	"strings"
 	"sync"
@@ -158,6 +159,7 @@ func runStreams(cfg benchConfig, w *bytes.Buffer) error {
 		"then the closing chunk; Cloudly reads to the end and answers the SHA-256, which must match. MB/s counts stream payload bytes "+
 		"(10⁶), from firing the request to its answer.\n\n",
 		interop.TypedRequestVersion, nodeVersion(), b.chunk>>10, float64(b.chunk)*3.6/1e6)
+	fmt.Fprintf(w, "Machine: %s, %d cores, %s (shared with other work: compare the ratios).\n\n", hostDescription(), runtime.NumCPU(), runtime.Version())
 	fmt.Fprintf(w, "| path | one stream, %d MiB: MB/s | %d nodes at once, %d MiB each: MB/s in all |\n| --- | --- | --- |\n", b.single>>20, b.many, b.manyBytes[0]>>20)
 	fmt.Fprintf(w, "| direct | %s | %s |\n", spread(single[0]), spread(many[0]))
 	fmt.Fprintf(w, "| through the relay | %s | %s |\n", spread(single[1]), spread(many[1]))
