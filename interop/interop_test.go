@@ -5,7 +5,9 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io/fs"
 	"os"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync"
@@ -56,6 +58,7 @@ func TestInterop(t *testing.T) {
 	// The streams cost CPU, not timing: let the timing-sensitive tests of other packages, which
 	// go test runs beside this one, have the CPU first.
 	interop.Niceness = 10
+	trackInputs(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	bin, err := interop.RelayBinary(ctx, dir, t.TempDir())
 	cancel()
@@ -64,6 +67,34 @@ func TestInterop(t *testing.T) {
 	}
 	for _, mode := range []string{"direct", "relay"} {
 		t.Run(mode, func(t *testing.T) { runSuite(t, dir, bin, mode == "relay") })
+	}
+}
+
+// trackInputs stats every file the suite's outcome depends on that the test binary does not
+// contain: the relay's sources (the suite builds the relay from them), the peers and the
+// installed packages. go test caches a passing result against the files a test looked at, so
+// without this a changed relay would be answered with the old relay's cached result.
+func trackInputs(dir string) {
+	root := filepath.Dir(dir)
+	filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {
+		if err != nil {
+			return nil
+		}
+		name := d.Name()
+		if d.IsDir() {
+			if path != root && (strings.HasPrefix(name, ".") || name == "testdata" || name == "node_modules") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if strings.HasSuffix(name, ".go") && !strings.HasSuffix(name, "_test.go") ||
+			strings.HasSuffix(name, ".mjs") || name == "go.mod" || name == "go.sum" {
+			os.Stat(path)
+		}
+		return nil
+	})
+	for _, f := range []string{"ws/package.json", "@api.global/typedrequest/package.json", "@api.global/typedrequest/dist_bundle/bundle.js"} {
+		os.Stat(filepath.Join(dir, "node_modules", f))
 	}
 }
 
