@@ -127,6 +127,9 @@ function accept(ws) {
     return { session, protocol: offer };
   });
 
+  // The relay pulls the route table after attaching; none is computed yet, as the simulator says.
+  serve(peer, 'getClusterRouteTable', async () => ({ table: null }));
+
   serve(peer, 'interopEcho', async (req) => ({ echo: req, node: knownSession(req) }));
 
   serve(peer, 'interopFail', async (req) => {
