@@ -109,8 +109,9 @@ const stallMs = 30_000;
 
 // sendStream fires a request with a VirtualStream (body.stream) through peer and writes total
 // bytes into it while the request is out. It resolves with what was written, how the request
-// ended ({ response }, { error } or { failure }: no answer, or a stream frame left unanswered
-// for stallMs) and the time from firing to the answer.
+// ended ({ response }, { error } or { failure }: no answer, a stream frame left unanswered for
+// stallMs, or one answered by a peer that did not know the stream) and the time from firing to
+// the answer.
 export async function sendStream(peer, request, body, total, chunkSize) {
   const started = process.hrtime.bigint();
   const answered = outcome(request.fire(body)).catch((err) => ({ failure: String(err.message || err) }));
@@ -123,6 +124,10 @@ export async function sendStream(peer, request, body, total, chunkSize) {
   let watch;
   const stalled = new Promise((resolve) => {
     watch = setInterval(() => {
+      const unknown = peer.unknownTo.get(body.stream.streamId);
+      if (unknown) {
+        resolve({ failure: `stream lost: ${unknown} of its frames were answered by a peer that does not hold the stream (response null)` });
+      }
       const w = peer.oldestUnanswered(body.stream.streamId);
       if (w && w.ms > stallMs) {
         resolve({ failure: `stream stalled: its ${w.mainPurpose} frame (cycle ${w.cycleId}) has had no answer for ${w.ms} ms` });

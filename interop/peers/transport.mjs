@@ -32,6 +32,7 @@ export class Peer {
     this.byCorrelation = new Map(); // correlation.id -> waiter
     this.byCycle = new Map(); // stream cycleId -> waiter
     this.stray = 0; // answers nobody waited for
+    this.unknownTo = new Map(); // streamId -> stream answers without a response: the far side did not know the stream
     this.malformed = 0; // frames that were not JSON text
     this.routeFailures = 0; // frames the library's router threw on
     this.closed = null; // { code, reason } once the socket closed
@@ -119,6 +120,11 @@ export class Peer {
       const cycleId = (frame.response && frame.response.cycleId) ?? (frame.request && frame.request.cycleId);
       const w = cycleId !== undefined ? this.byCycle.get(cycleId) : undefined;
       if (w) {
+        if (frame.response == null && frame.error == null) {
+          // The library answers a stream frame it cannot place with the frame itself.
+          const id = w.frame.request.streamId;
+          this.unknownTo.set(id, (this.unknownTo.get(id) || 0) + 1);
+        }
         w.resolve(frame);
         return;
       }
