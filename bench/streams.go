@@ -152,13 +152,17 @@ func runStreams(cfg benchConfig, w *bytes.Buffer) error {
 	}
 
 	fmt.Fprintf(w, "\n## Interop streams: the published TypedRequest library's VirtualStreams, node → Cloudly\n\n")
+	relayFrom := "built from this tree"
+	if os.Getenv(interop.BinEnv) != "" {
+		relayFrom = "the binary " + interop.BinEnv + " named"
+	}
 	fmt.Fprintf(w, "Cloudly and nodes are `@api.global/typedrequest` %s peers on Node.js %s (`interop/peers`), each node its own socket; "+
-		"the relay is a real `relay run` process built from this tree, plaintext on loopback; the baseline is the same peers with the nodes "+
+		"the relay is a real `relay run` process (%s), plaintext on loopback; the baseline is the same peers with the nodes "+
 		"connected to Cloudly directly, measured in the same run (rounds alternate which path goes first). A node fires `interopUpload` "+
 		"with a VirtualStream and writes random Buffers of %d KiB with `sendData` (≈ %.1f MB frames once the library serialises them), "+
 		"then the closing chunk; Cloudly reads to the end and answers the SHA-256, which must match. MB/s counts stream payload bytes "+
 		"(10⁶), from firing the request to its answer.\n\n",
-		interop.TypedRequestVersion, nodeVersion(), b.chunk>>10, float64(b.chunk)*3.6/1e6)
+		interop.TypedRequestVersion, nodeVersion(), relayFrom, b.chunk>>10, float64(b.chunk)*3.6/1e6)
 	fmt.Fprintf(w, "Machine: %s, %d cores, %s (shared with other work: compare the ratios).\n\n", hostDescription(), runtime.NumCPU(), runtime.Version())
 	fmt.Fprintf(w, "| path | one stream, %d MiB: MB/s | %d nodes at once, %d MiB each: MB/s in all |\n| --- | --- | --- |\n", b.single>>20, b.many, b.manyBytes[0]>>20)
 	fmt.Fprintf(w, "| direct | %s | %s |\n", spread(single[0]), spread(many[0]))
