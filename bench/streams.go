@@ -154,7 +154,7 @@ func runStreams(cfg benchConfig, w *bytes.Buffer) error {
 	fmt.Fprintf(w, "\n## Interop streams: the published TypedRequest library's VirtualStreams, node → Cloudly\n\n")
 	relayFrom := "built from this tree"
 	if os.Getenv(interop.BinEnv) != "" {
-		relayFrom = "the binary " + interop.BinEnv + " named"
+		relayFrom = "the binary `" + interop.BinEnv + "=" + os.Getenv(interop.BinEnv) + "` names"
 	}
 	fmt.Fprintf(w, "Cloudly and nodes are `@api.global/typedrequest` %s peers on Node.js %s (`interop/peers`), each node its own socket; "+
 		"the relay is a real `relay run` process (%s), plaintext on loopback; the baseline is the same peers with the nodes "+
