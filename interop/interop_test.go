@@ -55,9 +55,6 @@ func TestInterop(t *testing.T) {
 		}
 		t.Skipf("skipped: %v", err)
 	}
-	// The streams cost CPU, not timing: let the timing-sensitive tests of other packages, which
-	// go test runs beside this one, have the CPU first.
-	interop.Niceness = 10
 	trackInputs(dir)
 	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
 	bin, err := interop.RelayBinary(ctx, dir, t.TempDir())

@@ -12,10 +12,3 @@ import (
 func dieWithParent(cmd *exec.Cmd) {
 	cmd.SysProcAttr = &syscall.SysProcAttr{Pdeathsig: syscall.SIGKILL}
 }
-
-// renice sets a started process's nice value (Niceness); failing to is harmless.
-func renice(cmd *exec.Cmd) {
-	if Niceness != 0 {
-		syscall.Setpriority(syscall.PRIO_PROCESS, cmd.Process.Pid, Niceness)
-	}
-}

@@ -6,6 +6,3 @@ import "os/exec"
 
 // dieWithParent: only Linux can tie a child's life to its parent's; elsewhere Close and Stop do.
 func dieWithParent(*exec.Cmd) {}
-
-// renice: Linux only.
-func renice(*exec.Cmd) {}

@@ -17,12 +17,6 @@ import (
 // TypedRequestVersion is the published library version the peers run (pinned in install.sh).
 const TypedRequestVersion = "3.3.0"
 
-// Niceness is the nice value the peer and relay processes run at. The conformance suite raises
-// it: its JSON-heavy streams need CPU but no timing, while tests of other packages that run
-// beside it under `go test ./...` assert timing. Benchmarks leave it at 0, the same for every
-// process they compare.
-var Niceness = 0
-
 // Ready reports whether the peers can run from dir (the interop directory): node on PATH and the
 // packages install.sh puts in place. Its error says how to install what is missing.
 func Ready(dir string) error {
@@ -106,7 +100,6 @@ func start(ctx context.Context, dir, name, script string, args ...string) (*proc
 	if err := cmd.Start(); err != nil {
 		return nil, nil, fmt.Errorf("interop: start %s: %w", name, err)
 	}
-	renice(cmd)
 	go p.readLoop(stdout)
 	if script == "nodes.mjs" {
 		return p, nil, nil // it has nothing to announce

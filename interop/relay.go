@@ -85,7 +85,6 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("interop: start relay: %w", err)
 	}
-	renice(cmd)
 	serving := make(chan struct{})
 	go func() {
 		defer func() {
