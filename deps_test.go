@@ -35,6 +35,7 @@ var layers = map[string]struct{ own, third []string }{
 	"relay":                {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"faults":               {}, // tests only
 	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"interop":              {own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
 	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 }
 

@@ -54,6 +54,7 @@ var suites = []suite{
 		"Throughput of 1 and 10 concurrent pullers, direct, through the relay with a cold cache and with a warm one (targets: cold ≥ 0.9× direct, warm 10-puller aggregate ≥ 5× cold).",
 		"./bench/registry/", "Pull200MiB", "1x", 3)},
 	{"faults", runFaults},
+	{"streams", runStreams},
 }
 
 func main() {
