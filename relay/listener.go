@@ -77,6 +77,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		Logger:        r.downLog,
 		PingInterval:  r.pingInterval,
 		DeadTimeout:   r.deadTimeout,
+		CallTimeout:   r.callTimeout,
 	})
 	if !r.peers.add(p) {
 		leave()

@@ -129,10 +129,16 @@ func (p *peer) roleIs(want role) bool {
 
 // Call implements Peer: a request to the downstream peer, never blocking, charged to its share.
 func (p *peer) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
-	err := p.conn.CallAsync(method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) })
+	p.call(method, body, done)
+}
+
+// call is Call that returns the call in flight (zero when done was called already).
+func (p *peer) call(method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
+	k, err := p.conn.CallFor(p.share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) })
 	if err != nil {
 		done(nil, p.callError(err, method))
 	}
+	return k
 }
 
 // callError names a local failure of a call to the peer; the peer's own errors pass untouched.

@@ -63,7 +63,7 @@ type Relay struct {
 	draining        atomic.Bool // shutting down: new requests are refused, those in flight finish
 
 	// Timings of every socket; zero means the SPEC §2 defaults. Tests shorten them.
-	pingInterval, deadTimeout time.Duration
+	pingInterval, deadTimeout, callTimeout time.Duration
 
 	waiting          atomic.Int64  // downstream connections without an accepted registration
 	maxWaiting       int64         // set at construction: more are refused at the upgrade
@@ -76,6 +76,7 @@ type Options struct {
 	Registerer   prometheus.Registerer // where metrics are registered; nil: Registry
 	PingInterval time.Duration
 	DeadTimeout  time.Duration
+	CallTimeout  time.Duration // how long a forwarded request waits for its answer (60 s)
 	// Bounds on downstream connections that have not registered; zero means the defaults
 	// (MaxUnregistered, RegisterDeadline). Tests lower them.
 	MaxUnregistered  int
@@ -90,7 +91,7 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 		streams:      newStreamTable(),
 		budget:       budget.New(cfg.PeerMemoryBytes),
 		sources:      &sourceCounts{max: cfg.MaxUnregisteredPerSource, n: make(map[string]int)},
-		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout,
+		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout,
 		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline}
 	if r.maxWaiting <= 0 {
 		r.maxWaiting = MaxUnregistered

@@ -65,7 +65,8 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
 		return
 	}
-	if err := r.bindMarkers(p, req.Body); err != nil {
+	streams, err := r.bindMarkers(p, req.Body)
+	if err != nil {
 		r.answer(req, nil, err)
 		return
 	}
@@ -76,14 +77,17 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	start, size := time.Now(), len(req.Body)
 	// Charged to the node's share until written: a node sending max-size messages holds at most
 	// its share of the queue every node shares (SPEC §15).
-	r.up.callFor(p.share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
+	k := r.up.callFor(p.share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		if err == nil {
-			err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
+			_, err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
 		}
 		r.forwarded("to-cloudly", err)
 		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
 	})
+	if streams != nil {
+		r.streams.keepAlive(streams, k) // its answer may wait for the stream it carries
+	}
 }
 
 // routeToNode routes a Cloudly → node request by request.session.nodeId, else request.nodeId.
@@ -105,14 +109,15 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.refuseCloudly(req, node, contracts.RelayNodeNotCarried.Refuse("%s", node))
 		return
 	}
-	if err := r.bindMarkers(p, req.Body); err != nil {
+	streams, err := r.bindMarkers(p, req.Body)
+	if err != nil {
 		r.refuseCloudly(req, node, err)
 		return
 	}
 	start, size := time.Now(), len(req.Body)
-	p.Call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
+	k := p.call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		if err == nil {
-			err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
+			_, err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
 		}
 		r.forwarded("to-node", err)
 		r.logForward(req.Method, node, size, err, start)
@@ -122,6 +127,9 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		}
 		req.Answer(typedsocket.Reply{Response: body, Err: err, Charge: p.share})
 	})
+	if streams != nil {
+		r.streams.keepAlive(streams, k)
+	}
 }
 
 // refuseCloudly answers a Cloudly request the relay cannot route, and says so in the log: Cloudly

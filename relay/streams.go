@@ -41,7 +41,13 @@ type streamBinding struct {
 	p     *peer
 	last  time.Time // the last frame, either way
 	until time.Time // zero until the closing chunk crossed; then when the binding ends
+	// calls are the requests whose bodies carried the stream: each frame gives them another
+	// call timeout, so a request whose answer waits on its stream lives as long as it moves.
+	calls []typedsocket.Pending
 }
+
+// maxCallsPerStream bounds the requests a binding keeps alive (one, in the library's use).
+const maxCallsPerStream = 4
 
 func newStreamTable() *streamTable {
 	return &streamTable{byID: make(map[string]*streamBinding), byPeer: make(map[*peer]map[string]struct{}),
@@ -86,14 +92,35 @@ func (t *streamTable) bind(ids []string, p *peer, now time.Time) error {
 	return nil
 }
 
+// keepAlive makes every frame of the streams ids give k another call timeout.
+func (t *streamTable) keepAlive(ids []string, k typedsocket.Pending) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for _, id := range ids {
+		if b := t.byID[id]; b != nil && len(b.calls) < maxCallsPerStream {
+			b.calls = append(b.calls, k)
+		}
+	}
+}
+
 // route finds where a stream frame goes. from is the node connection it came from, nil for
 // Cloudly: a node's frame goes up (the returned peer is nil) only for a stream bound to it, and
 // Cloudly's frame goes down to the stream's node. closing marks the frame that carries the
-// closing chunk: the binding then ends streamLinger later.
+// closing chunk: the binding then ends streamLinger later. Every request that carried the
+// stream gets another call timeout.
 func (t *streamTable) route(id string, from *peer, closing bool, now time.Time) (*peer, error) {
 	t.mu.Lock()
-	defer t.mu.Unlock()
 	b := t.byID[id]
+	var calls []typedsocket.Pending
+	if b != nil {
+		calls = b.calls
+	}
+	t.mu.Unlock()
+	for _, k := range calls {
+		k.Extend()
+	}
+	t.mu.Lock()
+	defer t.mu.Unlock()
 	if b == nil || from != nil && b.p != from {
 		if _, gone := t.gone[id]; gone && from == nil {
 			return nil, contracts.RelayStreamGone.Refuse("stream %s: its node connection has ended", id)
@@ -161,17 +188,17 @@ func (t *streamTable) len() int {
 	return len(t.byID)
 }
 
-// bindMarkers binds every stream marker in body to p. A byte search comes first, so a body
-// without a marker costs one scan and no parse.
-func (r *Relay) bindMarkers(p *peer, body []byte) error {
+// bindMarkers binds every stream marker in body to p and returns the streams. A byte search comes
+// first, so a body without a marker costs one scan and no parse.
+func (r *Relay) bindMarkers(p *peer, body []byte) ([]string, error) {
 	if !contracts.HasStreamMarker(body) {
-		return nil
+		return nil, nil
 	}
 	var ids []string
 	if err := contracts.FindStreamMarkers(body, func(id string) error { ids = append(ids, id); return nil }); err != nil || len(ids) == 0 {
-		return nil // a body the receiver cannot parse carries no stream for it either
+		return nil, nil // a body the receiver cannot parse carries no stream for it either
 	}
-	return r.streams.bind(ids, p, time.Now())
+	return ids, r.streams.bind(ids, p, time.Now())
 }
 
 // serveNodeStream forwards a node's stream frame up to Cloudly, for a stream bound to that node,

@@ -1,6 +1,7 @@
 package relay_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/json"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
@@ -186,6 +188,25 @@ func TestStreams(t *testing.T) {
 			return e.Metric("relay_downstream_dropped_total", "reason", string(contracts.RelayStreamGone)) > before
 		})
 	})
+}
+
+// TestStreamKeepsItsRequestAlive: a request whose answer waits on the stream it carries (the
+// receiver answers once it has the whole stream) is not refused relay-call-timeout while the
+// stream moves, however long that takes; each frame gives it another call timeout.
+func TestStreamKeepsItsRequestAlive(t *testing.T) {
+	const timeout = 400 * time.Millisecond
+	x := relaytest.Start(t, relaytest.Options{CallTimeout: timeout})
+	n := x.Node("node-slow")
+	n.SetStreamPace(timeout / 4) // 10 chunks: the stream lasts more than twice the call timeout
+	x.Cloudly.SetStreamPace(timeout / 4)
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	if err := n.PushImage(ctx, make([]byte, 10<<10), 1<<10); err != nil {
+		t.Fatalf("a slow stream's request: %v", err)
+	}
+	if err := x.Cloudly.PushImage(ctx, "node-slow", make([]byte, 10<<10), 1<<10); err != nil {
+		t.Fatalf("Cloudly's stream to the node: %v", err)
+	}
 }
 
 // TestLibraryFramesNeverCloseAConnection sends what the published TypedRequest library sends

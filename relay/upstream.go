@@ -114,17 +114,19 @@ func (u *upstream) Call(method string, body json.RawMessage, done func(json.RawM
 }
 
 // callFor is Call with the request charged to share (nil: not charged) until written: the share
-// of the downstream peer it is sent for.
-func (u *upstream) callFor(share typedsocket.Share, method string, body json.RawMessage, done func(json.RawMessage, error)) {
+// of the downstream peer it is sent for. It returns the call in flight (zero when done was called
+// already).
+func (u *upstream) callFor(share typedsocket.Share, method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
 	conn := u.attached()
 	if conn == nil {
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
-		return
+		return typedsocket.Pending{}
 	}
-	err := conn.CallFor(share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
+	k, err := conn.CallFor(share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
 	if err != nil {
 		done(nil, upstreamError(err, method))
 	}
+	return k
 }
 
 // sendFrame forwards a node's stream frame to Cloudly whole, charged to the node's share until
@@ -197,6 +199,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 		Logger:        u.log,
 		PingInterval:  u.r.pingInterval,
 		DeadTimeout:   u.r.deadTimeout,
+		CallTimeout:   u.r.callTimeout,
 		Cork:          *raw,
 	})
 	u.current.Store(conn)

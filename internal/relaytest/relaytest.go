@@ -41,6 +41,7 @@ type Options struct {
 	Features     relay.Features
 	PingInterval time.Duration // zero: the relay's default (15 s)
 	DeadTimeout  time.Duration // zero: the relay's default (45 s)
+	CallTimeout  time.Duration // zero: the relay's default (60 s)
 	// Bounds on unregistered downstream connections; zero: the relay's defaults.
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
@@ -99,7 +100,7 @@ func Start(t testing.TB, o Options) *Env {
 			return relay.New(cfg, o.Features, log, opts)
 		}
 	}
-	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout,
+	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
 		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline})
 	if err != nil {
 		t.Fatal(err)

@@ -296,6 +296,9 @@ func (c *Cloudly) SendStreamFrame(frame []byte) error {
 	return conn.SendFrame(frame)
 }
 
+// SetStreamPace makes Cloudly wait d between two chunks it streams: a slow writer.
+func (c *Cloudly) SetStreamPace(d time.Duration) { c.streams.pace.Store(int64(d)) }
+
 // StreamsReceived is the number of streams Cloudly received whole.
 func (c *Cloudly) StreamsReceived() int64 { return c.streams.completed.Load() }
 

@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
@@ -214,6 +215,9 @@ func (n *Node) PushImage(ctx context.Context, data []byte, chunkSize int) error 
 	}
 	return n.streams.pushImage(ctx, n.Conn(), n.Session(), data, chunkSize)
 }
+
+// SetStreamPace makes the node wait d between two chunks it streams: a slow writer.
+func (n *Node) SetStreamPace(d time.Duration) { n.streams.pace.Store(int64(d)) }
 
 // StreamsReceived is the number of streams the node received whole.
 func (n *Node) StreamsReceived() int64 { return n.streams.completed.Load() }

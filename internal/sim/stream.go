@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
@@ -32,6 +33,7 @@ type streams struct {
 	tap      func(frame []byte)       // guarded by mu: sees every stream frame as it arrived, when set
 
 	completed atomic.Int64 // streams received whole
+	pace      atomic.Int64 // nanoseconds to wait between two chunks sent (a slow writer)
 }
 
 func newStreams() *streams {
@@ -128,6 +130,13 @@ func (s *streams) chunk(id, data string) {
 // closing chunk.
 func (s *streams) send(ctx context.Context, c *typedsocket.Conn, id string, data []byte, chunkSize int) error {
 	for len(data) > 0 {
+		if pace := time.Duration(s.pace.Load()); pace > 0 {
+			select {
+			case <-time.After(pace):
+			case <-ctx.Done():
+				return context.Cause(ctx)
+			}
+		}
 		n := min(chunkSize, len(data))
 		if err := s.sendChunk(ctx, c, id, base64.StdEncoding.EncodeToString(data[:n]), len(data) > n); err != nil {
 			return err

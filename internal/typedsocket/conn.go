@@ -494,16 +494,37 @@ func (c *Conn) shutdown() {
 // error means the request was not sent and done will not be called: ErrClosed, or ErrQueueFull
 // when the peer is not draining its queue.
 func (c *Conn) CallAsync(method string, body json.RawMessage, timeout time.Duration, done func(Reply)) error {
-	return c.CallFor(c.opts.Share, method, body, timeout, done)
+	_, err := c.CallFor(c.opts.Share, method, body, timeout, done)
+	return err
+}
+
+// Pending is a call in flight, as CallFor returns it.
+type Pending struct {
+	c       *Conn
+	id      string
+	timeout time.Duration
+}
+
+// Extend gives the call another whole timeout from now, while it is still pending: a request
+// whose answer waits on a stream it carries is alive as long as the stream moves.
+func (k Pending) Extend() {
+	if k.c == nil {
+		return
+	}
+	k.c.mu.Lock()
+	if p := k.c.pending[k.id]; p != nil {
+		p.timer.Reset(k.timeout)
+	}
+	k.c.mu.Unlock()
 }
 
 // CallFor is CallAsync with the request's bytes charged to share until written: the downstream
 // peer a request is sent on behalf of. A charge that does not fit is ErrOverShare.
-func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout time.Duration, done func(Reply)) error {
+func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout time.Duration, done func(Reply)) (Pending, error) {
 	env := Envelope{Method: method, Phase: PhaseRequest, Request: body}
 	size := env.Size() + MaxIDLen
 	if share != nil && !share.Charge(size) {
-		return ErrOverShare
+		return Pending{}, ErrOverShare
 	}
 	if timeout <= 0 {
 		timeout = c.opts.CallTimeout
@@ -514,7 +535,7 @@ func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout
 		if share != nil {
 			share.Release(size)
 		}
-		return ErrClosed
+		return Pending{}, ErrClosed
 	}
 	c.nextID++
 	id := formatID(c.nextID)
@@ -537,12 +558,12 @@ func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout
 		if c.take(id) == nil {
 			// A shutdown or the timer took the call first and calls done: reporting the error
 			// too would complete it twice.
-			return nil
+			return Pending{}, nil
 		}
 		p.timer.Stop()
-		return err
+		return Pending{}, err
 	}
-	return nil
+	return Pending{c: c, id: id, timeout: timeout}, nil
 }
 
 func (c *Conn) take(id string) *call {
