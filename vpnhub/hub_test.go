@@ -422,12 +422,18 @@ func TestHandshakeFloodIsRateLimitedAndMembersKeepForwarding(t *testing.T) {
 	th.push(t, 1, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
 	a := th.mustDial(t, ka, "node-a")
 	b := th.mustDial(t, kb, "node-b")
-	for i := 0; i < 3; i++ { // the rest of 127.0.0.1's burst of 5
-		refusedDial(t, th, stranger, "node-x", testAuthority, contracts.VPNMemberUnknown)
-	}
+	// The rest of 127.0.0.1's burst of 5 is refused by name, then the QUIC connection is refused.
+	// The burst counts Initial packets, and a loaded machine retransmits some, so the flood
+	// reaches the limit after at most three more handshakes, not exactly three.
 	var ref *contracts.Refusal
-	if _, err := th.dial(t, stranger, "node-x", testAuthority); err == nil || errors.As(err, &ref) || !strings.Contains(err.Error(), "CONNECTION_REFUSED") {
-		t.Fatalf("the sixth handshake in an instant: %v; want the QUIC connection refused", err)
+	for i := 0; ; i++ {
+		_, err := th.dial(t, stranger, "node-x", testAuthority)
+		if err != nil && !errors.As(err, &ref) && strings.Contains(err.Error(), "CONNECTION_REFUSED") {
+			break
+		}
+		if i == 3 || !errors.Is(err, contracts.VPNMemberUnknown) {
+			t.Fatalf("handshake %d of a stranger in an instant: %v; want vpn-member-unknown until the QUIC connection is refused", i+3, err)
+		}
 	}
 	// Counted per refused Initial packet: a ClientHello may span two.
 	if got := th.handshakes(outcomeRateLimited); got < 1 {
