@@ -15,6 +15,8 @@ trap 'rm -rf "$work"' EXIT
 
 targets=(
   "./internal/typedsocket FuzzDecode"
+  "./contracts FuzzFindStreamMarkers"
+  "./relay FuzzStreamFrameRouting"
   "./contracts FuzzReadProtocolOffer"
   "./contracts FuzzCanonicalize"
   "./contracts FuzzRelayReaders"
