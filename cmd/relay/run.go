@@ -38,6 +38,9 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		return err
 	}
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
+	if limit := setMemoryLimit(); limit > 0 {
+		log.Info().Int64("bytes", limit).Msg("Go memory limit set from the container's")
+	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, err := build(cfg, log, relay.Options{})
