@@ -235,6 +235,9 @@ func (s *Scenario) vpnLoop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, m := range members {
+		m.LightSocket = true // hundreds of members in one process
+	}
 	s.vpn = members
 	defer func() {
 		for _, m := range members {
