@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -384,18 +385,36 @@ func registrations(nodes []*Node, in *Ingress) []int64 {
 	return out
 }
 
+// reregisterAfter is how long a node (or the ingress) that has not registered again since the
+// relay re-attached waits before it tries by itself, as Pallet retries a failed registration.
+const reregisterAfter = 10 * time.Second
+
 // recovered waits until the relay is attached again and every node and the ingress registered
-// since before. Once ctx ends it waits at most recoveryWait more; false if that passes first.
+// since before; a node whose registration after the relay's push failed tries again after
+// reregisterAfter. Once ctx ends it waits at most recoveryWait more; false if that passes first.
 func (s *Scenario) recovered(ctx context.Context, nodes []*Node, in *Ingress, before []int64) bool {
-	var deadline time.Time // set once ctx ends
+	var deadline time.Time   // set once ctx ends
+	var attachedAt time.Time // since when the relay is attached; zero while it is not
 	for {
-		again := s.Cloudly.Attached()
+		attached := s.Cloudly.Attached()
+		var late []int // not registered again: indexes into nodes, len(nodes) for the ingress
 		for i, n := range registrations(nodes, in) {
-			again = again && n > before[i]
+			if n <= before[i] {
+				late = append(late, i)
+			}
 		}
 		switch {
-		case again:
+		case attached && len(late) == 0:
 			return true
+		case !attached:
+			attachedAt = time.Time{}
+		case attachedAt.IsZero():
+			attachedAt = time.Now()
+		case time.Since(attachedAt) > reregisterAfter:
+			attachedAt = time.Now()
+			s.registerAgain(nodes, in, late)
+		}
+		switch {
 		case ctx.Err() == nil:
 		case deadline.IsZero():
 			deadline = time.Now().Add(recoveryWait)
@@ -405,6 +424,43 @@ func (s *Scenario) recovered(ctx context.Context, nodes []*Node, in *Ingress, be
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
+}
+
+// registerAgain registers the late nodes (and the ingress, index len(nodes)) once more.
+func (s *Scenario) registerAgain(nodes []*Node, in *Ingress, late []int) {
+	var names []string
+	for _, i := range late {
+		if i == len(nodes) {
+			names = append(names, "the ingress")
+		} else {
+			names = append(names, nodes[i].ID)
+		}
+	}
+	if len(names) > 3 {
+		names = append(names[:3], fmt.Sprintf("%d more", len(late)-3))
+	}
+	s.say("%s did not register again within %s of the relay's re-attachment: trying again", strings.Join(names, ", "), reregisterAfter)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, i := range late {
+		g.Go(func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), reregisterAfter)
+			defer cancel()
+			var err error
+			id := in.NodeID + " (ingress)"
+			if i == len(nodes) {
+				_, err = in.Register(ctx)
+			} else {
+				id = nodes[i].ID
+				_, err = nodes[i].Register(ctx)
+			}
+			if err != nil {
+				s.Log.Warn().Err(err).Str("node", id).Msg("registration failed again")
+			}
+			return nil
+		})
+	}
+	g.Wait()
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -417,12 +473,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // traffic: every 200 ms each node reports to Cloudly and Cloudly reads each node's stats.
+// One round at a time: a round that takes longer than 200 ms delays the next instead of piling
+// goroutines and requests on top of it.
 func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	for seq := 1; ; seq++ {
+		wg.Wait()
 		select {
 		case <-ctx.Done():
 			return
