@@ -262,11 +262,15 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	conn.Run(context.Background())
 	c.mu.Lock()
-	if c.conn == conn {
+	current := c.conn == conn
+	if current {
 		c.conn = nil
 	}
 	delete(c.authed, conn)
 	c.mu.Unlock()
+	if current {
+		c.streams.abandon() // what was streaming to Cloudly came over this socket
+	}
 }
 
 // PushImage streams data to node in a pushImageVersion request's imageStream, through the relay,

@@ -266,6 +266,7 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 		}
 		if !v {
 			n.detached.Store(true) // before the answer: nothing is sent after it
+			n.streams.abandon()    // Cloudly's socket is gone, and with it every stream from Cloudly
 			req.Respond(json.RawMessage(`{}`))
 			return
 		}

@@ -78,7 +78,8 @@ func postControl(t *testing.T, c *Corestore, op string, control []byte) int {
 }
 
 // A stream nobody waits for — its request was lost, or its receiver gave up — is forgotten once
-// streamLinger has passed since its last chunk; a stream still moving is kept.
+// streamLinger has passed since its last chunk, and every stream at once when its path is gone; a
+// stream still moving is kept until then.
 func TestStreamsForgetAbandonedStreams(t *testing.T) {
 	s := newStreams()
 	s.chunk("half", "aGFsZg==") // never closed
@@ -93,6 +94,14 @@ func TestStreamsForgetAbandonedStreams(t *testing.T) {
 	s.mu.Unlock()
 	if kept != 1 || !moving {
 		t.Fatalf("kept %d streams (moving kept: %v); want only the moving one", kept, moving)
+	}
+	s.chunk("closed-too", contracts.StreamClosingBit)
+	s.abandon() // the path they came over is gone: Cloudly's socket ended, or the relay detached
+	s.mu.Lock()
+	kept = len(s.incoming) + len(s.closed)
+	s.mu.Unlock()
+	if kept != 0 {
+		t.Fatalf("kept %d streams whose path is gone", kept)
 	}
 }
 

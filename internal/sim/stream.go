@@ -25,9 +25,10 @@ import (
 // carries the closing bit. Chunk data travels as base64 strings (the library sends a Uint8Array's
 // JSON form; the relay reads neither).
 //
-// A stream nobody waits for — its request was lost, or its receiver gave up before the closing
-// chunk — is forgotten streamLinger after its last chunk, so that a long run keeps only the
-// streams in flight.
+// A stream whose path is gone is forgotten at once (abandon: Cloudly's socket ended, or the relay
+// said it detached); one nobody waits for — its request was lost, or its receiver gave up before
+// the closing chunk — streamLinger after its last chunk. A long run keeps only the streams in
+// flight.
 type streams struct {
 	mu        sync.Mutex
 	answers   map[string]chan struct{} // guarded by mu: cycleId → closed when answered
@@ -53,6 +54,16 @@ const streamLinger = typedsocket.DefaultCallTimeout
 func newStreams() *streams {
 	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string]*inbound),
 		waiters: make(map[string]chan []byte), closed: make(map[string]*inbound), lastSweep: time.Now()}
+}
+
+// abandon forgets every stream being received and every one closed that nobody asked for: they
+// came over a path that is gone (Cloudly's socket ended, or the relay said it detached), and no
+// more of them will arrive.
+func (s *streams) abandon() {
+	s.mu.Lock()
+	clear(s.incoming)
+	clear(s.closed)
+	s.mu.Unlock()
 }
 
 // sweepLocked forgets the streams whose last chunk came more than streamLinger ago; at most once
