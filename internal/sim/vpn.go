@@ -52,8 +52,15 @@ type VPNNode struct {
 }
 
 // plainPacketConn hides a *net.UDPConn's type, so that the client and quic-go treat it as any
-// packet socket: no batching, no offloads.
-type plainPacketConn struct{ net.PacketConn }
+// packet socket: no batching, no offloads. It keeps the buffer sizes quic-go asks for (quic-go
+// warns on standard error about a socket that cannot set them).
+type plainPacketConn struct {
+	net.PacketConn
+	udp *net.UDPConn
+}
+
+func (c plainPacketConn) SetReadBuffer(n int) error  { return c.udp.SetReadBuffer(n) }
+func (c plainPacketConn) SetWriteBuffer(n int) error { return c.udp.SetWriteBuffer(n) }
 
 // NewVPNNodes makes members for ids with fresh keys and control addresses numbered from the
 // prefix's second address.
@@ -108,7 +115,7 @@ func (n *VPNNode) Join(ctx context.Context, addr netip.AddrPort, hubKey [32]byte
 		if err != nil {
 			return fmt.Errorf("node %s: vpn socket: %w", n.ID, err)
 		}
-		sock, cfg.Conn = udp, plainPacketConn{udp}
+		sock, cfg.Conn = udp, plainPacketConn{udp, udp}
 	}
 	closeAll := func(cl *client.Client) {
 		if cl != nil {
