@@ -60,8 +60,9 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fmt.Fprintf(stdout, "relay dev: %d simulated nodes through a relay on %s; status page http://%s/status, metrics http://%s/metrics; Cloudly stand-in on %s\n",
 		*nodes, d.relay.DownstreamAddr(), admin, admin, d.cloudly.URL())
 	t := d.sc.Timing.WithDefaults()
-	fmt.Fprintf(stdout, "relay dev: traffic flows while the relay is attached; after %s, and %s after each recovery, Cloudly goes away for %s: the relay detaches and releases escrowed DNS renewals, re-attaches when Cloudly is back, and the nodes register again\n",
-		t.FirstAttached, t.Attached, t.Outage)
+	fmt.Fprintf(stdout, "relay dev: traffic flows while the relay is attached; after %s, and %s after each recovery, "+
+		"Cloudly goes away for %s: the relay detaches and releases escrowed DNS renewals, "+
+		"re-attaches when Cloudly is back, and the nodes register again\n", t.FirstAttached, t.Attached, t.Outage)
 	if err := d.waitAttached(ctx); err != nil || ctx.Err() != nil {
 		return err
 	}

@@ -39,8 +39,8 @@ import (
 //
 // A test that compares bytes asks it to keep a copy of every control it receives
 // (RecordControls, read with Received); that copy holds grants and lives in memory only. It keeps
-// the staging of the 16 restores updated last and forgets older ones, as a Corestore expires abandoned
-// staging. It logs operations and outcomes, never a control.
+// the staging of the 16 restores updated last and forgets older ones, as a Corestore expires
+// abandoned staging. It logs operations and outcomes, never a control.
 type Corestore struct {
 	opts CorestoreOptions // set at construction
 	srv  *httptest.Server // set at construction

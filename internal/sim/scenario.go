@@ -225,8 +225,8 @@ func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error
 // vpnMembershipLife is how long each member of a pushed VPN membership stays valid.
 const vpnMembershipLife = time.Hour
 
-// vpnLoop: Cloudly pushes the membership (and a newer one every 20 minutes), every node joins the hub, and every 500 ms each node
-// sends 5 packets to the next one through it.
+// vpnLoop: Cloudly pushes the membership (and a newer one every 20 minutes), every node joins the
+// hub, and every 500 ms each node sends 5 packets to the next one through it.
 func (s *Scenario) vpnLoop(ctx context.Context) error {
 	ids := make([]string, s.nodes)
 	for i := range ids {
