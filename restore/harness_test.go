@@ -28,6 +28,7 @@ var authority = sync.OnceValue(func() *sim.RestoreAuthority {
 	if err != nil {
 		panic(err)
 	}
+	a.RecordGrants = true // assertNoGrantLogged looks for every grant in the logs
 	return a
 })
 
@@ -67,7 +68,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	})
 	log := zerolog.New(logs).Level(zerolog.DebugLevel)
 	h.corestore = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-a.cluster-sim", Authority: authority().PublicKey(),
-		Plaintext: o.plaintext, ExecuteDelay: o.executeDelay, Log: log})
+		Plaintext: o.plaintext, ExecuteDelay: o.executeDelay, Log: log, RecordControls: true})
 	t.Cleanup(h.corestore.Close)
 	h.untrusted = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-tls", Authority: authority().PublicKey(), Log: log})
 	t.Cleanup(h.untrusted.Close)

@@ -9,15 +9,18 @@ import (
 	"os"
 	"os/signal"
 	"path/filepath"
-	"strings"
+	"sync"
 	"syscall"
 	"time"
+
+	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
-// cmdDev runs the relay with simulated peers on loopback and prints what they observe.
+// cmdDev runs the relay with simulated peers on loopback and prints what they observe: a status
+// line every second, each turn of the outage cycle as it happens, and the summary line last.
 func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("dev", flag.ContinueOnError)
 	nodes := fs.Int("nodes", 20, "simulated nodes")
@@ -39,56 +42,127 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
 	}
-	log := newLogger(*logLevel, "console", stderr)
-
-	cloudly, err := sim.NewCloudly(log)
+	d, err := startDev(*nodes, newLogger(*logLevel, "console", stderr), *logLevel)
 	if err != nil {
 		return err
 	}
-	defer cloudly.Close()
+	defer d.close()
+
+	start := time.Now()
+	var mu sync.Mutex // one line at a time on stdout
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(stdout, "[%4.0fs] "+format+"\n", append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	d.sc.Story = func(line string) { say("%s", line) }
+	admin := d.relay.AdminAddr()
+	fmt.Fprintf(stdout, "relay dev: %d simulated nodes through a relay on %s; status page http://%s/status, metrics http://%s/metrics; Cloudly stand-in on %s\n",
+		*nodes, d.relay.DownstreamAddr(), admin, admin, d.cloudly.URL())
+	t := d.sc.Timing.WithDefaults()
+	fmt.Fprintf(stdout, "relay dev: traffic flows while the relay is attached; after %s, and %s after each recovery, "+
+		"Cloudly goes away for %s: the relay detaches and releases escrowed DNS renewals, "+
+		"re-attaches when Cloudly is back, and the nodes register again\n", t.FirstAttached, t.Attached, t.Outage)
+	if err := d.waitAttached(ctx); err != nil || ctx.Err() != nil {
+		return err
+	}
+
+	scDone := make(chan error, 1)
+	go func() { scDone <- d.sc.Run(ctx, "ws://"+d.relay.DownstreamAddr().String()+"/") }()
+	status := time.NewTicker(time.Second)
+	defer status.Stop()
+	for ended := ctx.Done(); ; {
+		select {
+		case err := <-scDone:
+			if err != nil && ctx.Err() == nil {
+				return err
+			}
+			mu.Lock()
+			fmt.Fprintln(stdout, d.sc.Snapshot().Summary())
+			mu.Unlock()
+			return nil
+		case <-ended:
+			stop() // the scenario may wait for a recovery: a second Ctrl-C ends the process at once
+			ended = nil
+		case <-status.C:
+			say("%s attached=%v", d.sc.Snapshot().Summary(), d.cloudly.Attached())
+		}
+	}
+}
+
+// dev is a relay wired as `relay run` wires it, with a Cloudly stand-in and the scenario's peers,
+// all on loopback.
+type dev struct {
+	relay   *relay.Relay
+	cloudly *sim.Cloudly
+	sc      *sim.Scenario
+	close   func() // stops the relay, then the peers; removes the temporary files
+}
+
+// startDev starts the relay and the Cloudly stand-in and prepares the scenario for nodes; the
+// relay is serving, not necessarily attached yet (waitAttached).
+func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error) {
+	var undo []func()
+	d := &dev{close: func() {
+		for i := len(undo) - 1; i >= 0; i-- {
+			undo[i]()
+		}
+	}}
+	defer func() {
+		if err != nil {
+			d.close()
+		}
+	}()
+	if d.cloudly, err = sim.NewCloudly(log); err != nil {
+		return nil, err
+	}
+	undo = append(undo, d.cloudly.Close)
 	dir, err := os.MkdirTemp("", "relay-dev-")
 	if err != nil {
-		return err
+		return nil, err
 	}
-	defer os.RemoveAll(dir)
+	undo = append(undo, func() { os.RemoveAll(dir) })
 	tokenFile := filepath.Join(dir, "cloudly.jwt")
-	if err := os.WriteFile(tokenFile, []byte(cloudly.Token+"\n"), 0o600); err != nil {
-		return err
+	if err := os.WriteFile(tokenFile, []byte(d.cloudly.Token+"\n"), 0o600); err != nil {
+		return nil, err
 	}
-	sc, err := sim.NewScenario(*nodes, cloudly, log)
-	if err != nil {
-		return err
+	if d.sc, err = sim.NewScenario(nodes, d.cloudly, log); err != nil {
+		return nil, err
 	}
-	defer sc.Close()
+	undo = append(undo, d.sc.Close)
 	cfg := relay.Config{
-		ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: tokenFile,
+		ClusterID: d.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: d.cloudly.URL(), CloudlyTokenFile: tokenFile,
 		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		LogLevel: *logLevel, LogFormat: "console", BuildVersion: buildVersion,
+		LogLevel: logLevel, LogFormat: "console", BuildVersion: buildVersion,
 	}
 	cfg.HubListen, cfg.HubKeyFile = "127.0.0.1:0", filepath.Join(dir, "hub.key")
 	if err := cfg.Complete(); err != nil {
-		return err
+		return nil, err
 	}
 	// The hub binds loopback; the registration reports the advertise address, which Cloudly accepts.
 	r, hub, err := buildParts(cfg, log, relay.Options{}, netip.MustParseAddr(cfg.AdvertiseAddress))
 	if err != nil {
-		return err
+		return nil, err
 	}
-	sc.HubAddr = hub.Addr()
-	if _, sc.HubKey, err = sim.HubTarget(hub.Endpoint()); err != nil {
-		return err
+	d.relay = r
+	d.sc.HubAddr = hub.Addr()
+	if _, d.sc.HubKey, err = sim.HubTarget(hub.Endpoint()); err != nil {
+		return nil, err
 	}
 	if err := r.Listen(); err != nil {
-		return err
+		return nil, err
 	}
 	relayCtx, stopRelay := context.WithCancel(context.Background())
 	relayDone := make(chan error, 1)
 	go func() { relayDone <- r.Serve(relayCtx) }()
-	defer func() { stopRelay(); <-relayDone }()
+	undo = append(undo, func() { stopRelay(); <-relayDone })
+	return d, nil
+}
 
-	fmt.Fprintf(stdout, "relay dev: relay on %s, admin on http://%s, Cloudly stand-in on %s, %d nodes; not yet: %s\n",
-		r.DownstreamAddr(), r.AdminAddr(), cloudly.URL(), *nodes, strings.Join(sim.NotYet, ", "))
-	for deadline := time.Now().Add(30 * time.Second); !r.Upstream().Attached(); time.Sleep(20 * time.Millisecond) {
+// waitAttached waits up to 30 s for the relay to attach to the Cloudly stand-in; nil also when
+// ctx ends first.
+func (d *dev) waitAttached(ctx context.Context) error {
+	for deadline := time.Now().Add(30 * time.Second); !d.relay.Upstream().Attached(); time.Sleep(20 * time.Millisecond) {
 		if ctx.Err() != nil {
 			return nil
 		}
@@ -96,22 +170,5 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			return fmt.Errorf("the relay did not attach to the Cloudly stand-in within 30 s")
 		}
 	}
-
-	scDone := make(chan error, 1)
-	go func() { scDone <- sc.Run(ctx, "ws://"+r.DownstreamAddr().String()+"/") }()
-	status := time.NewTicker(time.Second)
-	defer status.Stop()
-	start := time.Now()
-	for {
-		select {
-		case err := <-scDone:
-			if err != nil && ctx.Err() == nil {
-				return err
-			}
-			fmt.Fprintln(stdout, sc.Snapshot().Summary())
-			return nil
-		case <-status.C:
-			fmt.Fprintf(stdout, "[%4.0fs] %s attached=%v\n", time.Since(start).Seconds(), sc.Snapshot().Summary(), cloudly.Attached())
-		}
-	}
+	return nil
 }

@@ -51,7 +51,7 @@ func benchEscrowThroughRelay(b *testing.B, nodes int) {
 	for i := range sims {
 		sims[i] = sim.NewNode(fmt.Sprintf("node-%05d", i), log)
 		sims[i].AutoReregister = false
-		counters[i] = sim.CountRenewals(sims[i])
+		counters[i] = sim.RecordRenewals(sims[i])
 		g.Go(func() error {
 			if err := sims[i].Connect(ctx, url); err != nil {
 				return err

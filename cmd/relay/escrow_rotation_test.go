@@ -26,7 +26,7 @@ func TestEscrowReleasesUnderTheSessionTheNodeRotatedTo(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	node := sim.NewNode("node-rot", e.Log)
-	renewals := sim.CountRenewals(node)
+	renewals := sim.RecordRenewals(node)
 	if err := node.Connect(ctx, e.URL); err != nil {
 		t.Fatal(err)
 	}

@@ -46,7 +46,7 @@ func TestEscrowReleasesThroughTheRelayWhileCloudlyIsDown(t *testing.T) {
 
 	node := sim.NewNode("node-e2e", e.Log)
 	node.AutoReregister = true
-	renewals := sim.CountRenewals(node)
+	renewals := sim.RecordRenewals(node)
 	if err := node.Connect(ctx, e.URL); err != nil {
 		t.Fatal(err)
 	}

@@ -34,7 +34,7 @@ type Cloudly struct {
 	mu          sync.Mutex
 	conn        *typedsocket.Conn          // guarded by mu: the relay's newest socket
 	attachedTo  *typedsocket.Conn          // guarded by mu: the socket whose registration was accepted
-	sequences   []int64                    // guarded by mu: registrationSequence of every registration
+	sequences   newest[int64]              // guarded by mu: registrationSequence of the newest registrations
 	refusals    []error                    // guarded by mu: answers for the next registrations
 	refuseAll   error                      // guarded by mu: the answer to every registration while set
 	last        map[string][]byte          // guarded by mu: the newest request body per method
@@ -45,7 +45,7 @@ type Cloudly struct {
 	sessions    map[string][]byte          // guarded by mu: the current session binding per node
 	authed      map[*typedsocket.Conn]bool // guarded by mu: sockets whose client session was accepted
 	lastSeq     int64                      // guarded by mu: the last accepted registrationSequence; -1 none
-	violations  []string                   // guarded by mu: what the relay sent that Cloudly refused as out of order
+	violations  []string                   // guarded by mu: the first few things the relay sent out of Cloudly's order
 	corestores  []contracts.CorestoreOrigin
 	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
 	afterAccept []afterCall   // guarded by mu: sent right after every accepted registration
@@ -171,11 +171,12 @@ func (c *Cloudly) SetCorestores(cs []contracts.CorestoreOrigin) {
 	c.mu.Unlock()
 }
 
-// Sequences returns the registrationSequence of every relay registration seen, in order.
+// Sequences returns the registrationSequence of the relay registrations seen, in order: the
+// newest 64.
 func (c *Cloudly) Sequences() []int64 {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return append([]int64(nil), c.sequences...)
+	return c.sequences.all()
 }
 
 // Registrations is the number of accepted relay registrations.
@@ -261,11 +262,15 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	c.mu.Unlock()
 	conn.Run(context.Background())
 	c.mu.Lock()
-	if c.conn == conn {
+	current := c.conn == conn
+	if current {
 		c.conn = nil
 	}
 	delete(c.authed, conn)
 	c.mu.Unlock()
+	if current {
+		c.streams.abandon() // what was streaming to Cloudly came over this socket
+	}
 }
 
 // PushImage streams data to node in a pushImageVersion request's imageStream, through the relay,
@@ -312,7 +317,7 @@ func (c *Cloudly) Session(node string) json.RawMessage {
 
 // Violations lists what the relay sent out of Cloudly's order: a request before its client
 // session, a forwarded request before its registration, a registrationSequence that did not
-// advance.
+// advance. It keeps the first 64.
 func (c *Cloudly) Violations() []string {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -321,7 +326,7 @@ func (c *Cloudly) Violations() []string {
 
 func (c *Cloudly) violation(err *typedsocket.Error) error {
 	c.mu.Lock()
-	c.violations = append(c.violations, err.Text)
+	c.violations = firstFew(c.violations, err.Text)
 	c.mu.Unlock()
 	return err
 }
@@ -441,7 +446,7 @@ func (c *Cloudly) fromNode(body json.RawMessage) (json.RawMessage, error) {
 		// SPEC §5: the relay's socket is authenticated as the relay; it never carries a node's
 		// request without that node's session.
 		c.mu.Lock()
-		c.violations = append(c.violations, "the relay forwarded a node request without a session")
+		c.violations = firstFew(c.violations, "the relay forwarded a node request without a session")
 		c.mu.Unlock()
 	}
 	if ok {
@@ -491,7 +496,7 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	var reg contracts.RegisterClusterRelayRequest
 	_ = json.Unmarshal(body, &reg)
 	c.mu.Lock()
-	c.sequences = append(c.sequences, reg.RegistrationSequence)
+	c.sequences.add(reg.RegistrationSequence)
 	// registrationSequence counts up once per registration within one relay process and restarts
 	// at 0 with a new process: anything else that does not exceed the last accepted one is
 	// relay-sequence-not-advancing.

@@ -37,16 +37,18 @@ import (
 // chunks in order, each checked against its chunkSha256 and the object descriptor; settles a
 // replayed chunk instead of failing it; and executes only a whole archive.
 //
-// It keeps a copy of every control it received (Received) so tests can compare bytes; that copy
-// holds grants and lives in memory only. It logs operations and outcomes, never a control.
+// A test that compares bytes asks it to keep a copy of every control it receives
+// (RecordControls, read with Received); that copy holds grants and lives in memory only. It keeps
+// the staging of the 16 restores updated last and forgets older ones, as a Corestore expires
+// abandoned staging. It logs operations and outcomes, never a control.
 type Corestore struct {
 	opts CorestoreOptions // set at construction
 	srv  *httptest.Server // set at construction
 	log  zerolog.Logger   // set at construction
 
 	mu       sync.Mutex
-	restores map[string]*staging                 // guarded by mu: by restoreId
-	received []CorestoreRequest                  // guarded by mu
+	restores map[string]*staging                 // guarded by mu: by restoreId, at most maxStagings
+	received []CorestoreRequest                  // guarded by mu: every control, when RecordControls
 	tamper   func(op string, body []byte) []byte // guarded by mu
 	delay    time.Duration                       // guarded by mu
 	gate     chan struct{}                       // guarded by mu: handlers wait while it is open
@@ -62,6 +64,10 @@ type CorestoreOptions struct {
 	ExecuteDelay time.Duration  // how long an execute stays executing before it is executed
 	Log          zerolog.Logger
 	Now          func() time.Time // default time.Now
+
+	// RecordControls keeps a copy of every control received, for Received. Off, nothing of a
+	// control outlives its request.
+	RecordControls bool
 }
 
 // CorestoreRequest is one control the stand-in received.
@@ -147,7 +153,7 @@ func (c *Corestore) CertificatePEM() []byte {
 // Close stops the stand-in. Call Release first if Block was used.
 func (c *Corestore) Close() { c.srv.Close() }
 
-// Received returns copies of the controls received, in order.
+// Received returns copies of the controls received, in order; nil unless RecordControls.
 func (c *Corestore) Received() []CorestoreRequest {
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -231,7 +237,9 @@ func (c *Corestore) serve(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	c.mu.Lock()
-	c.received = append(c.received, CorestoreRequest{op, body})
+	if c.opts.RecordControls {
+		c.received = append(c.received, CorestoreRequest{op, body})
+	}
 	delay, gate := c.delay, c.gate
 	var forced *corestoreError
 	if len(c.refusals) > 0 {
@@ -357,6 +365,9 @@ func (c *Corestore) prepareLocked(s *staging, g *GrantClaims, expected, now int6
 	if expected != 0 {
 		return nil, refuse(http.StatusConflict, "revision-conflict: a restore is prepared with expectedRevision 0")
 	}
+	if len(c.restores) >= maxStagings {
+		c.forgetOldestLocked()
+	}
 	sum := sha256.Sum256([]byte(g.RestoreID))
 	s = &staging{
 		restoreID: g.RestoreID, archiveID: "staging-" + hex.EncodeToString(sum[:8]), status: contracts.IsolatedRestorePrepared,
@@ -365,6 +376,21 @@ func (c *Corestore) prepareLocked(s *staging, g *GrantClaims, expected, now int6
 	}
 	c.restores[g.RestoreID] = s
 	return s.summary(nil, nil), nil
+}
+
+// maxStagings is how many restores a Corestore stand-in keeps staging for.
+const maxStagings = 16
+
+// forgetOldestLocked drops the staging updated longest ago: a restore abandoned half way (its
+// Cloudly went away) or cleaned up long since.
+func (c *Corestore) forgetOldestLocked() {
+	var oldest *staging
+	for _, s := range c.restores {
+		if oldest == nil || s.updatedAt < oldest.updatedAt {
+			oldest = s
+		}
+	}
+	delete(c.restores, oldest.restoreID)
 }
 
 func (c *Corestore) writeLocked(s *staging, m map[string][]byte, expected, now int64) ([]byte, *corestoreError) {

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -95,20 +96,27 @@ type RenewalReceipt struct {
 }
 
 // RenewalCounter counts the DNS lease renewals a simulated node admits; `relay dev` reports the
-// admitted ones as escrowReleased.
+// admitted ones as escrowReleased. A counter made by RecordRenewals also keeps a receipt of every
+// renewal pushed to the node.
 type RenewalCounter struct {
+	admitted atomic.Int64 // renewals the node admitted as new
+
 	mu       sync.Mutex
-	receipts []RenewalReceipt // guarded by mu
+	receipts []RenewalReceipt // guarded by mu: every renewal pushed, when made by RecordRenewals
 }
 
-// CountRenewals makes n record every renewal pushed to it while still admitting it by the node's
-// rules, and returns the counter.
-func CountRenewals(n *Node) *RenewalCounter {
+// CountRenewals makes n count the renewals it admits, still admitting each by the node's rules,
+// and returns the counter.
+func CountRenewals(n *Node) *RenewalCounter { return countRenewals(n, false) }
+
+// RecordRenewals is CountRenewals that also keeps a receipt of every renewal pushed to n, for
+// Receipts.
+func RecordRenewals(n *Node) *RenewalCounter { return countRenewals(n, true) }
+
+func countRenewals(n *Node, record bool) *RenewalCounter {
 	c := &RenewalCounter{}
 	n.Handle(contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal, func(body json.RawMessage) (json.RawMessage, error) {
 		at := time.Now()
-		var w renewalWire
-		_ = json.Unmarshal(body, &w)
 		resp, err := n.admitRenewal(body)
 		status := "refused"
 		if err == nil {
@@ -118,28 +126,26 @@ func CountRenewals(n *Node) *RenewalCounter {
 			_ = json.Unmarshal(resp, &answer)
 			status = answer.Status
 		}
-		c.mu.Lock()
-		c.receipts = append(c.receipts, RenewalReceipt{At: at, Sequence: w.Signed.Renewal.Sequence, Status: status})
-		c.mu.Unlock()
+		if status == contracts.ApplyStatusAccepted {
+			c.admitted.Add(1)
+		}
+		if record {
+			var w renewalWire
+			_ = json.Unmarshal(body, &w)
+			c.mu.Lock()
+			c.receipts = append(c.receipts, RenewalReceipt{At: at, Sequence: w.Signed.Renewal.Sequence, Status: status})
+			c.mu.Unlock()
+		}
 		return resp, err
 	})
 	return c
 }
 
 // Admitted is how many renewals the node admitted as new.
-func (c *RenewalCounter) Admitted() int64 {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	var n int64
-	for _, r := range c.receipts {
-		if r.Status == contracts.ApplyStatusAccepted {
-			n++
-		}
-	}
-	return n
-}
+func (c *RenewalCounter) Admitted() int64 { return c.admitted.Load() }
 
-// Receipts are every renewal pushed to the node, in arrival order.
+// Receipts are every renewal pushed to the node, in arrival order; nil unless made by
+// RecordRenewals.
 func (c *RenewalCounter) Receipts() []RenewalReceipt {
 	c.mu.Lock()
 	defer c.mu.Unlock()

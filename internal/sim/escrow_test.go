@@ -52,7 +52,7 @@ func TestCountRenewalsAdmitsByTheNodeRules(t *testing.T) {
 	now := int64(1_764_417_600_000 + 1000)
 	n.Now = func() int64 { return now }
 	n.session = simSession // the binding the node obtained: pushes must come under it
-	c := CountRenewals(n)
+	c := RecordRenewals(n)
 	run := EscrowRun{Session: simSession, Start: time.UnixMilli(1_764_417_600_000), Count: 3, Step: 2 * time.Second, Window: 3 * time.Second}
 	h, _ := run.build()
 	apply := func(i int) {
@@ -76,10 +76,10 @@ func TestCountRenewalsAdmitsByTheNodeRules(t *testing.T) {
 			t.Fatalf("the node admitted a renewal pushed with %s", name)
 		}
 	}
-	c = CountRenewals(n) // forget the refusals above
-	apply(0)             // current: accepted
-	apply(0)             // again: replay
-	apply(1)             // not yet open: refused
+	c = RecordRenewals(n) // forget the refusals above
+	apply(0)              // current: accepted
+	apply(0)              // again: replay
+	apply(1)              // not yet open: refused
 	now += 2000
 	apply(1) // open now: accepted
 	var statuses []string

@@ -40,7 +40,7 @@ type Ingress struct {
 	conn       *typedsocket.Conn // guarded by mu
 	table      json.RawMessage   // guarded by mu: the newest table applied, as received; nil: none
 	revision   int64             // guarded by mu: its revision, -1 while none
-	hints      []int64           // guarded by mu: revisions hinted, in order
+	hints      newest[int64]     // guarded by mu: the newest revisions hinted, in order
 	lastHint   []byte            // guarded by mu: the newest hint's body, as received
 	buckets    []json.RawMessage // guarded by mu: the day buckets it serves
 	days       []string          // guarded by mu: days[i] is buckets[i]'s dayUtc
@@ -155,11 +155,11 @@ func (in *Ingress) Table() (table json.RawMessage, revision int64, ok bool) {
 // TablesReceived counts the non-null route tables the relay answered.
 func (in *Ingress) TablesReceived() int64 { return in.tables.Load() }
 
-// Hints returns the revisions the relay hinted, in order.
+// Hints returns the revisions the relay hinted, in order: the newest 64.
 func (in *Ingress) Hints() []int64 {
 	in.mu.Lock()
 	defer in.mu.Unlock()
-	return append([]int64(nil), in.hints...)
+	return in.hints.all()
 }
 
 // LastHint is the newest hint's body exactly as the relay sent it.
@@ -205,7 +205,7 @@ func (in *Ingress) serve(c *typedsocket.Conn, req *typedsocket.Request) {
 			return
 		}
 		in.mu.Lock()
-		in.hints = append(in.hints, rev)
+		in.hints.add(rev)
 		in.lastHint = append([]byte(nil), req.Body...)
 		newer := rev > in.revision
 		in.mu.Unlock()

@@ -38,7 +38,7 @@ type Node struct {
 	received map[string]int        // guarded by mu: requests per method from the relay
 	last     map[string][]byte     // guarded by mu: the newest body per method
 	renewal  *admittedRenewal      // guarded by mu: the newest admitted DNS lease renewal
-	// violations: pushes from the relay no relay may send; guarded by mu
+	// violations: the first few pushes from the relay no relay may send; guarded by mu
 	violations []string
 
 	streams *streams // set at construction: the node's VirtualStreams
@@ -263,13 +263,14 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 		}
 		if !isBool {
 			n.mu.Lock()
-			n.violations = append(n.violations, "pushRelayUpstreamChanged is not exactly { attached: boolean }: "+string(req.Body))
+			n.violations = firstFew(n.violations, "pushRelayUpstreamChanged is not exactly { attached: boolean }: "+string(req.Body))
 			n.mu.Unlock()
 			req.Fail(contracts.RelayRequestInvalid.Refuse("pushRelayUpstreamChanged must be exactly { attached: boolean }"))
 			return
 		}
 		if !v {
 			n.detached.Store(true) // before the answer: nothing is sent after it
+			n.streams.abandon()    // Cloudly's socket is gone, and with it every stream from Cloudly
 			req.Respond(json.RawMessage(`{}`))
 			return
 		}
@@ -302,7 +303,8 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	}
 }
 
-// Violations lists what the relay sent the node that no relay may send (malformed pushes).
+// Violations lists what the relay sent the node that no relay may send (malformed pushes): the
+// first 64.
 func (n *Node) Violations() []string {
 	n.mu.Lock()
 	defer n.mu.Unlock()

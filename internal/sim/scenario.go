@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"net/netip"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -27,21 +28,53 @@ type Counts struct {
 	RouteTables    int64 // route tables the ingress received
 	Restores       int64 // isolated restores completed end to end
 	Streams        int64 // VirtualStreams received whole, both directions
+	Outages        int64 // times Cloudly went away
+	Recoveries     int64 // outages after which the relay re-attached and every node registered again
 }
 
 // Summary is the one line `relay dev` ends with.
 func (c Counts) Summary() string {
-	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d",
-		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores, c.Streams)
+	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d outages=%d recoveries=%d",
+		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores, c.Streams, c.Outages, c.Recoveries)
+}
+
+// Timing is the scenario's cycle: traffic while the relay is attached, a Cloudly outage, the
+// recovery, again. Zero fields take the defaults.
+type Timing struct {
+	FirstAttached time.Duration // traffic before the first outage (default 2 s)
+	Attached      time.Duration // traffic from a recovery to the next outage (default 15 s)
+	Outage        time.Duration // how long Cloudly stays away (default 4 s)
+}
+
+// WithDefaults is t with its zero fields set to the defaults.
+func (t Timing) WithDefaults() Timing {
+	if t.FirstAttached <= 0 {
+		t.FirstAttached = 2 * time.Second
+	}
+	if t.Attached <= 0 {
+		t.Attached = 15 * time.Second
+	}
+	if t.Outage <= 0 {
+		t.Outage = 4 * time.Second
+	}
+	return t
 }
 
 // Scenario drives real traffic through a relay with every simulated peer: nodes register, report
 // to Cloudly and answer its pushes; the ingress registers and receives route tables; a Corestore
-// runs isolated restores. Build it with NewScenario before the relay starts (Cloudly must know the
+// runs isolated restores; and again and again Cloudly holds DNS lease renewals, goes away and
+// comes back (cycles). Build it with NewScenario before the relay starts (Cloudly must know the
 // Corestore when the relay attaches), then Run it.
+//
+// It keeps counts, never bodies: it can run for as long as anyone likes.
 type Scenario struct {
 	Cloudly *Cloudly
 	Log     zerolog.Logger
+	// Timing is the outage cycle; set before Run.
+	Timing Timing
+	// Story, when set before Run, is told each turn of the cycle in a line of its own: attached,
+	// an outage, Cloudly back, the recovery. It is called from one goroutine, in order.
+	Story func(line string)
 
 	nodes     int
 	corestore *Corestore
@@ -52,8 +85,9 @@ type Scenario struct {
 	streams            atomic.Int64
 	registered         atomic.Int64
 	in                 atomic.Pointer[Ingress]
-	renewals           []*RenewalCounter // set by Run before any traffic
+	renewals           atomic.Pointer[[]*RenewalCounter] // published by Run before any traffic
 	outages            atomic.Int64
+	recoveries         atomic.Int64
 	vpn                []*VPNNode // set by Run before any traffic
 	vpnJoined          atomic.Bool
 
@@ -88,12 +122,10 @@ func (s *Scenario) Close() { s.corestore.Close() }
 
 func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
 
-// NotYet lists the scenario's parts that are not built yet.
-var NotYet []string
-
 // Snapshot reads the counts so far.
 func (s *Scenario) Snapshot() Counts {
-	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load(), Streams: s.streams.Load()}
+	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load(), Streams: s.streams.Load(),
+		Outages: s.outages.Load(), Recoveries: s.recoveries.Load(), EscrowReleased: s.released()}
 	if in := s.in.Load(); in != nil {
 		c.RouteTables = in.TablesReceived()
 	}
@@ -102,12 +134,24 @@ func (s *Scenario) Snapshot() Counts {
 			c.VPNPackets += n.Received()
 		}
 	}
-	if s.outages.Load() > 0 { // renewals is complete once an outage began
-		for _, r := range s.renewals {
-			c.EscrowReleased += r.Admitted()
+	return c
+}
+
+// released is how many renewals the nodes admitted from escrow.
+func (s *Scenario) released() int64 {
+	var n int64
+	if rs := s.renewals.Load(); rs != nil {
+		for _, r := range *rs {
+			n += r.Admitted()
 		}
 	}
-	return c
+	return n
+}
+
+func (s *Scenario) say(format string, args ...any) {
+	if s.Story != nil {
+		s.Story(fmt.Sprintf(format, args...))
+	}
 }
 
 // Run connects and registers the nodes and the ingress, then drives every part until ctx ends.
@@ -143,7 +187,7 @@ func (s *Scenario) Run(ctx context.Context, relayURL string) error {
 			return err
 		})
 	}
-	g.Go(func() error { s.escrowLoop(ctx, nodes); return nil })
+	g.Go(func() error { s.cycles(ctx, nodes, in); return nil })
 	g.Go(func() error { s.traffic(ctx, nodes); return nil })
 	g.Go(func() error { s.routeTables(ctx); return nil })
 	g.Go(func() error { s.streamsLoop(ctx, nodes); return nil })
@@ -153,13 +197,15 @@ func (s *Scenario) Run(ctx context.Context, relayURL string) error {
 
 func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error) {
 	nodes := make([]*Node, s.nodes)
-	s.renewals = make([]*RenewalCounter, s.nodes)
+	renewals := make([]*RenewalCounter, s.nodes)
+	for i := range nodes {
+		nodes[i] = NewNode(nodeName(i), s.Log)
+		renewals[i] = CountRenewals(nodes[i])
+	}
+	s.renewals.Store(&renewals)
 	var g errgroup.Group
 	g.SetLimit(64)
-	for i := range nodes {
-		n := NewNode(nodeName(i), s.Log)
-		nodes[i] = n
-		s.renewals[i] = CountRenewals(n)
+	for _, n := range nodes {
 		g.Go(func() error {
 			if err := n.Connect(ctx, url); err != nil {
 				return err
@@ -176,8 +222,11 @@ func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error
 	return nodes, g.Wait()
 }
 
-// vpnLoop: Cloudly pushes the membership, every node joins the hub, and every 500 ms each node
-// sends 5 packets to the next one through it.
+// vpnMembershipLife is how long each member of a pushed VPN membership stays valid.
+const vpnMembershipLife = time.Hour
+
+// vpnLoop: Cloudly pushes the membership (and a newer one every 20 minutes), every node joins the
+// hub, and every 500 ms each node sends 5 packets to the next one through it.
 func (s *Scenario) vpnLoop(ctx context.Context) error {
 	ids := make([]string, s.nodes)
 	for i := range ids {
@@ -187,19 +236,29 @@ func (s *Scenario) vpnLoop(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
+	for _, m := range members {
+		m.LightSocket = true // hundreds of members in one process
+	}
 	s.vpn = members
 	defer func() {
 		for _, m := range members {
 			m.Close()
 		}
 	}()
-	body := VPNMembershipBody(SimVPNAuthority, SimVPNControlPrefix, 1, time.Now().Add(time.Hour).UnixMilli(), members)
-	cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	_, err = s.Cloudly.Call(cctx, contracts.MethodPushClusterVpnMembership, body)
-	cancel()
-	if err != nil {
-		return fmt.Errorf("vpn membership push: %w", err)
+	generation := int64(1)
+	push := func() error {
+		body := VPNMembershipBody(SimVPNAuthority, SimVPNControlPrefix, generation, time.Now().Add(vpnMembershipLife).UnixMilli(), members)
+		cctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+		defer cancel()
+		if _, err := s.Cloudly.Call(cctx, contracts.MethodPushClusterVpnMembership, body); err != nil {
+			return fmt.Errorf("vpn membership push: %w", err)
+		}
+		return nil
 	}
+	if err := push(); err != nil {
+		return err
+	}
+	pushed := time.Now()
 	// Every simulated node dials from 127.0.0.1, so the hub's per-source handshake limit (20/s,
 	// burst 5) applies to all of them together: join a few at a time and try again when refused.
 	var g errgroup.Group
@@ -224,6 +283,13 @@ func (s *Scenario) vpnLoop(ctx context.Context) error {
 	}
 	s.vpnJoined.Store(true)
 	for sleepCtx(ctx, 500*time.Millisecond) {
+		// Renew the membership well before it expires, as Cloudly does; a run may last for days.
+		if time.Since(pushed) > vpnMembershipLife/3 && s.Cloudly.Attached() {
+			generation++ // never reused: a push whose answer was lost may still have been applied
+			if push() == nil {
+				pushed = time.Now()
+			}
+		}
 		for i, m := range members {
 			m.Send(members[(i+1)%len(members)], 5, 200)
 		}
@@ -231,34 +297,170 @@ func (s *Scenario) vpnLoop(ctx context.Context) error {
 	return nil
 }
 
-// escrowLoop: Cloudly holds a run of short DNS windows for every node (3 s windows every 2 s),
-// then goes away for 4 s — the relay releases the current window to each node and the next one
-// when its slot opens — and comes back; again every 20 s.
-func (s *Scenario) escrowLoop(ctx context.Context, nodes []*Node) {
-	for {
-		start := time.Now().Add(500 * time.Millisecond)
-		for _, n := range nodes {
-			body, err := EscrowRun{Session: n.Session(), Start: start, Count: 10, Step: 2 * time.Second, Window: 3 * time.Second}.Request()
+// The escrow runs Cloudly holds: a renewal every renewalStep, each window renewalWindow long.
+const (
+	renewalStep   = 2 * time.Second
+	renewalWindow = 3 * time.Second
+)
+
+// recoveryWait bounds how long a scenario that ends during an outage waits for the recovery.
+const recoveryWait = 20 * time.Second
+
+// cycles tells the scenario's story, again and again:
+//
+//   - attached: Cloudly holds a run of short DNS lease renewals for every node (a 3 s window
+//     every 2 s, through the next outage) while traffic flows;
+//   - outage: Cloudly goes away for Timing.Outage; the relay detaches and releases each node's
+//     current renewal from escrow, and the next one as its slot opens;
+//   - recovery: Cloudly comes back, the relay re-attaches, every node and the ingress register
+//     again (a new session each), and the next run is held for the new sessions.
+//
+// When ctx ends during an outage, Cloudly comes back at once, and cycles waits for the recovery
+// (at most recoveryWait) before it returns: a run does not end detached.
+func (s *Scenario) cycles(ctx context.Context, nodes []*Node, in *Ingress) {
+	t := s.Timing.WithDefaults()
+	s.say("attached: %d nodes and the ingress registered; traffic flows", len(nodes))
+	sequence := int64(1) // every run continues the sequences of the one before: a node admits only newer ones
+	attached := t.FirstAttached
+	for outage := int64(1); ; outage++ {
+		count := int((attached+t.Outage)/renewalStep) + 3
+		s.hold(ctx, nodes, sequence, count)
+		sequence += int64(count)
+		if !sleepCtx(ctx, attached) {
+			return
+		}
+
+		before := registrations(nodes, in)
+		released := s.released()
+		s.outages.Add(1)
+		s.say("outage %d: Cloudly goes away for %s; the relay detaches and releases the renewals it holds", outage, t.Outage)
+		s.Cloudly.SetAvailable(false)
+		sleepCtx(ctx, t.Outage) // cut short when ctx ends: Cloudly comes back at once
+		s.Cloudly.SetAvailable(true)
+		back := time.Now()
+		s.say("outage %d over: Cloudly is back", outage)
+		if !s.recovered(ctx, nodes, in, before) {
+			return
+		}
+		s.recoveries.Add(1)
+		s.say("recovered %.1f s after Cloudly came back: the relay re-attached, %d nodes and the ingress registered again; %d renewals released from escrow while detached",
+			time.Since(back).Seconds(), len(nodes), s.released()-released)
+		if ctx.Err() != nil {
+			return
+		}
+		attached = t.Attached
+	}
+}
+
+// hold has Cloudly hold a run of count renewals for every node, sequences from first.
+func (s *Scenario) hold(ctx context.Context, nodes []*Node, first int64, count int) {
+	start := time.Now().Add(500 * time.Millisecond)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, n := range nodes {
+		g.Go(func() error {
+			body, err := EscrowRun{Session: n.Session(), Start: start, Count: count, Step: renewalStep, Window: renewalWindow,
+				FirstSequence: first}.Request()
 			if err != nil {
-				continue
+				return nil
 			}
 			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			defer cancel()
 			if _, err := s.Cloudly.Call(cctx, contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals, body); err != nil && ctx.Err() == nil {
 				s.Log.Debug().Err(err).Str("node", n.ID).Msg("hold failed")
 			}
-			cancel()
+			return nil
+		})
+	}
+	g.Wait()
+}
+
+// registrations are the accepted registrations of every node, then of the ingress.
+func registrations(nodes []*Node, in *Ingress) []int64 {
+	out := make([]int64, len(nodes)+1)
+	for i, n := range nodes {
+		out[i] = n.Registrations()
+	}
+	out[len(nodes)] = in.Registrations()
+	return out
+}
+
+// reregisterAfter is how long a node (or the ingress) that has not registered again since the
+// relay re-attached waits before it tries by itself, as Pallet retries a failed registration.
+const reregisterAfter = 10 * time.Second
+
+// recovered waits until the relay is attached again and every node and the ingress registered
+// since before; a node whose registration after the relay's push failed tries again after
+// reregisterAfter. Once ctx ends it waits at most recoveryWait more; false if that passes first.
+func (s *Scenario) recovered(ctx context.Context, nodes []*Node, in *Ingress, before []int64) bool {
+	var deadline time.Time   // set once ctx ends
+	var attachedAt time.Time // since when the relay is attached; zero while it is not
+	for {
+		attached := s.Cloudly.Attached()
+		var late []int // not registered again: indexes into nodes, len(nodes) for the ingress
+		for i, n := range registrations(nodes, in) {
+			if n <= before[i] {
+				late = append(late, i)
+			}
 		}
-		if !sleepCtx(ctx, time.Second) {
-			return
+		switch {
+		case attached && len(late) == 0:
+			return true
+		case !attached:
+			attachedAt = time.Time{}
+		case attachedAt.IsZero():
+			attachedAt = time.Now()
+		case time.Since(attachedAt) > reregisterAfter:
+			attachedAt = time.Now()
+			s.registerAgain(nodes, in, late)
 		}
-		s.outages.Add(1)
-		s.Cloudly.SetAvailable(false)
-		ok := sleepCtx(ctx, 4*time.Second)
-		s.Cloudly.SetAvailable(true)
-		if !ok || !sleepCtx(ctx, 15*time.Second) {
-			return
+		switch {
+		case ctx.Err() == nil:
+		case deadline.IsZero():
+			deadline = time.Now().Add(recoveryWait)
+			s.say("the run ends before the recovery: waiting for it (at most %s)", recoveryWait)
+		case time.Now().After(deadline):
+			return false
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// registerAgain registers the late nodes (and the ingress, index len(nodes)) once more.
+func (s *Scenario) registerAgain(nodes []*Node, in *Ingress, late []int) {
+	var names []string
+	for _, i := range late {
+		if i == len(nodes) {
+			names = append(names, "the ingress")
+		} else {
+			names = append(names, nodes[i].ID)
 		}
 	}
+	if len(names) > 3 {
+		names = append(names[:3], fmt.Sprintf("%d more", len(late)-3))
+	}
+	s.say("%s did not register again within %s of the relay's re-attachment: trying again", strings.Join(names, ", "), reregisterAfter)
+	var g errgroup.Group
+	g.SetLimit(16)
+	for _, i := range late {
+		g.Go(func() error {
+			ctx, cancel := context.WithTimeout(context.Background(), reregisterAfter)
+			defer cancel()
+			var err error
+			id := in.NodeID + " (ingress)"
+			if i == len(nodes) {
+				_, err = in.Register(ctx)
+			} else {
+				id = nodes[i].ID
+				_, err = nodes[i].Register(ctx)
+			}
+			if err != nil {
+				s.Log.Warn().Err(err).Str("node", id).Msg("registration failed again")
+			}
+			return nil
+		})
+	}
+	g.Wait()
 }
 
 func sleepCtx(ctx context.Context, d time.Duration) bool {
@@ -271,12 +473,14 @@ func sleepCtx(ctx context.Context, d time.Duration) bool {
 }
 
 // traffic: every 200 ms each node reports to Cloudly and Cloudly reads each node's stats.
+// One round at a time: a round that takes longer than 200 ms delays the next instead of piling
+// goroutines and requests on top of it.
 func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 	tick := time.NewTicker(200 * time.Millisecond)
 	defer tick.Stop()
 	var wg sync.WaitGroup
-	defer wg.Wait()
 	for seq := 1; ; seq++ {
+		wg.Wait()
 		select {
 		case <-ctx.Done():
 			return

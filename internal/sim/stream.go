@@ -24,21 +24,63 @@ import (
 // cycleId and keep the request's phase; a chunk's answer sets request to null; the last chunk
 // carries the closing bit. Chunk data travels as base64 strings (the library sends a Uint8Array's
 // JSON form; the relay reads neither).
+//
+// A stream whose path is gone is forgotten at once (abandon: Cloudly's socket ended, or the relay
+// said it detached); one nobody waits for — its request was lost, or its receiver gave up before
+// the closing chunk — streamLinger after its last chunk. A long run keeps only the streams in
+// flight.
 type streams struct {
-	mu       sync.Mutex
-	answers  map[string]chan struct{} // guarded by mu: cycleId → closed when answered
-	incoming map[string][]byte        // guarded by mu: streamId → bytes received so far
-	waiters  map[string]chan []byte   // guarded by mu: streamId → gets the bytes once closed
-	closed   map[string][]byte        // guarded by mu: streams closed before anyone waited
-	tap      func(frame []byte)       // guarded by mu: sees every stream frame as it arrived, when set
+	mu        sync.Mutex
+	answers   map[string]chan struct{} // guarded by mu: cycleId → closed when answered
+	incoming  map[string]*inbound      // guarded by mu: streamId → bytes received so far
+	waiters   map[string]chan []byte   // guarded by mu: streamId → gets the bytes once closed
+	closed    map[string]*inbound      // guarded by mu: streams closed before anyone waited
+	tap       func(frame []byte)       // guarded by mu: sees every stream frame as it arrived, when set
+	lastSweep time.Time                // guarded by mu
 
 	completed atomic.Int64 // streams received whole
 	pace      atomic.Int64 // nanoseconds to wait between two chunks sent (a slow writer)
 }
 
+// inbound is a stream's bytes so far and when its last chunk came.
+type inbound struct {
+	data []byte
+	last time.Time
+}
+
+// streamLinger is how long a stream nobody waits for is kept after its last chunk: as long as a
+// receiver waits for one (typedsocket.DefaultCallTimeout).
+const streamLinger = typedsocket.DefaultCallTimeout
+
 func newStreams() *streams {
-	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string][]byte),
-		waiters: make(map[string]chan []byte), closed: make(map[string][]byte)}
+	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string]*inbound),
+		waiters: make(map[string]chan []byte), closed: make(map[string]*inbound), lastSweep: time.Now()}
+}
+
+// abandon forgets every stream being received and every one closed that nobody asked for: they
+// came over a path that is gone (Cloudly's socket ended, or the relay said it detached), and no
+// more of them will arrive.
+func (s *streams) abandon() {
+	s.mu.Lock()
+	clear(s.incoming)
+	clear(s.closed)
+	s.mu.Unlock()
+}
+
+// sweepLocked forgets the streams whose last chunk came more than streamLinger ago; at most once
+// a second.
+func (s *streams) sweepLocked(now time.Time) {
+	if now.Sub(s.lastSweep) < time.Second {
+		return
+	}
+	s.lastSweep = now
+	for _, m := range []map[string]*inbound{s.incoming, s.closed} {
+		for id, in := range m {
+			if now.Sub(in.last) > streamLinger {
+				delete(m, id)
+			}
+		}
+	}
 }
 
 // streamMarker is the body member that carries a stream: { "_isVirtualStream": true, "streamId" }.
@@ -105,17 +147,23 @@ func (s *streams) serve(c *typedsocket.Conn, f *typedsocket.StreamFrame) {
 }
 
 func (s *streams) chunk(id, data string) {
+	now := time.Now()
 	s.mu.Lock()
 	defer s.mu.Unlock()
+	s.sweepLocked(now)
+	in := s.incoming[id]
+	if in == nil {
+		in = &inbound{}
+	}
+	in.last = now
 	if data == contracts.StreamClosingBit {
-		got := s.incoming[id]
 		delete(s.incoming, id)
 		s.completed.Add(1)
 		if w := s.waiters[id]; w != nil {
 			delete(s.waiters, id)
-			w <- got
+			w <- in.data
 		} else {
-			s.closed[id] = got
+			s.closed[id] = in
 		}
 		return
 	}
@@ -123,7 +171,8 @@ func (s *streams) chunk(id, data string) {
 	if err != nil {
 		return
 	}
-	s.incoming[id] = append(s.incoming[id], b...)
+	in.data = append(in.data, b...)
+	s.incoming[id] = in
 }
 
 // send writes data to the stream in chunks of chunkSize, each answered before the next, then the
@@ -176,7 +225,7 @@ func (s *streams) receive(ctx context.Context, id string) ([]byte, error) {
 	if got, ok := s.closed[id]; ok {
 		delete(s.closed, id)
 		s.mu.Unlock()
-		return got, nil
+		return got.data, nil
 	}
 	w := make(chan []byte, 1)
 	s.waiters[id] = w

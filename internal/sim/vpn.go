@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/netip"
 	"sync"
 	"sync/atomic"
@@ -35,6 +36,10 @@ type VPNNode struct {
 	ID      string
 	Key     vpnkey.Pair
 	Address netip.Addr // control address
+	// LightSocket dials from a plain UDP socket instead of the client's batched one (quicsock,
+	// about 1 MiB of buffers per socket): for hundreds of members in one process, as `relay dev`
+	// runs them. The protocol is the same; only the member's own socket I/O differs.
+	LightSocket bool
 
 	log      zerolog.Logger
 	received atomic.Int64 // packets delivered to this node by its peers
@@ -43,7 +48,19 @@ type VPNNode struct {
 	client *client.Client // guarded by mu
 	conn   *client.Conn   // guarded by mu
 	done   chan struct{}  // guarded by mu: closed when the receive loop ends
+	sock   net.PacketConn // guarded by mu: the LightSocket the client dials from
 }
+
+// plainPacketConn hides a *net.UDPConn's type, so that the client and quic-go treat it as any
+// packet socket: no batching, no offloads. It keeps the buffer sizes quic-go asks for (quic-go
+// warns on standard error about a socket that cannot set them).
+type plainPacketConn struct {
+	net.PacketConn
+	udp *net.UDPConn
+}
+
+func (c plainPacketConn) SetReadBuffer(n int) error  { return c.udp.SetReadBuffer(n) }
+func (c plainPacketConn) SetWriteBuffer(n int) error { return c.udp.SetWriteBuffer(n) }
 
 // NewVPNNodes makes members for ids with fresh keys and control addresses numbered from the
 // prefix's second address.
@@ -91,23 +108,41 @@ func HubTarget(ep contracts.VPNHubEndpoint) (netip.AddrPort, [32]byte, error) {
 // Join dials the hub at addr with hubKey under authorityID and starts counting the packets the
 // node receives. It returns the hub's refusal (a *contracts.Refusal) when the hub refuses.
 func (n *VPNNode) Join(ctx context.Context, addr netip.AddrPort, hubKey [32]byte, authorityID string) error {
-	cl, err := client.New(client.Config{Hub: addr, HubKey: hubKey, AuthorityID: authorityID, NodeID: n.ID, Key: n.Key, Logger: n.log})
+	cfg := client.Config{Hub: addr, HubKey: hubKey, AuthorityID: authorityID, NodeID: n.ID, Key: n.Key, Logger: n.log}
+	var sock net.PacketConn
+	if n.LightSocket {
+		udp, err := net.ListenUDP("udp4", &net.UDPAddr{})
+		if err != nil {
+			return fmt.Errorf("node %s: vpn socket: %w", n.ID, err)
+		}
+		sock, cfg.Conn = udp, plainPacketConn{udp, udp}
+	}
+	closeAll := func(cl *client.Client) {
+		if cl != nil {
+			cl.Close()
+		}
+		if sock != nil {
+			sock.Close()
+		}
+	}
+	cl, err := client.New(cfg)
 	if err != nil {
+		closeAll(nil)
 		return err
 	}
 	conn, err := cl.Dial(ctx)
 	if err != nil {
-		cl.Close()
+		closeAll(cl)
 		return err
 	}
 	if conn.ControlAddress() != n.Address {
 		conn.Close()
-		cl.Close()
+		closeAll(cl)
 		return fmt.Errorf("node %s: hub gave control address %s, membership says %s", n.ID, conn.ControlAddress(), n.Address)
 	}
 	done := make(chan struct{})
 	n.mu.Lock()
-	n.client, n.conn, n.done = cl, conn, done
+	n.client, n.conn, n.done, n.sock = cl, conn, done, sock
 	n.mu.Unlock()
 	go func() {
 		defer close(done)
@@ -162,13 +197,16 @@ func (n *VPNNode) Err() error {
 // Close leaves the hub.
 func (n *VPNNode) Close() {
 	n.mu.Lock()
-	cl, conn, done := n.client, n.conn, n.done
-	n.client, n.conn, n.done = nil, nil, nil
+	cl, conn, done, sock := n.client, n.conn, n.done, n.sock
+	n.client, n.conn, n.done, n.sock = nil, nil, nil, nil
 	n.mu.Unlock()
 	if conn != nil {
 		conn.Close()
 		<-done
 		cl.Close()
+	}
+	if sock != nil {
+		sock.Close()
 	}
 }
 
