@@ -17,22 +17,8 @@ import (
 	"code.foss.global/serve.zone/relay/relay"
 )
 
-// goneSignal is the real escrow with a signal when the relay reports a node connection gone.
-type goneSignal struct {
-	*escrow.Escrow
-	gone chan struct{}
-}
-
-func (g *goneSignal) NodeGone(n relay.Node) {
-	g.Escrow.NodeGone(n)
-	select {
-	case g.gone <- struct{}{}:
-	default:
-	}
-}
-
 // pausingWriter holds the relay's "node registered" log line — written by the relay between
-// binding a node and telling escrow — until pause has run, once armed.
+// binding a node and telling its observers — until pause has run, once armed.
 type pausingWriter struct {
 	armed atomic.Bool
 	pause func()
@@ -49,18 +35,19 @@ func (w *pausingWriter) Write(p []byte) (int, error) {
 // A node connection that ends while Cloudly's acceptance of its registration is being bound must
 // leave no binding in escrow: escrow-node-not-carried means "no current session of that node on
 // this relay" (SPEC §6), and a feature must keep nothing for a connection that is gone. The
-// relay told escrow NodeBound after NodeGone when the connection ended between the two, so the
-// escrow held runs for, and released them to, a dead connection until the node came back.
+// relay once told escrow NodeBound after NodeGone when the connection ended between the two, so
+// the escrow held runs for, and released them to, a dead connection until the node came back;
+// escrow now follows the connection's end through its context.
 func TestNodeConnectionEndingWhileItIsBoundLeavesNoEscrowCarrier(t *testing.T) {
 	esc, err := escrow.New(escrow.Options{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	feat := &goneSignal{Escrow: esc, gone: make(chan struct{}, 1)}
 	w := &pausingWriter{}
 	e := relaytest.Start(t, relaytest.Options{
-		Build: func(cfg relay.Config, _ zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
-			return relay.New(cfg, relay.Features{Escrow: feat}, zerolog.New(w), opts)
+		Build: func(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
+			opts.Logger = zerolog.New(w)
+			return relay.New(cfg, relay.Features{Escrow: esc}, opts)
 		},
 	})
 
@@ -68,19 +55,15 @@ func TestNodeConnectionEndingWhileItIsBoundLeavesNoEscrowCarrier(t *testing.T) {
 	first := e.Node("node-a")
 	session := first.Session()
 	first.Close()
-	<-feat.gone
+	e.Eventually("the first connection is carried by no one", func() bool { return e.Metric("relay_downstream_connections") == 0 })
 
 	second := e.Dial("node-a")
 	w.pause = func() {
 		// The relay has bound the second connection and not yet told escrow: the connection ends
-		// now, and the relay unbinds it (the nodes gauge drops) and may tell escrow it is gone.
+		// now, and the relay unbinds it (the nodes gauge drops).
 		second.Close()
 		for e.Metric("relay_downstream_nodes") != 0 {
 			time.Sleep(time.Millisecond)
-		}
-		select { // a relay that tells escrow NodeGone from the ending connection does so at once
-		case <-feat.gone:
-		case <-time.After(200 * time.Millisecond):
 		}
 	}
 	w.armed.Store(true)

@@ -1,7 +1,6 @@
 package relay_test
 
 import (
-	"context"
 	"encoding/json"
 	"net"
 	"os"
@@ -12,6 +11,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -42,6 +42,19 @@ func TestAttachCountsSequencesAcrossReconnects(t *testing.T) {
 	}
 	if !strings.Contains(string(e.cloudly.Last(contracts.MethodRegisterClusterRelay)), `"vpnHub":null`) {
 		t.Fatal("a relay without a hub must report vpnHub: null")
+	}
+}
+
+// SPEC §4 step 3: the accepted answer to registerClusterRelay carries the cluster's origin, which
+// the relay records when present and never requires: the answer's key names are this project's
+// guess (tolerance), so an answer without one attaches all the same.
+func TestRegistrationAnswerWithoutOriginAttaches(t *testing.T) {
+	e := relaytest.Start(t, relaytest.Options{Cloudly: func(c *sim.Cloudly) { c.Origin = "" }})
+	if !strings.Contains(string(e.Cloudly.Last(contracts.MethodRegisterClusterRelay)), `"registrationSequence":0`) {
+		t.Fatal("the relay registered more than once before attaching")
+	}
+	if got := e.Metric("relay_upstream_registrations_total", "outcome", "accepted"); got != 1 {
+		t.Fatalf("registrations_total{accepted} = %v, want 1", got)
 	}
 }
 
@@ -162,7 +175,7 @@ func TestConfigPush(t *testing.T) {
 	wantRefusal(t, push(map[string]any{"origin": "https://relay.example:443"}, e.cloudly.ClusterID), contracts.RelayRequestInvalid)
 }
 
-// recordingEscrow is a port fake: it records what the relay tells escrow.
+// recordingEscrow is a port fake: an escrow feature that records what the relay tells it.
 type recordingEscrow struct {
 	mu       sync.Mutex
 	ended    int
@@ -171,29 +184,41 @@ type recordingEscrow struct {
 	gone     []string
 }
 
-func (r *recordingEscrow) Hold(fromCloudly bool, _ json.RawMessage) (json.RawMessage, error) {
-	if !fromCloudly {
-		return nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session")
+func (r *recordingEscrow) Methods() (fromCloudly, fromDownstream []string) {
+	hold := []string{contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals}
+	return hold, hold
+}
+func (r *recordingEscrow) ServeCloudly(_ string, attached bool, _ json.RawMessage, reply func(json.RawMessage, error)) {
+	if !attached {
+		reply(nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session"))
+		return
 	}
-	return json.RawMessage(`{"held":0}`), nil
+	reply(json.RawMessage(`{"held":0}`), nil)
 }
-func (r *recordingEscrow) SetAttached(a bool) {
-	r.mu.Lock()
-	r.attached = append(r.attached, a)
-	r.mu.Unlock()
+func (r *recordingEscrow) ServeDownstream(_ string, _ relay.Peer, _ json.RawMessage, reply func(json.RawMessage, error)) {
+	reply(nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session"))
 }
-func (r *recordingEscrow) EndCustody() { r.mu.Lock(); r.ended++; r.mu.Unlock() }
+func (r *recordingEscrow) Attached(relay.Upstream)                 { r.record(&r.attached, true) }
+func (r *recordingEscrow) Detached()                               { r.record(&r.attached, false) }
+func (r *recordingEscrow) CustodyEnded()                           { r.mu.Lock(); r.ended++; r.mu.Unlock() }
+func (r *recordingEscrow) Configured(contracts.ClusterRelayConfig) {}
 func (r *recordingEscrow) NodeBound(n relay.Node) {
 	r.mu.Lock()
 	r.bound = append(r.bound, n.Session().NodeID)
 	r.mu.Unlock()
 }
-func (r *recordingEscrow) NodeGone(n relay.Node) {
+func (r *recordingEscrow) PeerGone(p relay.Peer) {
+	if n, ok := p.(relay.Node); ok && n.Session().NodeID != "" {
+		r.mu.Lock()
+		r.gone = append(r.gone, n.Session().NodeID)
+		r.mu.Unlock()
+	}
+}
+func (r *recordingEscrow) record(to *[]bool, v bool) {
 	r.mu.Lock()
-	r.gone = append(r.gone, n.Session().NodeID)
+	*to = append(*to, v)
 	r.mu.Unlock()
 }
-func (r *recordingEscrow) Run(ctx context.Context) { <-ctx.Done() }
 func (r *recordingEscrow) custodyEnded() int {
 	r.mu.Lock()
 	defer r.mu.Unlock()

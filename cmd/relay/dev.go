@@ -70,7 +70,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	// The hub binds loopback; the registration reports the advertise address, which Cloudly accepts.
-	r, hub, err := buildParts(cfg, log, relay.Options{}, netip.MustParseAddr(cfg.AdvertiseAddress))
+	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.MustParseAddr(cfg.AdvertiseAddress))
 	if err != nil {
 		return err
 	}
