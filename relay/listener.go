@@ -20,12 +20,12 @@ import (
 // anonymous client holds no idle keep-alive connection outside every WebSocket bound.
 func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	if req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/") {
-		if r.features.Registry == nil {
+		if r.v2 == nil {
 			w.Header().Set("Connection", "close")
 			http.Error(w, "registry forwarding is off on this relay", http.StatusNotFound)
 			return
 		}
-		r.features.Registry.ServeHTTP(w, req)
+		r.v2.ServeHTTP(w, req)
 		return
 	}
 	if !isWebSocketUpgrade(req) {

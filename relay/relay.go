@@ -48,10 +48,10 @@ type Relay struct {
 
 	// The features, found out at New (features.go): the methods they serve are in dispatch, and
 	// the relay tells observers what happens and runs components.
-	features   Features
 	dispatch   dispatch
 	observers  []Observer
 	components []part
+	v2         http.Handler              // set at construction: registry forwarding under /v2/; nil: off
 	vpnHub     *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
 
 	certs   *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
@@ -111,7 +111,7 @@ type Options struct {
 // be registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, features: feats, registry: opts.Registry, vpnHub: opts.VPNHub,
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, vpnHub: opts.VPNHub,
 		log:          log.With().Str("component", "relay").Logger(),
 		downLog:      log.With().Str("component", "downstream").Logger(),
 		upLog:        log.With().Str("component", "upstream").Logger(),
