@@ -147,6 +147,44 @@ func TestReconnectedNodeGetsTheCurrentRenewalAgain(t *testing.T) {
 	})
 }
 
+// The escrow follows a node connection's end through its context (relay.Node.Context): once it
+// ends, nothing more is pushed on it and the node is carried by no one, a rotation on the same
+// connection included.
+func TestEndedConnectionCarriesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := startBubble(t)
+		defer b.stop()
+		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
+		b.e.Attached(nil)
+		b.e.NodeBound(node)
+		// The node rotates on the same connection: a new session, the same connection and end.
+		rotated := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 2)
+		rotated.id, rotated.ctx, rotated.end = node.id, node.ctx, node.end
+		b.e.NodeBound(rotated)
+		start := nowMs()
+		if _, err := b.e.Hold(true, gridRun("node-a", 23, start).body(t)); err != nil {
+			t.Fatal(err)
+		}
+		b.e.Detached()
+		synctest.Wait()
+		if !slices.Equal(rotated.sequences(), []int64{1}) {
+			t.Fatalf("on detach: %v", rotated.sequences())
+		}
+		node.end()
+		synctest.Wait()
+		b.e.mu.Lock()
+		_, carried := b.e.sched.carrier("node-a")
+		b.e.mu.Unlock()
+		if carried {
+			t.Fatal("an ended connection still carries node-a")
+		}
+		sleepUntil(start + 30*minute)
+		if got := rotated.sequences(); len(got) != 1 || len(node.received()) != 0 {
+			t.Fatalf("pushed on an ended connection: %v", got)
+		}
+	})
+}
+
 // nodeError is a node's own error, named like a typedsocket error.
 type nodeError struct{ name contracts.RefusalName }
 
