@@ -51,7 +51,7 @@ func startStack(direct bool) (*stack, error) {
 	if err := cfg.Complete(); err != nil {
 		return nil, err
 	}
-	r, err := relay.New(cfg, relay.Features{}, zerolog.Nop(), relay.Options{})
+	r, err := relay.New(cfg, relay.Features{}, relay.Options{Logger: zerolog.Nop()})
 	if err != nil {
 		return nil, err
 	}

@@ -105,7 +105,7 @@ func BenchmarkEscrow10kNodes(b *testing.B) {
 		var received []time.Time
 		ids := make([]string, nodes)
 		carriers := make([]*benchNode, nodes)
-		e.SetAttached(true)
+		e.Attached(nil)
 		for i := range ids {
 			ids[i] = fmt.Sprintf("node-%05d", i)
 			carriers[i] = &benchNode{fakeNode: newFakeNode(ids[i], json.RawMessage(`{"kind":"cloudly","id":"cloudly-prod-1"}`), "rt-cluster-prod-7", 1),
@@ -150,7 +150,7 @@ func BenchmarkEscrow10kNodes(b *testing.B) {
 		var ran atomic.Bool
 		done := make(chan struct{})
 		go func() { ran.Store(true); e.Run(ctx); close(done) }()
-		e.SetAttached(false)
+		e.Detached()
 		time.Sleep(time.Until(t0) - 100*time.Millisecond)
 		cpu0 := processCPU()
 		time.Sleep(time.Until(t0.Add(bursts*step - step/2)))

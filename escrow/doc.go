@@ -7,7 +7,7 @@
 //
 //	Cloudly ──holdRuntimeNetworkDnsLeaseRenewals { nodeId, projection, renewals }──► relay ─► Escrow.Hold
 //	        ◄──────────────── { held } or "<escrow refusal>: <reason>" ──────────────
-//	                 … the Cloudly session is lost: SetAttached(false) …
+//	                 … the Cloudly session is lost: Detached …
 //	relay ──applyRuntimeNetworkDnsLeaseRenewal { session, signed }──► node   (the newest current window)
 //	      ◄──────────────── { status, renewal } bound to the renewal sent ────────
 //
@@ -22,9 +22,10 @@
 //     the node obtained itself. A renewal the node acknowledged in its current session is not
 //     pushed again; a new session (NodeBound) gets the current one again. A refusal or failure is
 //     retried with a bounded backoff while the window lasts (scheduler.go).
-//   - While attached nothing is released. EndCustody drops every run; a run whose last window has
+//   - While attached nothing is released. CustodyEnded drops every run; a run whose last window has
 //     ended is dropped.
 //
 // The release schedule is the scheduler type: no I/O, no clock of its own, one heap for all nodes.
-// Escrow wraps it with a mutex, an injected clock and one timer driven by Run.
+// Escrow wraps it with a mutex, an injected clock and one timer driven by Run. The relay reaches it
+// through relay.go: the method it serves, what it observes, Run and Ready.
 package escrow

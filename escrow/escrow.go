@@ -21,10 +21,12 @@ import (
 //   - Call sends a request on the connection; done gets the answer or an error, exactly once,
 //     possibly before Call returns, and must not block.
 //   - Session is the binding Cloudly answered the node's latest accepted registration with.
+//   - Context ends when the connection does: the escrow stops counting it as the node's carrier.
 type Node = interface {
 	ID() uint64
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 	Session() contracts.RuntimeSession
+	Context() context.Context
 }
 
 // Options configure an Escrow. The zero value is usable.
@@ -154,7 +156,8 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	e.mu.Lock()
 	defer e.mu.Unlock()
 	ns, carried := e.sched.carrier(req.NodeID)
-	if !carried {
+	if !carried || ns.node.Context().Err() != nil {
+		// A connection that has ended carries nothing, whether or not its end has been recorded.
 		return req.NodeID, nil, refuseNotCarried(req.NodeID)
 	}
 	session := contracts.RuntimeSession{NodeID: ns.id, Controller: ns.controller, RuntimeNamespace: ns.namespace}
@@ -173,8 +176,8 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	return req.NodeID, run, nil
 }
 
-// SetAttached records the upstream state: renewals are released only while detached.
-func (e *Escrow) SetAttached(attached bool) {
+// setAttached records the upstream state: renewals are released only while detached.
+func (e *Escrow) setAttached(attached bool) {
 	now := e.nowMs()
 	e.mu.Lock()
 	e.sched.setAttached(attached, now)
@@ -182,8 +185,8 @@ func (e *Escrow) SetAttached(attached bool) {
 	e.mu.Unlock()
 }
 
-// EndCustody drops every run: Cloudly said it does not dispatch to this relay.
-func (e *Escrow) EndCustody() {
+// CustodyEnded drops every run: Cloudly said it does not dispatch to this relay.
+func (e *Escrow) CustodyEnded() {
 	e.mu.Lock()
 	runs := e.sched.runs()
 	e.sched.endCustody()
@@ -196,7 +199,9 @@ func (e *Escrow) EndCustody() {
 
 // NodeBound records that n carries its node's current session, on every accepted registration,
 // a rotation on the same connection included. A new session has the current renewal pushed
-// again while detached.
+// again while detached. The escrow follows the connection's end through n.Context(): once it
+// ends, n carries the node no more. The node's run stays until its last window ends, for the node
+// to come back to.
 func (e *Escrow) NodeBound(n Node) {
 	s := n.Session()
 	if !contracts.IsClusterNodeID(s.NodeID) {
@@ -206,28 +211,34 @@ func (e *Escrow) NodeBound(n Node) {
 	if err != nil {
 		controller = nil // no canonical form: no run is in its scope
 	}
+	id, conn := s.NodeID, n.ID()
 	now := e.nowMs()
 	e.mu.Lock()
-	e.sched.bound(s.NodeID, n, n.ID(), s.Raw, controller, s.RuntimeNamespace, now)
+	ns, carried := e.sched.carrier(id)
+	follow := !carried || ns.conn != conn // a rotation on the same connection is followed already
+	e.sched.bound(id, n, conn, s.Raw, controller, s.RuntimeNamespace, now)
 	e.gaugesLocked()
 	e.changedLocked()
 	e.mu.Unlock()
+	if follow {
+		// After the binding: a connection that has ended already is let go at once.
+		context.AfterFunc(n.Context(), func() { e.nodeGone(id, conn) })
+	}
 }
 
-// NodeGone records that n, which carried its node, has ended. The node's run stays until its
-// last window ends, for the node to come back to.
-func (e *Escrow) NodeGone(n Node) {
-	id := n.Session().NodeID
+// nodeGone records that connection conn, which carried node id, has ended; a connection that no
+// longer carries the node (superseded) changes nothing.
+func (e *Escrow) nodeGone(id string, conn uint64) {
 	now := e.nowMs()
 	e.mu.Lock()
-	e.sched.gone(id, n.ID(), now)
+	e.sched.gone(id, conn, now)
 	e.mu.Unlock()
 }
 
 // Run drives releases until ctx ends: one timer for the next due event across every node. It
 // sends a burst of pushes before it looks at any answer, so that answers arriving during a burst
 // (every node's slot opening on the same grid instant) do not compete with the pushes still to go.
-func (e *Escrow) Run(ctx context.Context) {
+func (e *Escrow) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
@@ -256,6 +267,7 @@ func (e *Escrow) Run(ctx context.Context) {
 		case <-timer.C:
 		}
 	}
+	return nil
 }
 
 // send pushes each release on its node's connection, never blocking on a node.
@@ -344,7 +356,7 @@ func (e *Escrow) recordAnswers() bool {
 func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
 	e.metrics.dropped.WithLabelValues(why).Inc()
 	if why == dropCustody {
-		return // EndCustody logs one line for all
+		return // CustodyEnded logs one line for all
 	}
 	ev := e.log.Info()
 	if why == dropExpired {

@@ -57,7 +57,7 @@ func TestReleaseOnlyWhileDetachedOnTheSlot(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
 		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		b.e.NodeBound(node)
 		start := nowMs() - minute
 		spec := gridRun("node-a", 23, start)
@@ -71,7 +71,7 @@ func TestReleaseOnlyWhileDetachedOnTheSlot(t *testing.T) {
 			t.Fatalf("released %d renewals while attached", len(got))
 		}
 		// Cut off from Cloudly at minute 31: the newest current window (slot 30, sequence 4) goes now.
-		b.e.SetAttached(false)
+		b.e.Detached()
 		synctest.Wait()
 		calls := node.received()
 		if len(calls) != 1 || calls[0].method != contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal || calls[0].seq != 4 {
@@ -93,7 +93,7 @@ func TestReleaseOnlyWhileDetachedOnTheSlot(t *testing.T) {
 			t.Fatalf("at the next slot: %+v", calls)
 		}
 		// Re-attached: release stops mid-run.
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		sleepUntil(start + 90*minute)
 		if len(node.received()) != 2 {
 			t.Fatalf("released after re-attach: %v", node.sequences())
@@ -113,18 +113,18 @@ func TestReconnectedNodeGetsTheCurrentRenewalAgain(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
 		first := newFakeNode("-node", cloudlyA, "rt-cluster-a", 1)
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		b.e.NodeBound(first)
 		start := nowMs()
 		if _, err := b.e.Hold(true, gridRun("-node", 23, start).body(t)); err != nil {
 			t.Fatal(err)
 		}
-		b.e.SetAttached(false)
+		b.e.Detached()
 		synctest.Wait()
 		if !slices.Equal(first.sequences(), []int64{1}) {
 			t.Fatalf("first connection got %v", first.sequences())
 		}
-		b.e.NodeGone(first)
+		first.end() // the connection ends: escrow follows its context
 		sleepUntil(start + 3*minute)
 		second := newFakeNode("-node", cloudlyA, "rt-cluster-a", 2)
 		b.e.NodeBound(second)
@@ -135,14 +135,52 @@ func TestReconnectedNodeGetsTheCurrentRenewalAgain(t *testing.T) {
 		if body := second.received()[0].body; !contains(body, second.Session().Raw) {
 			t.Fatal("re-push does not carry the new session binding")
 		}
-		// A superseded connection gets no NodeGone; the new one is bound and carries on.
+		// A superseded connection's end changes nothing; the new one is bound and carries on.
 		third := newFakeNode("-node", cloudlyA, "rt-cluster-a", 3)
 		b.e.NodeBound(third)
 		synctest.Wait()
-		b.e.NodeGone(second) // late, for a connection no longer carrying the node: ignored
+		second.end() // late, for a connection no longer carrying the node: ignored
 		sleepUntil(start + 10*minute)
 		if !slices.Equal(third.sequences(), []int64{1, 2}) || len(second.received()) != 1 {
 			t.Fatalf("third %v second %v", third.sequences(), second.sequences())
+		}
+	})
+}
+
+// The escrow follows a node connection's end through its context (relay.Node.Context): once it
+// ends, nothing more is pushed on it and the node is carried by no one, a rotation on the same
+// connection included.
+func TestEndedConnectionCarriesNothing(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := startBubble(t)
+		defer b.stop()
+		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
+		b.e.Attached(nil)
+		b.e.NodeBound(node)
+		// The node rotates on the same connection: a new session, the same connection and end.
+		rotated := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 2)
+		rotated.id, rotated.ctx, rotated.end = node.id, node.ctx, node.end
+		b.e.NodeBound(rotated)
+		start := nowMs()
+		if _, err := b.e.Hold(true, gridRun("node-a", 23, start).body(t)); err != nil {
+			t.Fatal(err)
+		}
+		b.e.Detached()
+		synctest.Wait()
+		if !slices.Equal(rotated.sequences(), []int64{1}) {
+			t.Fatalf("on detach: %v", rotated.sequences())
+		}
+		node.end()
+		synctest.Wait()
+		b.e.mu.Lock()
+		_, carried := b.e.sched.carrier("node-a")
+		b.e.mu.Unlock()
+		if carried {
+			t.Fatal("an ended connection still carries node-a")
+		}
+		sleepUntil(start + 30*minute)
+		if got := rotated.sequences(); len(got) != 1 || len(node.received()) != 0 {
+			t.Fatalf("pushed on an ended connection: %v", got)
 		}
 	})
 }
@@ -158,7 +196,7 @@ func TestFailedRefusedAndMismatchedPushesAreCountedAndRetried(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
 		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		b.e.NodeBound(node)
 		start := nowMs()
 		if _, err := b.e.Hold(true, gridRun("node-a", 3, start).body(t)); err != nil {
@@ -184,7 +222,7 @@ func TestFailedRefusedAndMismatchedPushesAreCountedAndRetried(t *testing.T) {
 			i++
 			return a(body)
 		})
-		b.e.SetAttached(false)
+		b.e.Detached()
 		synctest.Wait()
 		sleepUntil(start + 1000 + 2000 + 4000)
 		calls := node.received()
@@ -213,7 +251,7 @@ func TestBurstLargerThanABatchReachesEveryNode(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		start := nowMs() + minute
 		nodes := make([]*fakeNode, 3*releaseBatch+7)
 		for i := range nodes {
@@ -224,7 +262,7 @@ func TestBurstLargerThanABatchReachesEveryNode(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		b.e.SetAttached(false)
+		b.e.Detached()
 		sleepUntil(start)
 		for _, n := range nodes {
 			if calls := n.received(); len(calls) != 1 || calls[0].seq != 1 || calls[0].at.UnixMilli() != start {
@@ -245,7 +283,7 @@ func TestAnswersFromManyGoroutinesAcrossSlots(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		start := nowMs() + minute
 		nodes := make([]*fakeNode, 2*releaseBatch+3)
 		for i := range nodes {
@@ -256,7 +294,7 @@ func TestAnswersFromManyGoroutinesAcrossSlots(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		b.e.SetAttached(false)
+		b.e.Detached()
 		sleepUntil(start + 30*minute + 1)
 		for _, n := range nodes {
 			if got := n.sequences(); !slices.Equal(got, []int64{1, 2, 3, 4}) {
@@ -273,7 +311,7 @@ func TestRunDroppedWhenItsLastWindowEnds(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		b.e.NodeBound(newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1))
 		start := nowMs()
 		if _, err := b.e.Hold(true, gridRun("node-a", 2, start).body(t)); err != nil {
@@ -293,19 +331,19 @@ func TestRunDroppedWhenItsLastWindowEnds(t *testing.T) {
 	})
 }
 
-func TestEndCustodyDropsEveryRunAndStopsRelease(t *testing.T) {
+func TestCustodyEndedDropsEveryRunAndStopsRelease(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
 		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
-		b.e.SetAttached(true)
+		b.e.Attached(nil)
 		b.e.NodeBound(node)
 		start := nowMs() + minute
 		if _, err := b.e.Hold(true, gridRun("node-a", 5, start).body(t)); err != nil {
 			t.Fatal(err)
 		}
-		b.e.SetAttached(false) // the registration is then refused relay-node-foreign
-		b.e.EndCustody()
+		b.e.Detached() // the registration is then refused relay-node-foreign
+		b.e.CustodyEnded()
 		sleepUntil(start + 30*minute)
 		if len(node.received()) != 0 || testutil.ToFloat64(b.e.metrics.runs) != 0 {
 			t.Fatalf("after custody ended: %v released, %v runs", node.sequences(), testutil.ToFloat64(b.e.metrics.runs))
@@ -352,7 +390,7 @@ func TestRunReturnsWhenItsContextEnds(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { e.Run(ctx); close(done) }()
-	e.SetAttached(false)
+	e.Detached()
 	cancel()
 	select {
 	case <-done:

@@ -1,6 +1,7 @@
 package escrow
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -94,6 +95,8 @@ func (s runSpec) held(t testing.TB) *heldRun { return newHeldRun(s.read(t)) }
 type fakeNode struct {
 	id      uint64
 	session contracts.RuntimeSession
+	ctx     context.Context    // ends with end(): the connection's end
+	end     context.CancelFunc // ends the connection
 
 	mu     sync.Mutex
 	calls  []fakeCall
@@ -121,11 +124,14 @@ func newFakeNode(node string, controller json.RawMessage, namespace string, epoc
 	fakeConnIDs.Unlock()
 	raw := json.RawMessage(fmt.Sprintf(`{"controller":%s,"clusterId":"cluster-a","nodeId":%q,"runtimeNamespace":%q,"epoch":%d}`,
 		controller, node, namespace, epoch))
-	return &fakeNode{id: id, session: contracts.RuntimeSession{NodeID: node, Controller: controller, RuntimeNamespace: namespace, Raw: raw}}
+	ctx, end := context.WithCancel(context.Background())
+	return &fakeNode{id: id, session: contracts.RuntimeSession{NodeID: node, Controller: controller, RuntimeNamespace: namespace, Raw: raw},
+		ctx: ctx, end: end}
 }
 
 func (n *fakeNode) ID() uint64                        { return n.id }
 func (n *fakeNode) Session() contracts.RuntimeSession { return n.session }
+func (n *fakeNode) Context() context.Context          { return n.ctx }
 
 func (n *fakeNode) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
 	seq := signedSequence(body)

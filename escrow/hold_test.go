@@ -22,13 +22,13 @@ func holdFixture(t *testing.T) (*Escrow, *clock, *prometheus.Registry) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	e.SetAttached(true)
+	e.Attached(nil)
 	e.NodeBound(newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1))
 	e.NodeBound(newFakeNode("node-b", cloudlyB, "rt-cluster-a", 1))
 	e.NodeBound(newFakeNode("_node-c", cloudlyA, "rt-other", 1))
 	gone := newFakeNode("node-gone", cloudlyA, "rt-cluster-a", 1)
 	e.NodeBound(gone)
-	e.NodeGone(gone)
+	gone.end()
 	return e, clk, reg
 }
 

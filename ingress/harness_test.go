@@ -41,13 +41,14 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 	h.Env = relaytest.Start(t, relaytest.Options{
 		LogLevel: opts.logLevel,
 		Cloudly:  func(c *sim.Cloudly) { h.control = sim.ServeIngress(c) },
-		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
+		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
+			log := o.Logger
 			var err error
 			h.server, err = ingress.New(ingress.Options{Logger: log, Registerer: o.Registry, StatisticsTimeout: opts.statisticsTimeout})
 			if err != nil {
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Ingress: h.server}, log, o)
+			return relay.New(cfg, relay.Features{Ingress: h.server}, o)
 		},
 	})
 	h.Eventually("the relay pulls the route table", func() bool { return h.Cloudly.Received("getClusterRouteTable") > 0 })

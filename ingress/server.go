@@ -45,7 +45,7 @@ type Options struct {
 	StatisticsTimeout time.Duration
 }
 
-// Server implements relay.Ingress.
+// Server is the cluster ingress feature; relay.go is how the relay reaches it.
 type Server struct {
 	log          zerolog.Logger          // set at construction
 	metrics      *metrics                // set at construction

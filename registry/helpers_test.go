@@ -15,7 +15,6 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/google/go-containerregistry/pkg/v1/random"
 	"github.com/google/go-containerregistry/pkg/v1/remote"
-	"github.com/rs/zerolog"
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/internal/relaytest"
@@ -46,9 +45,9 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 	e := &relayEnv{cacheDir: cacheDir}
 	e.Env = relaytest.Start(t, relaytest.Options{
 		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream, cfg.RegistryCacheDir = upstreamURL, cacheDir },
-		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
+		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
 			opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry, Logger: log}
+				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry, Logger: o.Logger}
 			if tune != nil {
 				tune(&opts)
 			}
@@ -56,7 +55,7 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 			if e.reg, err = registry.New(opts); err != nil {
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Registry: e.reg}, log, o)
+			return relay.New(cfg, relay.Features{Registry: e.reg}, o)
 		},
 	})
 	e.addr = e.Relay.DownstreamAddr().String()

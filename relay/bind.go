@@ -15,7 +15,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 	outcome := func(body json.RawMessage, err error) {
 		label := "accepted"
 		if err != nil {
-			label = refusalLabel(err)
+			label = contracts.RefusalLabel(err)
 		}
 		r.metrics.nodeRegs.WithLabelValues(label).Inc()
 		r.answer(req, body, err)
@@ -33,7 +33,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
 		return
 	}
-	if name := r.up.custodyEnded(); name != "" {
+	if name := r.custody.endedBy(); name != "" {
 		outcome(nil, name.Refuse("Cloudly does not dispatch to this relay"))
 		return
 	}
@@ -50,7 +50,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		}
 		session, serr := contracts.ReadRegisterPalletRuntimeSessionResponse(body)
 		if serr != nil {
-			r.log.Warn().Str("component", "downstream").Str("outcome", "malformed").Msg("Cloudly accepted a node registration with an unreadable session")
+			r.downLog.Warn().Str("outcome", "malformed").Msg("Cloudly accepted a node registration with an unreadable session")
 			outcome(nil, contracts.RelayRequestInvalid.Refuse("Cloudly's registration answer carries no readable session"))
 			return
 		}
@@ -62,21 +62,23 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 	})
 }
 
-// registerIngress forwards registerClusterIngress to the ingress feature, and makes p the
-// ingress when Cloudly accepts it.
-func (r *Relay) registerIngress(p *peer, req *typedsocket.Request) {
-	in := r.feats.Ingress
-	_, end, err := r.beginRegistration(p, roleIngress, len(req.Body))
+// registerVia serves a registration a feature judges and forwards (registrationRoles): the relay
+// admits it, and makes p a peer of role ro when the feature answers it accepted. A connection that
+// ended meanwhile takes no role.
+func (r *Relay) registerVia(f Feature, ro role, p *peer, req *typedsocket.Request) {
+	_, end, err := r.beginRegistration(p, ro, len(req.Body))
 	if err != nil {
 		r.answer(req, nil, err)
 		return
 	}
-	in.Register(p, takeBody(req), func(body json.RawMessage, err error) {
+	f.ServeDownstream(req.Method, p, takeBody(req), func(body json.RawMessage, err error) {
 		defer end()
-		if err == nil && in.IsIngress(p) {
+		if err == nil {
 			p.mu.Lock()
-			first := p.role == roleNone
-			p.registeredLocked(roleIngress)
+			first := p.role == roleNone && !p.gone
+			if !p.gone {
+				p.registeredLocked(ro)
+			}
 			p.mu.Unlock()
 			if first {
 				p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
@@ -88,7 +90,8 @@ func (r *Relay) registerIngress(p *peer, req *typedsocket.Request) {
 
 // bindNode binds p to its node session. A later accepted registration of the same node on
 // another connection supersedes the old one, which is closed; a rotation on the same connection
-// only replaces the binding.
+// only replaces the binding. Observers hear NodeBound after the binding; one that keeps p follows
+// its end through p.Context(), so a connection that ends meanwhile is never kept as a carrier.
 func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 	p.mu.Lock()
 	if p.gone {
@@ -111,23 +114,14 @@ func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
 		p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
 	}
 	if old != nil && old != p {
-		r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "superseded").Msg("node registered on a newer connection")
+		r.downLog.Info().Str("node", s.NodeID).Str("outcome", "superseded").Msg("node registered on a newer connection")
 		go old.conn.Close(closeSuperseded, "superseded by a newer registration of this node")
 	} else if old == nil {
 		r.metrics.nodes.Inc()
 	}
-	r.log.Info().Str("component", "downstream").Str("node", s.NodeID).Str("outcome", "accepted").Msg("node registered")
-	if e := r.feats.Escrow; e != nil {
-		e.NodeBound(p)
-		// The connection may have ended since it was bound, its end reported before escrow heard
-		// of the binding: escrow must not keep a dead connection as the node's carrier.
-		p.mu.Lock()
-		p.escrowBound = !p.gone
-		ended := p.gone
-		p.mu.Unlock()
-		if ended {
-			e.NodeGone(p)
-		}
+	r.downLog.Info().Str("node", s.NodeID).Str("outcome", "accepted").Msg("node registered")
+	for _, o := range r.observers {
+		o.NodeBound(p)
 	}
 	return nil
 }

@@ -3,9 +3,12 @@ package relay_test
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
+	"runtime"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -13,6 +16,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -123,6 +127,101 @@ func TestPeerMemoryBudget(t *testing.T) {
 			t.Fatalf("the honest node after the flood: %v", err)
 		}
 	})
+
+	// A node's request stays in flight until Cloudly answers (up to the 60 s call timeout), and the
+	// node may have 256 of them, each up to --max-message-bytes (8 MiB). Once a request's frame has
+	// been written upstream the relay needs nothing of its body; keeping it would let one registered
+	// node make the relay hold 256 × 8 MiB = 2 GiB for a minute (and every node as much), outside
+	// every queue bound (decisions.md "Limits and timing" bounds queued frames and answers only).
+	t.Run("forwarded request bodies are not held while Cloudly thinks", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		const method = "reportRuntimeAssignmentLogs"
+		release := make(chan struct{})
+		var atCloudly atomic.Int64
+		e.cloudly.HandleAsync(method, func(_ json.RawMessage, reply func(json.RawMessage, error)) {
+			atCloudly.Add(1)
+			go func() { <-release; reply(json.RawMessage(`{}`), nil) }()
+		})
+		t.Cleanup(func() { close(release) })
+		n := e.node("node-a")
+
+		const count, size = 24, 1 << 20
+		body := []byte(`{"session":{"nodeId":"node-a"},"logs":"` + strings.Repeat("x", size) + `"}`)
+		before := heapInUse()
+		for range count {
+			for {
+				err := n.Conn().CallAsync(method, body, time.Minute, func(typedsocket.Reply) {})
+				if err == nil {
+					break
+				}
+				if !errors.Is(err, typedsocket.ErrQueueFull) {
+					t.Fatal(err)
+				}
+				time.Sleep(time.Millisecond) // the node's own send queue: let it drain
+			}
+		}
+		e.eventually("every request is at Cloudly", func() bool { return atCloudly.Load() == count })
+		held := int64(heapInUse()) - int64(before)
+		if held > count*size/3 {
+			t.Errorf("with %d requests of 1 MiB in flight at Cloudly the heap grew by %d MiB: the relay holds their bodies", count, held>>20)
+		}
+	})
+
+	// One socket carries the whole cluster to Cloudly, and its send queue (65 536 frames, 256 MiB,
+	// decisions.md "Limits and timing") is shared first come, first served. When Cloudly's socket
+	// drains slower than nodes send — a WAN link, or Cloudly busy — one registered node sending
+	// max-size messages (each up to --max-message-bytes, 8 MiB; 256 in flight) fills all of it, and
+	// every other node is refused relay-upstream-busy. SPEC §5: "A slow node never delays another
+	// node or Cloudly's socket"; a flooding node must not either. Here Cloudly stops reading for a
+	// while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
+	// node's 1 MiB log batch must still be taken.
+	t.Run("one node cannot take the whole upstream queue", func(t *testing.T) {
+		e := start(t, relay.Features{})
+		stalled, unblock := make(chan struct{}), make(chan struct{})
+		e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) {
+			close(stalled)
+			<-unblock // on Cloudly's read loop: it reads nothing more until released
+			return json.RawMessage(`{}`), nil
+		})
+		var once atomic.Bool
+		release := func() {
+			if once.CompareAndSwap(false, true) {
+				close(unblock)
+			}
+		}
+		t.Cleanup(release)
+		honest := e.node("node-honest")
+		flooder := e.node("node-flooder")
+		if err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), time.Minute, func(typedsocket.Reply) {}); err != nil {
+			t.Fatal(err)
+		}
+		<-stalled
+
+		const method = "reportRuntimeAssignmentLogs"
+		for _, size := range []int{8<<20 - 1024, 64 << 10, 1 << 10} {
+			floodUntilRefused(t, e, flooder, method, size)
+		}
+
+		outcome := make(chan error, 1)
+		batch := []byte(`{"session":{"nodeId":"node-honest"},"logs":"` + strings.Repeat("y", 1<<20) + `"}`)
+		if err := honest.Conn().CallAsync(method, batch, time.Minute, func(r typedsocket.Reply) { outcome <- r.Err }); err != nil {
+			t.Fatal(err)
+		}
+		// The relay serves a connection's requests in order and answers this one itself: once its
+		// answer is back, the batch has been queued upstream or refused, and a refusal read first.
+		if _, err := honest.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {
+			t.Fatalf("probe: %v", err)
+		}
+		select {
+		case err := <-outcome:
+			t.Fatalf("while one node floods, the honest node's log batch was refused: %v", err)
+		default:
+		}
+		release()
+		if err := <-outcome; err != nil {
+			t.Fatalf("honest batch once Cloudly reads again: %v", err)
+		}
+	})
 }
 
 // TestBudgetComesBackToZero drives every path that releases a charge — answers written and
@@ -185,5 +284,39 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	e.eventually("the budget back to exactly zero", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
 	if u := e.Metric("relay_downstream_budget_underflows_total"); u != 0 {
 		t.Fatalf("%v releases of bytes never charged", u)
+	}
+}
+
+func heapInUse() uint64 {
+	runtime.GC()
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// floodUntilRefused sends size-byte requests from n without waiting for answers until the relay
+// refuses one, and returns once that refusal is back.
+func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size int) {
+	t.Helper()
+	body := []byte(`{"session":{"nodeId":"` + n.ID + `"},"logs":"` + strings.Repeat("x", size-64) + `"}`)
+	var refused atomic.Bool
+	for sent := 0; !refused.Load(); {
+		if sent > 1<<16 {
+			t.Fatalf("%d requests of %d bytes sent and none refused", sent, size)
+		}
+		err := n.Conn().CallAsync(method, body, 5*time.Minute, func(r typedsocket.Reply) {
+			if r.Err != nil && !errors.Is(r.Err, typedsocket.ErrClosed) {
+				refused.Store(true)
+			}
+		})
+		switch {
+		case err == nil:
+			sent++
+		case errors.Is(err, typedsocket.ErrQueueFull):
+			time.Sleep(time.Millisecond) // the flooder's own send queue: let it drain
+		default:
+			t.Fatal(err)
+		}
 	}
 }

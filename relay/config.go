@@ -183,12 +183,6 @@ func (c *Config) Complete() error {
 	return nil
 }
 
-// ListenPort is the port of the downstream listener, reported as relay.listenPort.
-func (c *Config) ListenPort() int {
-	p, _ := listenPort(c.Listen)
-	return p
-}
-
 func listenPort(addr string) (int, error) {
 	_, port, err := net.SplitHostPort(addr)
 	if err != nil {

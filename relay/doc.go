@@ -14,6 +14,16 @@
 //
 // Every connection is a typedsocket.Conn: one read loop dispatching requests in order and one
 // send loop draining a bounded queue, so a slow node gets relay-node-busy and never slows Cloudly's
-// socket or another node. Features (escrow, ingress, restore, the VPN hub, registry forwarding)
-// plug in through the small interfaces in features.go.
+// socket or another node.
+//
+// # Where things are
+//
+//	features.go  the seams: Feature (methods a part serves), Observer (what it hears), Component
+//	             (what the relay runs); escrow, ingress, restore, the VPN hub and registry
+//	             forwarding implement them without importing this package
+//	dispatch.go  one table per side, method → handler, built at New; forwarding is the fallback
+//	upstream.go  one Cloudly session behind upstreamHost; cloudly.go is the relay's side of it,
+//	             custody.go whether Cloudly dispatches to the relay
+//	listener.go, peer.go, bind.go, route.go, streams.go  the downstream connections: upgrade and
+//	             limits, peer state and the memory budget, registrations, forwarding, streams
 package relay

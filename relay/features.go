@@ -8,28 +8,78 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// The small interfaces the relay dispatches to. Each feature package (escrow, ingress, restore,
-// vpnhub) implements one with standard and contracts types only, so that no feature package
-// imports the relay or another feature; cmd/relay wires them together. A nil feature is off.
+// The seams between the relay core and its optional parts. Each feature package (escrow, ingress,
+// restore, vpnhub, registry) implements them with standard and contracts types only, so that no
+// feature package imports the relay or another feature; cmd/relay wires them together.
 //
-// Replies: every asynchronous reply func is called exactly once, from any goroutine, and must not
-// block. An error given to a reply is sent to the caller as is: a *contracts.Refusal travels as
-// "<name>: <reason>", a *contracts.ProtocolRefusal as the protocol refusal, and an error a Peer
-// or Upstream call returned (the remote peer's own error) untouched.
+// A feature is at least a Feature: it lists the methods it serves and serves them. It may also be
+// an Observer (it hears what happens to the relay's Cloudly session and its connections) and a
+// Component (the relay runs it beside itself and asks it for /readyz). The relay finds out which,
+// once, at New, and keeps the lists: dispatch.go's tables, its observers, its components.
+//
+// Replies: every reply func is called exactly once, from any goroutine, and must not block. An
+// error given to a reply is sent to the caller as is: a *contracts.Refusal travels as
+// "<name>: <reason>", a *contracts.ProtocolRefusal as the protocol refusal, and an error a Peer or
+// Upstream call returned (the remote peer's own error) untouched.
 
-// Features are the relay's optional parts. A feature that is an io.Closer is closed when the
-// relay has shut its connections down.
+// Features are the relay's optional parts; a nil field is off.
 type Features struct {
-	Escrow   Escrow
-	Ingress  Ingress
-	Restore  Restore
-	Hub      VPNHub
-	Registry http.Handler // serves /v2/ on the downstream listener
+	Escrow  Feature // holdRuntimeNetworkDnsLeaseRenewals and release while detached (SPEC §6)
+	Ingress Feature // the cluster ingress: registrations, route table, statistics (SPEC §8)
+	Restore Feature // isolated restore through node Corestores (SPEC §9)
+	Hub     Feature // the managed VPN hub's membership (SPEC §7); its endpoint is Options.VPNHub
+	// Registry serves /v2/ on the downstream listener (SPEC §10); it is run like the others when it
+	// is a Component.
+	Registry http.Handler
+}
+
+// Feature serves the methods it lists. Methods is read once, at New: fromCloudly are methods
+// Cloudly calls on the relay (each must be one contracts.IsServedToCloudly names), fromDownstream
+// methods a node or the ingress calls on the relay. The relay calls ServeCloudly only with a
+// method of the first list and ServeDownstream only with one of the second; a method two features
+// list, or one the relay serves itself, makes New fail. Both run on the caller's read loop: they
+// must not block (start a goroutine for slow work, as restore does).
+//
+// attached is true when the request came on the Cloudly session whose registration Cloudly
+// accepted (escrow refuses a hold from anywhere else, escrow-cloudly-only).
+type Feature interface {
+	Methods() (fromCloudly, fromDownstream []string)
+	ServeCloudly(method string, attached bool, body json.RawMessage, reply func(json.RawMessage, error))
+	ServeDownstream(method string, p Peer, body json.RawMessage, reply func(json.RawMessage, error))
+}
+
+// Observer hears what happens to the relay. Every call is short and never blocks; none is made
+// with a relay lock held.
+//
+//   - Attached: Cloudly accepted the relay's registration; up is the session (features call
+//     Cloudly through it). Detached: that session was lost (or closed for shutdown).
+//   - CustodyEnded: Cloudly named an undispatched refusal (SPEC §4.4), or pushed relay: null.
+//   - Configured: Cloudly pushed the relay configuration (SPEC §4.1); the newest replaces the rest.
+//   - NodeBound: a connection was bound, or bound again (a rotation), to a node session. The
+//     connection's end is n.Context()'s: a feature that keeps n follows it (context.AfterFunc).
+//   - PeerGone: a downstream connection ended, whatever it carried.
+type Observer interface {
+	Attached(up Upstream)
+	Detached()
+	CustodyEnded()
+	Configured(cfg contracts.ClusterRelayConfig)
+	NodeBound(n Node)
+	PeerGone(p Peer)
+}
+
+// Component is a part the relay runs beside itself. Serve starts Run and stops it (ends its ctx)
+// after the downstream connections and the Cloudly session are closed, and returns once every Run
+// has; a Run that fails before then stops the relay with its error. Ready says why the component
+// cannot serve now (nil: it can); /readyz reports it.
+type Component interface {
+	Run(ctx context.Context) error
+	Ready() error
 }
 
 // Peer, Node and Upstream are aliases of interface literals rather than named types, so that a
-// feature package can declare the same literal and implement Escrow or Ingress with its own
-// names: interface types with one method set are identical, named ones are not.
+// feature package can declare the same literal under its own name and implement Feature and
+// Observer without importing the relay: interface types with one method set are identical, named
+// ones are not.
 
 // Peer is one downstream connection as a feature sees it.
 //
@@ -43,11 +93,12 @@ type Peer = interface {
 }
 
 // Node is a downstream connection bound to a node session. Session is the binding Cloudly
-// answered the node's latest accepted registration with.
+// answered the node's latest accepted registration with; Context ends when the connection does.
 type Node = interface {
 	ID() uint64
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 	Session() contracts.RuntimeSession
+	Context() context.Context
 }
 
 // Upstream is the relay's Cloudly session as a feature sees it.
@@ -60,57 +111,33 @@ type Upstream = interface {
 	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
 }
 
-// Escrow holds DNS lease renewal runs and releases them while the relay is detached (SPEC §6).
-type Escrow interface {
-	// Hold serves holdRuntimeNetworkDnsLeaseRenewals. fromCloudly is false when the request did
-	// not come on the attached Cloudly session.
-	Hold(fromCloudly bool, body json.RawMessage) (json.RawMessage, error)
-	// SetAttached reports the upstream state: renewals are released only while detached.
-	SetAttached(attached bool)
-	// EndCustody drops every run: Cloudly said it does not dispatch to this relay.
-	EndCustody()
-	// NodeBound is called when a node connection is bound or re-bound to a session; NodeGone
-	// when that connection ends.
-	NodeBound(n Node)
-	NodeGone(n Node)
-	// Run drives releases until ctx ends.
-	Run(ctx context.Context)
+// part is one enabled feature as the relay holds it.
+type part struct {
+	name      string
+	feature   Feature   // nil for the registry
+	observer  Observer  // nil when it observes nothing
+	component Component // nil when the relay does not run it
 }
 
-// Ingress serves the cluster ingress (SPEC §8).
-type Ingress interface {
-	// Register serves registerClusterIngress from p, forwarding it to Cloudly.
-	Register(p Peer, body json.RawMessage, reply func(json.RawMessage, error))
-	// IsIngress reports whether Cloudly accepted an ingress registration on p.
-	IsIngress(p Peer) bool
-	// RouteTable serves getClusterIngressRouteTable (relay-ingress-only for anyone but an
-	// accepted ingress).
-	RouteTable(p Peer, body json.RawMessage) (json.RawMessage, error)
-	// PushRouteTable serves pushClusterRouteTable from Cloudly.
-	PushRouteTable(body json.RawMessage) (json.RawMessage, error)
-	// TrafficStatistics serves getClusterTrafficStatistics from Cloudly.
-	TrafficStatistics(body json.RawMessage, reply func(json.RawMessage, error))
-	// Attached is called after every accepted registration with Cloudly (pull the route table).
-	Attached(up Upstream)
-	// PeerGone is called when a downstream connection ends.
-	PeerGone(p Peer)
-}
-
-// Restore carries isolated-restore controls to node Corestores (SPEC §9).
-type Restore interface {
-	// Serve serves one of the five isolated-restore methods from Cloudly.
-	Serve(method string, body json.RawMessage, reply func(json.RawMessage, error))
-	// SetCorestores replaces the Corestore origins, from pushClusterRelayConfig.
-	SetCorestores(origins []contracts.CorestoreOrigin)
-}
-
-// VPNHub is the cluster's managed VPN hub (SPEC §7).
-type VPNHub interface {
-	// Endpoint is what registerClusterRelay reports as relay.vpnHub.
-	Endpoint() contracts.VPNHubEndpoint
-	// PushMembership serves pushClusterVpnMembership.
-	PushMembership(body json.RawMessage) (json.RawMessage, error)
-	// Run serves the hub until ctx ends, then closes every session. The hub is already bound
-	// (Endpoint is final) when it is given to the relay.
-	Run(ctx context.Context) error
+// partsOf lists the enabled features, in a fixed order, with what each of them is.
+func partsOf(f Features) []part {
+	var parts []part
+	add := func(name string, v any, feature Feature) {
+		p := part{name: name, feature: feature}
+		p.observer, _ = v.(Observer)
+		p.component, _ = v.(Component)
+		parts = append(parts, p)
+	}
+	for _, f := range []struct {
+		name string
+		f    Feature
+	}{{"escrow", f.Escrow}, {"ingress", f.Ingress}, {"restore", f.Restore}, {"vpnhub", f.Hub}} {
+		if f.f != nil {
+			add(f.name, f.f, f.f)
+		}
+	}
+	if f.Registry != nil {
+		add("registry", f.Registry, nil)
+	}
+	return parts
 }

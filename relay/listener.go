@@ -20,12 +20,12 @@ import (
 // anonymous client holds no idle keep-alive connection outside every WebSocket bound.
 func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	if req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/") {
-		if r.feats.Registry == nil {
+		if r.v2 == nil {
 			w.Header().Set("Connection", "close")
 			http.Error(w, "registry forwarding is off on this relay", http.StatusNotFound)
 			return
 		}
-		r.feats.Registry.ServeHTTP(w, req)
+		r.v2.ServeHTTP(w, req)
 		return
 	}
 	if !isWebSocketUpgrade(req) {
@@ -96,8 +96,8 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	go func() {
 		p.conn.Run(r.serveCtx)
 		r.metrics.connections.Dec()
-		// peerGone before remove: shutdown waits for every peer to be removed, then closes the
-		// features peerGone reports to.
+		// peerGone before remove: shutdown waits for every peer to be removed, then stops the
+		// components peerGone reports to.
 		r.peerGone(p)
 		r.peers.remove(p)
 	}()
@@ -134,17 +134,12 @@ func (r *Relay) peerGone(p *peer) {
 	p.leaveWaitingLocked()
 	id := p.session.NodeID
 	unbound := id != "" && r.nodes.unbind(id, p)
-	tellEscrow := unbound && p.escrowBound
-	p.escrowBound = false
 	p.mu.Unlock()
 	if unbound {
 		r.metrics.nodes.Dec()
 	}
-	if e := r.feats.Escrow; e != nil && tellEscrow {
-		e.NodeGone(p)
-	}
-	if in := r.feats.Ingress; in != nil {
-		in.PeerGone(p)
+	for _, o := range r.observers {
+		o.PeerGone(p)
 	}
 	r.streams.peerGone(p, time.Now())
 	p.share.Close()

@@ -2,45 +2,58 @@ package relay
 
 import (
 	"errors"
+	"fmt"
 
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
-// metrics of the relay core. Namespace relay; subsystems upstream and downstream.
-type metrics struct {
+// Metrics of the relay core: namespace relay, subsystems upstream and downstream. Label values are
+// fixed sets in kebab-case; a refusal name a peer sends counts as contracts.RefusalLabel says.
+
+// upstreamMetrics are the Cloudly session's; the upstream counts them itself.
+type upstreamMetrics struct {
 	attached      prometheus.Gauge
 	attaches      prometheus.Counter
 	detaches      prometheus.Counter
-	upstreamRegs  *prometheus.CounterVec // outcome
-	connections   prometheus.Gauge
-	nodes         prometheus.Gauge
-	nodeRegs      *prometheus.CounterVec // outcome
-	forwarded     *prometheus.CounterVec // direction, outcome
-	refusals      *prometheus.CounterVec // name
-	dropped       *prometheus.CounterVec // reason
-	unregistered  *prometheus.CounterVec // reason: connections refused or closed before registering
-	streamFrames  *prometheus.CounterVec // direction
-	upstreamQueue prometheus.GaugeFunc
+	registrations *prometheus.CounterVec // outcome
 }
 
-func newMetrics(reg prometheus.Registerer, upstreamQueue, downstreamQueue func() float64) *metrics {
+type metrics struct {
+	up           upstreamMetrics
+	connections  prometheus.Gauge
+	nodes        prometheus.Gauge
+	nodeRegs     *prometheus.CounterVec // outcome
+	forwarded    *prometheus.CounterVec // direction, outcome
+	refusals     *prometheus.CounterVec // name
+	dropped      *prometheus.CounterVec // reason
+	unregistered *prometheus.CounterVec // reason: connections refused or closed before registering
+	streamFrames *prometheus.CounterVec // direction
+}
+
+// newMetrics makes the relay's metrics and registers them, with gauges read from r, in reg.
+func (r *Relay) newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
-		attached: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "attached",
-			Help: "1 while the relay holds an accepted registration with Cloudly."}),
-		attaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "attaches_total",
-			Help: "Accepted registrations with Cloudly."}),
-		detaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "detaches_total",
-			Help: "Attached Cloudly sessions lost."}),
-		upstreamRegs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "registrations_total",
-			Help: "registerClusterRelay attempts by outcome: accepted, a refusal name, or failed."}, []string{"outcome"}),
+		up: upstreamMetrics{
+			attached: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "attached",
+				Help: "1 while the relay holds an accepted registration with Cloudly."}),
+			attaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "attaches_total",
+				Help: "Accepted registrations with Cloudly."}),
+			detaches: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "detaches_total",
+				Help: "Attached Cloudly sessions lost."}),
+			registrations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "registrations_total",
+				Help: "registerClusterRelay attempts by outcome: accepted, a refusal name (other for a name outside the vocabularies), or failed."},
+				[]string{"outcome"}),
+		},
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "connections",
 			Help: "Open downstream WebSocket connections."}),
 		nodes: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "nodes",
 			Help: "Nodes carried: connections bound to a node session."}),
 		nodeRegs: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "registrations_total",
-			Help: "registerPalletRuntimeSession by outcome: accepted, or the refusal name."}, []string{"outcome"}),
+			Help: "registerPalletRuntimeSession by outcome: accepted, or the refusal name (other for a name outside the vocabularies)."},
+			[]string{"outcome"}),
 		forwarded: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "forwarded_requests_total",
 			Help: "Requests forwarded between nodes and Cloudly, by direction (to-cloudly, to-node) and outcome (answered, error, refused)."},
 			[]string{"direction", "outcome"}),
@@ -49,27 +62,45 @@ func newMetrics(reg prometheus.Registerer, upstreamQueue, downstreamQueue func()
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "dropped_total",
 			Help: "Messages the relay did not deliver, by reason."}, []string{"reason"}),
 		unregistered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "unregistered_closed_total",
-			Help: "Connections refused or closed before a registration was accepted, by reason: limit, overdue."}, []string{"reason"}),
+			Help: "Connections refused or closed before a registration was accepted, by reason: limit, source-limit, overdue."}, []string{"reason"}),
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
-		upstreamQueue: prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "queued_frames",
-			Help: "Frames waiting to be written to Cloudly."}, upstreamQueue),
 	}
-	downQueue := prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "queued_frames",
-		Help: "Frames waiting to be written to downstream connections, summed."}, downstreamQueue)
-	reg.MustRegister(m.attached, m.attaches, m.detaches, m.upstreamRegs, m.connections, m.nodes, m.nodeRegs,
-		m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.upstreamQueue, downQueue)
-	return m
+	gauge := func(subsystem, name, help string, f func() float64) prometheus.Collector {
+		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: subsystem, Name: name, Help: help}, f)
+	}
+	counter := func(name, help string, f func() int64) prometheus.Collector {
+		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: name, Help: help},
+			func() float64 { return float64(f()) })
+	}
+	for _, c := range []prometheus.Collector{
+		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations,
+		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames,
+		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
+		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.peers.queued),
+		gauge("downstream", "streams", "VirtualStreams bound to node connections.", func() float64 { return float64(r.streams.len()) }),
+		gauge("downstream", "budget_used_bytes", "Bytes held for downstream peers, charged to the peer memory budget.",
+			func() float64 { return float64(r.budget.Used()) }),
+		gauge("downstream", "budget_limit_bytes", "The peer memory budget (--peer-memory-bytes).",
+			func() float64 { return float64(r.budget.Limit()) }),
+		counter("budget_refusals_total", "Charges refused because the peer memory budget was spent.", r.budget.Refusals),
+		counter("budget_evictions_total", "Connections closed, the heaviest that read nothing first, to bring the budget back under its limit.",
+			r.budget.Evictions),
+		counter("budget_underflows_total", "Releases of bytes never charged: always 0 unless the relay's accounting is wrong.",
+			r.budget.Underflows),
+	} {
+		if err := reg.Register(c); err != nil {
+			return nil, fmt.Errorf("register relay metrics: %w", err)
+		}
+	}
+	return m, nil
 }
 
-// refused counts a refusal the relay itself answered.
+// refused counts a refusal the relay itself answered; a peer's own error passed on is not one.
 func (m *metrics) refused(err error) {
-	var r *contracts.Refusal
-	var pr *contracts.ProtocolRefusal
-	switch {
-	case errors.As(err, &r):
-		m.refusals.WithLabelValues(string(r.Name)).Inc()
-	case errors.As(err, &pr):
-		m.refusals.WithLabelValues(contracts.ProtocolIncompatibleCode).Inc()
+	var remote *typedsocket.Error
+	if err == nil || errors.As(err, &remote) {
+		return
 	}
+	m.refusals.WithLabelValues(contracts.RefusalLabel(err)).Inc()
 }

@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"encoding/json"
 	"errors"
 	"net"
@@ -87,11 +88,6 @@ type peer struct {
 	role    role                     // guarded by mu
 	session contracts.RuntimeSession // guarded by mu: set once a node registration is accepted
 	gone    bool                     // guarded by mu: the connection has ended; it binds no node
-	// escrowBound (guarded by mu) is set once escrow has been told NodeBound for this connection
-	// and not yet NodeGone. bindNode tells escrow outside mu, so a connection may end in between;
-	// whichever of bindNode and peerGone sees both gone and escrowBound tells NodeGone, so escrow
-	// always hears NodeGone after the last NodeBound of a connection that has ended.
-	escrowBound bool
 	// waiting (guarded by mu) is set while the connection counts as unregistered: from the upgrade
 	// until a registration is accepted or the connection ends. deadline closes it when
 	// RegisterDeadline passes first.
@@ -114,6 +110,9 @@ func (p *peer) Session() contracts.RuntimeSession {
 	defer p.mu.Unlock()
 	return p.session
 }
+
+// Context implements Node: it ends when the connection does.
+func (p *peer) Context() context.Context { return p.conn.Context() }
 
 func (p *peer) nodeID() string {
 	p.mu.Lock()

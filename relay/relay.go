@@ -3,10 +3,10 @@ package relay
 import (
 	"context"
 	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"net/url"
@@ -14,7 +14,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/coder/websocket"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
@@ -38,15 +37,29 @@ const (
 // Relay is one cluster relay: the upstream Cloudly session, the downstream listener carrying the
 // cluster's nodes and ingress, and the admin listener.
 type Relay struct {
-	cfg      Config         // set at construction
-	feats    Features       // set at construction
-	log      zerolog.Logger // set at construction
-	downLog  zerolog.Logger // set at construction: shared by every downstream connection
-	registry *prometheus.Registry
-	metrics  *metrics
+	cfg        Config         // set at construction
+	log        zerolog.Logger // set at construction: component relay
+	downLog    zerolog.Logger // set at construction: shared by every downstream connection
+	upLog      zerolog.Logger // set at construction: the Cloudly session's
+	adminLog   zerolog.Logger // set at construction: the admin listener's
+	refusalLog zerolog.Logger // set at construction: sampled, for refusals a peer can repeat at will
+	registry   *prometheus.Registry
+	metrics    *metrics
+
+	// The features, found out at New (features.go): the methods they serve are in dispatch, and
+	// the relay tells observers what happens and runs components.
+	dispatch   dispatch
+	observers  []Observer
+	components []part
+	v2         http.Handler              // set at construction: registry forwarding under /v2/; nil: off
+	vpnHub     *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
 
 	certs   *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
-	up      *upstream
+	up      *upstream     // set at construction
+	custody custody
+	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
+	registrations atomic.Int64
+
 	nodes   nodeTable
 	peers   peerSet
 	peerIDs atomic.Uint64
@@ -55,8 +68,6 @@ type Relay struct {
 
 	anonymous *anonymousPool // set at construction: registrations of unregistered connections
 	sources   *sourceCounts  // set at construction: unregistered connections per source address
-
-	refusalLog zerolog.Logger // set at construction: sampled, for refusals a peer can repeat at will
 
 	downLn, adminLn net.Listener // set by Listen
 	serveCtx        context.Context
@@ -70,10 +81,22 @@ type Relay struct {
 	registerDeadline time.Duration // set at construction: a connection registers within it or is closed
 }
 
-// Options adjust a Relay beyond its Config, for tests and `relay dev`.
+// Options are how a Relay is built beyond its Config. The zero value is usable.
 type Options struct {
-	Registry     *prometheus.Registry  // serves /metrics; nil: a new one
-	Registerer   prometheus.Registerer // where metrics are registered; nil: Registry
+	// Logger is the process's logger; the relay adds its components (relay, upstream, downstream).
+	Logger zerolog.Logger
+	// Registry serves /metrics; nil: a new one (NewRegistry).
+	Registry *prometheus.Registry
+	// Registerer is where the relay's metrics are registered; nil: Registry.
+	Registerer prometheus.Registerer
+
+	// CloudlyRoots verify Cloudly's certificate (--cloudly-ca-file, loaded by the caller); nil:
+	// the system's roots.
+	CloudlyRoots *x509.CertPool
+	// VPNHub is what registerClusterRelay reports as relay.vpnHub: the bound hub's endpoint; nil
+	// when the hub is off (reported as null).
+	VPNHub *contracts.VPNHubEndpoint
+
 	PingInterval time.Duration
 	DeadTimeout  time.Duration
 	CallTimeout  time.Duration // how long a forwarded request waits for its answer (60 s)
@@ -83,11 +106,17 @@ type Options struct {
 	RegisterDeadline time.Duration
 }
 
-// New builds a relay. cfg must have been completed (Config.Complete).
-func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, error) {
-	r := &Relay{cfg: cfg, feats: feats, log: log, registry: opts.Registry,
+// New builds a relay from a completed Config (Config.Complete) and its features. It fails on a
+// TLS pair it cannot load, on features that serve one method twice, and when its metrics cannot
+// be registered.
+func New(cfg Config, feats Features, opts Options) (*Relay, error) {
+	log := opts.Logger
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, vpnHub: opts.VPNHub,
+		log:          log.With().Str("component", "relay").Logger(),
 		downLog:      log.With().Str("component", "downstream").Logger(),
-		refusalLog:   log.Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
+		upLog:        log.With().Str("component", "upstream").Logger(),
+		adminLog:     log.With().Str("component", "admin").Logger(),
+		refusalLog:   log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
 		streams:      newStreamTable(),
 		budget:       budget.New(cfg.PeerMemoryBytes),
 		sources:      &sourceCounts{max: cfg.MaxUnregisteredPerSource, n: make(map[string]int)},
@@ -117,37 +146,35 @@ func New(cfg Config, feats Features, log zerolog.Logger, opts Options) (*Relay, 
 	}
 	r.nodes.byID = make(map[string]*peer)
 	r.peers.byID = make(map[uint64]*peer)
-	up, err := newUpstream(r)
+
+	parts := partsOf(feats)
+	d, err := r.newDispatch(parts)
 	if err != nil {
 		return nil, err
 	}
-	r.up = up
+	r.dispatch = d
+	for _, pt := range parts {
+		if pt.observer != nil {
+			r.observers = append(r.observers, pt.observer)
+		}
+		if pt.component != nil {
+			r.components = append(r.components, pt)
+		}
+	}
+
 	var reg prometheus.Registerer = r.registry
 	if opts.Registerer != nil {
 		reg = opts.Registerer
 	}
-	r.metrics = newMetrics(reg, func() float64 {
-		if c := up.current.Load(); c != nil {
-			return float64(c.QueueLen())
-		}
-		return 0
-	}, r.peers.queued)
-	reg.MustRegister(
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "streams",
-			Help: "VirtualStreams bound to node connections."}, func() float64 { return float64(r.streams.len()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_used_bytes",
-			Help: "Bytes held for downstream peers, charged to the peer memory budget."}, func() float64 { return float64(r.budget.Used()) }),
-		prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_limit_bytes",
-			Help: "The peer memory budget (--peer-memory-bytes)."}, func() float64 { return float64(r.budget.Limit()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_refusals_total",
-			Help: "Charges refused because the peer memory budget was spent."}, func() float64 { return float64(r.budget.Refusals()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_evictions_total",
-			Help: "Connections closed, the heaviest that read nothing first, to bring the budget back under its limit."},
-			func() float64 { return float64(r.budget.Evictions()) }),
-		prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "budget_underflows_total",
-			Help: "Releases of bytes never charged: always 0 unless the relay's accounting is wrong."},
-			func() float64 { return float64(r.budget.Underflows()) }),
-	)
+	m, err := r.newMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
+	r.metrics = m
+	r.up = newUpstream(r, upstreamConfig{
+		url: cfg.CloudlyURL, tokenFile: cfg.CloudlyTokenFile, roots: opts.CloudlyRoots, allowHTTP: cfg.InsecurePlaintext,
+		readLimit: cfg.MaxMessageBytes, pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout,
+	}, log, &m.up)
 	return r, nil
 }
 
@@ -187,7 +214,9 @@ func (r *Relay) AdminAddr() net.Addr      { return r.adminLn.Addr() }
 func (r *Relay) listenPort() int { return r.downLn.Addr().(*net.TCPAddr).Port }
 
 // Serve runs the relay until ctx ends, then shuts down within ShutdownTimeout: downstream
-// connections get a close handshake (1001), the Cloudly session is closed, listeners stop.
+// connections get a close handshake (1001), the Cloudly session is closed, the components are
+// stopped, listeners stop. A component that fails stops the relay the same way, and Serve returns
+// its error.
 func (r *Relay) Serve(ctx context.Context) error {
 	serveCtx, cancelServe := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelServe()
@@ -195,12 +224,12 @@ func (r *Relay) Serve(ctx context.Context) error {
 
 	// SPEC §15: idle 60 s, headers 10 s on both servers; /v2/ sets its own progress deadlines.
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
-		ErrorLog: newStdLogger(r.log, "downstream"),
+		ErrorLog: newStdLogger(r.downLog),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, rawConnKey{}, c)
 		}}
 	admin := &http.Server{Handler: capRequests(r.adminHandler(), maxAdminRequests), ReadHeaderTimeout: headerTimeout,
-		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.log, "admin")}
+		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.adminLog)}
 	downLn := r.downLn
 	if r.certs != nil {
 		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
@@ -210,14 +239,18 @@ func (r *Relay) Serve(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreClosed(down.Serve(downLn)) })
 	g.Go(func() error { return ignoreClosed(admin.Serve(r.adminLn)) })
-	upDone := make(chan struct{})
-	upCtx, cancelUp := context.WithCancel(serveCtx)
-	go func() { r.up.run(upCtx); close(upDone) }()
-	if e := r.feats.Escrow; e != nil {
-		g.Go(func() error { e.Run(gctx); return nil })
-	}
-	if h := r.feats.Hub; h != nil {
-		g.Go(func() error { return h.Run(gctx) })
+	r.up.start(serveCtx)
+	// Components run until the relay has closed what they serve and observe: downstream
+	// connections and the Cloudly session.
+	compCtx, stopComponents := context.WithCancel(serveCtx)
+	defer stopComponents()
+	for _, c := range r.components {
+		g.Go(func() error {
+			if err := c.component.Run(compCtx); err != nil {
+				return fmt.Errorf("%s: %w", c.name, err)
+			}
+			return nil
+		})
 	}
 	g.Go(func() error { r.sweepStreams(gctx); return nil })
 	r.log.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
@@ -234,32 +267,13 @@ func (r *Relay) Serve(ctx context.Context) error {
 	r.drain(ShutdownTimeout / 2)
 	r.peers.closeAll(deadline)
 	step("downstream connections closed")
-	r.up.stopping.Store(true)
-	if c := r.up.current.Load(); c != nil {
-		go c.Close(websocket.StatusGoingAway, "relay shutting down")
-		select {
-		case <-c.Done():
-		case <-deadline.Done():
-			// The close handshake may not outlast the shutdown time: close the socket under it.
-			if raw, ok := r.up.raw.Load().(net.Conn); ok && raw != nil {
-				raw.Close()
-			}
-			c.CloseNow()
-		}
-	}
-	cancelUp()
-	<-upDone
+	r.up.close(deadline)
 	step("Cloudly session closed")
-	for _, f := range []any{r.feats.Escrow, r.feats.Ingress, r.feats.Restore, r.feats.Hub, r.feats.Registry} {
-		if c, ok := f.(io.Closer); ok {
-			c.Close()
-		}
-	}
-	step("features closed")
+	stopComponents()
 	admin.Shutdown(deadline)
 	cancelServe()
 	err := g.Wait()
-	step("done")
+	step("components stopped, done")
 	return err
 }
 
@@ -296,10 +310,7 @@ func (r *Relay) drain(max time.Duration) {
 	}
 	r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told, drain")
 	for time.Now().Before(deadline) {
-		busy := int64(0)
-		if c := r.up.current.Load(); c != nil {
-			busy += c.Inflight()
-		}
+		busy := r.up.inflight()
 		for _, p := range r.peers.snapshot() {
 			busy += p.conn.Inflight()
 		}
@@ -344,17 +355,31 @@ func ignoreClosed(err error) error {
 	return err
 }
 
-// adminHandler serves /healthz (the process is alive), /readyz (attached to Cloudly) and /metrics.
+// adminHandler serves /healthz (the process is alive), /readyz (attached to Cloudly, and every
+// component ready) and /metrics.
 func (r *Relay) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, _ *http.Request) {
-		if !r.up.Attached() {
-			http.Error(w, "not ready: upstream detached", http.StatusServiceUnavailable)
+		if err := r.ready(); err != nil {
+			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{}))
 	return mux
+}
+
+// ready says why the relay cannot serve now: detached from Cloudly, or a component not ready.
+func (r *Relay) ready() error {
+	if !r.up.Attached() {
+		return errors.New("upstream detached")
+	}
+	for _, c := range r.components {
+		if err := c.component.Ready(); err != nil {
+			return fmt.Errorf("%s: %w", c.name, err)
+		}
+	}
+	return nil
 }

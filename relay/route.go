@@ -5,8 +5,6 @@ import (
 	"errors"
 	"time"
 
-	"github.com/rs/zerolog"
-
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
@@ -18,31 +16,6 @@ func takeBody(req *typedsocket.Request) json.RawMessage {
 	b := req.Body
 	req.Body = nil
 	return b
-}
-
-// servePeer dispatches one request from a downstream connection.
-func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
-	f := r.feats
-	reply := func(body json.RawMessage, err error) { r.answer(req, body, err) }
-	switch m := req.Method; {
-	case m == contracts.MethodRegisterPalletRuntimeSession:
-		r.registerNode(p, req)
-	case m == contracts.MethodRegisterClusterIngress && f.Ingress != nil:
-		r.registerIngress(p, req)
-	case m == contracts.MethodGetClusterIngressRouteTable && f.Ingress != nil:
-		reply(f.Ingress.RouteTable(p, req.Body))
-	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
-		reply(f.Escrow.Hold(false, req.Body))
-	case m == contracts.MethodGetClusterTrafficStatistics && f.Ingress != nil:
-		reply(nil, contracts.RelayIngressOnly.Refuse("%s is Cloudly's to ask, of the cluster ingress", m))
-	case contracts.IsLocalOnlyMethod(m):
-		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) || m == contracts.MethodPushRelayUpstreamChanged ||
-		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
-		reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
-	default:
-		r.forwardToCloudly(p, req)
-	}
 }
 
 // forwardToCloudly forwards a node's request, only from that node's own connection.
@@ -136,8 +109,8 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 // is the one peer whose misrouted requests an operator must be able to see. Sampled, so that a
 // burst cannot flood the log.
 func (r *Relay) refuseCloudly(req *typedsocket.Request, node string, err error) {
-	r.refusalLog.Info().Str("component", "upstream").Str("method", req.Method).Str("node", node).
-		Str("outcome", refusalLabel(err)).Msg("refused a Cloudly request")
+	r.refusalLog.Info().Str("method", req.Method).Str("node", node).
+		Str("outcome", contracts.RefusalLabel(err)).Msg("refused a Cloudly request")
 	r.answer(req, nil, err)
 }
 
@@ -163,39 +136,16 @@ func (r *Relay) forwarded(direction string, err error) {
 
 // logForward logs a forwarded request at debug level: method, node, size, outcome, never a body.
 func (r *Relay) logForward(method, node string, size int, err error, start time.Time) {
-	if !r.log.Debug().Enabled() {
+	ev := r.downLog.Debug()
+	if !ev.Enabled() {
 		return
 	}
-	var ev *zerolog.Event
+	outcome := "answered"
 	if err != nil {
-		ev = r.log.Debug().Str("outcome", refusalLabel(err))
-	} else {
-		ev = r.log.Debug().Str("outcome", "answered")
+		outcome = contracts.RefusalLabel(err)
 	}
-	ev.Str("component", "downstream").Str("method", method).Str("node", node).Int("bytes", size).
+	ev.Str("outcome", outcome).Str("method", method).Str("node", node).Int("bytes", size).
 		Dur("latency", time.Since(start)).Msg("forwarded")
-}
-
-// refusalLabel is the refusal name an error carries, for metrics and logs (never its text).
-func refusalLabel(err error) string {
-	var r *contracts.Refusal
-	var pr *contracts.ProtocolRefusal
-	var remote *typedsocket.Error
-	switch {
-	case errors.As(err, &r):
-		return string(r.Name)
-	case errors.As(err, &pr):
-		return contracts.ProtocolIncompatibleCode
-	case errors.As(err, &remote):
-		if n := remote.Name(); n != "" {
-			return string(n)
-		}
-		if _, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
-			return contracts.ProtocolIncompatibleCode
-		}
-		return "remote-error"
-	}
-	return "failed"
 }
 
 // announceAttached tells every node and ingress connection the relay is attached again, after

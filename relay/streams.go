@@ -206,7 +206,7 @@ func (r *Relay) bindMarkers(p *peer, body []byte) ([]string, error) {
 func (r *Relay) serveNodeStream(p *peer, f *typedsocket.StreamFrame) {
 	_, err := r.streams.route(f.StreamID, p, f.Closing, time.Now())
 	if err == nil {
-		err = r.up.sendFrame(p, f.Frame)
+		err = r.up.sendFrame(p.share, f.Frame)
 	}
 	if err != nil {
 		r.refuseStream(p.conn, f, err)

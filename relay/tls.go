@@ -56,10 +56,10 @@ func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	return c.cert, nil
 }
 
-// newStdLogger routes net/http's internal log lines (TLS handshake errors and the like) to the
+// newStdLogger routes net/http's internal log lines (TLS handshake errors and the like) to a
 // component logger at debug level.
-func newStdLogger(l zerolog.Logger, component string) *log.Logger {
-	return log.New(levelWriter{l.With().Str("component", component).Logger()}, "", 0)
+func newStdLogger(l zerolog.Logger) *log.Logger {
+	return log.New(levelWriter{l}, "", 0)
 }
 
 type levelWriter struct{ l zerolog.Logger }

@@ -8,8 +8,6 @@ import (
 	"errors"
 	"net"
 	"net/http"
-	"os"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -31,81 +29,92 @@ const (
 	dialTimeout           = 15 * time.Second
 )
 
-// upstream is the relay's one session with Cloudly (SPEC §4). The session loop (run) owns
-// dialling, registration and backoff; other goroutines only read the attached connection.
+// upstreamHost is what an upstream needs of the relay: the narrow seam between one Cloudly
+// session and everything else. The relay implements it.
+type upstreamHost interface {
+	// serveCloudly serves one of Cloudly's requests, on the socket's read loop; attached is true
+	// when the socket's registration was accepted.
+	serveCloudly(req *typedsocket.Request, attached bool)
+	// serveCloudlyStream forwards one of Cloudly's stream frames; c is the socket it came on.
+	serveCloudlyStream(c *typedsocket.Conn, f *typedsocket.StreamFrame)
+	// nextRegistration is the registerClusterRelay body to send next. registrationSequence counts
+	// once per registration in the whole process (SPEC §4), whichever socket sends it.
+	nextRegistration() (seq int64, body json.RawMessage)
+	// registrationAccepted runs on the socket's read loop when Cloudly accepts its registration,
+	// before Cloudly's next message is served.
+	registrationAccepted()
+	// upstreamAttached runs once the session is attached, upstreamDetached once it is lost.
+	upstreamAttached(up Upstream)
+	upstreamDetached()
+	// undispatched: Cloudly refused the relay with one of the three undispatched refusals.
+	undispatched(name contracts.RefusalName)
+	// countDropped counts a frame dropped without an answer, by reason.
+	countDropped(reason string)
+}
+
+// upstreamConfig is what one upstream is told.
+type upstreamConfig struct {
+	url       string         // --cloudly-url
+	tokenFile string         // --cloudly-token-file: the machine JWT, re-read at every attach
+	roots     *x509.CertPool // Cloudly's certificate roots; nil: the system's
+	allowHTTP bool           // --insecure-plaintext: an http origin is canonical too
+	readLimit int64          // --max-message-bytes
+	// Timings of the socket; zero means the SPEC §2 defaults.
+	pingInterval, deadTimeout, callTimeout time.Duration
+}
+
+// upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
+// registration and backoff; other goroutines only read the current socket.
 type upstream struct {
-	r   *Relay         // set at construction
-	log zerolog.Logger // set at construction
+	host upstreamHost     // set at construction
+	cfg  upstreamConfig   // set at construction
+	log  zerolog.Logger   // set at construction
+	m    *upstreamMetrics // set at construction
 
-	mu      sync.Mutex
-	conn    *typedsocket.Conn             // guarded by mu: the attached session, nil while detached
-	custody contracts.RefusalName         // guarded by mu: "" while Cloudly dispatches to the relay
-	config  *contracts.ClusterRelayConfig // guarded by mu: the newest pushClusterRelayConfig
-	origin  string                        // guarded by mu: the cluster's relay origin
-
-	sequence int64                            // owned by run: the next registrationSequence
-	current  atomic.Pointer[typedsocket.Conn] // the socket in use, attached or not
-	accepted atomic.Pointer[typedsocket.Conn] // set on current's read loop when Cloudly accepts its registration
-	stopping atomic.Bool                      // set when the relay shuts down
-	tlsConf  *tls.Config                      // set at construction
-	raw      atomic.Value                     // net.Conn: the socket under current
+	sock     atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
+	stopping atomic.Bool            // set by close: the session ends for shutdown
+	cancel   context.CancelFunc     // set by start: ends run
+	done     chan struct{}          // set by start: closed when run has returned
 }
 
-func newUpstream(r *Relay) (*upstream, error) {
-	u := &upstream{r: r, log: r.log.With().Str("component", "upstream").Logger()}
-	tlsConf := &tls.Config{MinVersion: tls.VersionTLS12}
-	if r.cfg.CloudlyCAFile != "" {
-		pool, err := x509.SystemCertPool()
-		if err != nil {
-			pool = x509.NewCertPool()
-		}
-		pem, err := os.ReadFile(r.cfg.CloudlyCAFile)
-		if err != nil {
-			return nil, &ConfigError{Flag: "cloudly-ca-file", Reason: "cannot read " + r.cfg.CloudlyCAFile}
-		}
-		if !pool.AppendCertsFromPEM(pem) {
-			return nil, &ConfigError{Flag: "cloudly-ca-file", Reason: r.cfg.CloudlyCAFile + " holds no PEM certificate"}
-		}
-		tlsConf.RootCAs = pool
-	}
-	u.tlsConf = tlsConf
-	return u, nil
+// socket is one dialled Cloudly socket, from dial to loss.
+type socket struct {
+	conn *typedsocket.Conn // set at construction
+	raw  net.Conn          // set at construction: the TCP socket under conn, closed when a close overruns
+	// origin is the cluster's relay origin Cloudly's acceptance named ("" when it named none);
+	// written on conn's read loop before accepted is set, never after.
+	origin   string
+	accepted atomic.Bool // set on conn's read loop when Cloudly accepts this socket's registration
 }
 
-// dialClient is an HTTP client for one dial that keeps the socket it opens (below TLS), so that the
-// send loop can cork it (every node's traffic shares this socket: bursts leave in one write) and a
-// shutdown can close it under the WebSocket when the close handshake overruns.
-func (u *upstream) dialClient() (*http.Client, **typedsocket.CorkConn) {
-	raw := new(*typedsocket.CorkConn)
-	var d net.Dialer
-	t := &http.Transport{
-		TLSClientConfig: u.tlsConf, Proxy: http.ProxyFromEnvironment, DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			*raw = typedsocket.NewCorkConn(c)
-			return *raw, nil
-		},
+// attachStep is a step of attaching a socket: the two calls it takes.
+type attachStep uint8
+
+const (
+	stepClientSession attachStep = iota // registerCloudlyClientSession
+	stepRegistration                    // registerClusterRelay
+)
+
+func (s attachStep) String() string {
+	if s == stepRegistration {
+		return "cluster relay registration"
 	}
-	return &http.Client{Transport: t}, raw
+	return "cloudly client session"
+}
+
+func newUpstream(host upstreamHost, cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics) *upstream {
+	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m}
 }
 
 // Attached reports whether the relay holds an accepted registration with Cloudly.
 func (u *upstream) Attached() bool { return u.attached() != nil }
 
+// attached is the current socket when Cloudly accepted its registration, else nil.
 func (u *upstream) attached() *typedsocket.Conn {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.conn
-}
-
-// custodyEnded returns the undispatched refusal that ended the relay's custody, or "".
-func (u *upstream) custodyEnded() contracts.RefusalName {
-	u.mu.Lock()
-	defer u.mu.Unlock()
-	return u.custody
+	if s := u.sock.Load(); s != nil && s.accepted.Load() {
+		return s.conn
+	}
+	return nil
 }
 
 // Call forwards a request to Cloudly (see Upstream).
@@ -129,14 +138,30 @@ func (u *upstream) callFor(share typedsocket.Share, method string, body json.Raw
 	return k
 }
 
-// sendFrame forwards a node's stream frame to Cloudly whole, charged to the node's share until
+// sendFrame forwards a downstream peer's stream frame to Cloudly whole, charged to share until
 // written.
-func (u *upstream) sendFrame(p *peer, frame []byte) error {
+func (u *upstream) sendFrame(share typedsocket.Share, frame []byte) error {
 	conn := u.attached()
 	if conn == nil {
 		return contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")
 	}
-	return upstreamError(conn.SendFrameFor(p.share, frame), contracts.MethodVirtualStream)
+	return upstreamError(conn.SendFrameFor(share, frame), contracts.MethodVirtualStream)
+}
+
+// inflight is the number of Cloudly's requests on the current socket not answered yet.
+func (u *upstream) inflight() int64 {
+	if s := u.sock.Load(); s != nil {
+		return s.conn.Inflight()
+	}
+	return 0
+}
+
+// queueLen is the number of frames waiting to be written to Cloudly.
+func (u *upstream) queueLen() int {
+	if s := u.sock.Load(); s != nil {
+		return s.conn.QueueLen()
+	}
+	return 0
 }
 
 // upstreamError names a local failure of a call to Cloudly; Cloudly's own errors pass untouched.
@@ -158,6 +183,33 @@ func upstreamError(err error, method string) error {
 	return err
 }
 
+// start runs the session loop until close.
+func (u *upstream) start(ctx context.Context) {
+	ctx, u.cancel = context.WithCancel(ctx)
+	u.done = make(chan struct{})
+	go func() { u.run(ctx); close(u.done) }()
+}
+
+// close ends the session for shutdown: the current socket gets a close handshake (1001), and is
+// cut under it when ctx ends first (a handshake may outlast the shutdown time); then the session
+// loop stops. It returns once the loop has.
+func (u *upstream) close(ctx context.Context) {
+	u.stopping.Store(true)
+	if s := u.sock.Load(); s != nil {
+		go s.conn.Close(websocket.StatusGoingAway, "relay shutting down")
+		select {
+		case <-s.conn.Done():
+		case <-ctx.Done():
+			if s.raw != nil {
+				s.raw.Close()
+			}
+			s.conn.CloseNow()
+		}
+	}
+	u.cancel()
+	<-u.done
+}
+
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.
 func (u *upstream) run(ctx context.Context) {
 	bo := backoff.New()
@@ -177,296 +229,198 @@ func (u *upstream) run(ctx context.Context) {
 	}
 }
 
+// dial opens a WebSocket to Cloudly and returns it with the TCP socket under it (below TLS), so
+// that the send loop can cork it (every node's traffic shares this socket: bursts leave in one
+// write) and a shutdown can close it under the WebSocket when the close handshake overruns.
+func (u *upstream) dial(ctx context.Context) (*websocket.Conn, *typedsocket.CorkConn, error) {
+	var raw *typedsocket.CorkConn
+	var d net.Dialer
+	t := &http.Transport{
+		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: u.cfg.roots},
+		Proxy:           http.ProxyFromEnvironment, DisableKeepAlives: true,
+		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
+			c, err := d.DialContext(ctx, network, addr)
+			if err != nil {
+				return nil, err
+			}
+			raw = typedsocket.NewCorkConn(c)
+			return raw, nil
+		},
+	}
+	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}})
+	return ws, raw, err
+}
+
 // session runs one socket from dial to loss and returns how long to wait before the next.
 func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Duration {
-	dctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	client, raw := u.dialClient()
-	ws, _, err := websocket.Dial(dctx, u.r.cfg.CloudlyURL, &websocket.DialOptions{HTTPClient: client})
-	cancel()
+	ws, raw, err := u.dial(ctx)
 	if err != nil {
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
 		return bo.Next()
 	}
-	conn := typedsocket.New(ws, typedsocket.Options{
-		Handler:       typedsocket.HandlerFunc(u.serve),
-		Streams:       typedsocket.StreamHandlerFunc(u.r.serveCloudlyStream),
-		Dropped:       u.r.countDropped,
-		ReadLimit:     u.r.cfg.MaxMessageBytes,
+	s := &socket{raw: raw}
+	s.conn = typedsocket.New(ws, typedsocket.Options{
+		Handler: typedsocket.HandlerFunc(func(_ *typedsocket.Conn, req *typedsocket.Request) {
+			u.host.serveCloudly(req, s.accepted.Load())
+		}),
+		Streams:       typedsocket.StreamHandlerFunc(u.host.serveCloudlyStream),
+		Dropped:       u.host.countDropped,
+		ReadLimit:     u.cfg.readLimit,
 		MaxQueue:      upstreamMaxQueue,
 		MaxQueueBytes: upstreamMaxQueueBytes,
 		MaxInflight:   upstreamMaxInflight,
 		BusyError:     contracts.RelayNodeBusy.Refuse("the relay has too many Cloudly requests in flight"),
 		Logger:        u.log,
-		PingInterval:  u.r.pingInterval,
-		DeadTimeout:   u.r.deadTimeout,
-		CallTimeout:   u.r.callTimeout,
-		Cork:          *raw,
+		PingInterval:  u.cfg.pingInterval,
+		DeadTimeout:   u.cfg.deadTimeout,
+		CallTimeout:   u.cfg.callTimeout,
+		Cork:          raw,
 	})
-	u.current.Store(conn)
-	u.raw.Store(*raw)
-	go conn.Run(ctx)
+	u.sock.Store(s)
+	go s.conn.Run(ctx)
 	defer func() {
-		conn.CloseNow()
-		<-conn.Done()
-		u.current.Store(nil)
-		u.accepted.Store(nil)
+		s.conn.CloseNow()
+		<-s.conn.Done()
+		u.sock.CompareAndSwap(s, nil)
 	}()
 
-	if wait, ok := u.attach(ctx, conn, bo); !ok {
+	if wait, ok := u.attach(ctx, s, bo); !ok {
 		return wait
 	}
 	bo.Reset()
-	<-conn.Done()
-	u.detach(context.Cause(conn.Context()), ctx.Err() != nil || u.stopping.Load())
+	u.host.upstreamAttached(u)
+
+	<-s.conn.Done()
+	u.sock.CompareAndSwap(s, nil)
+	u.m.attached.Set(0)
+	u.m.detaches.Inc()
+	if ctx.Err() != nil || u.stopping.Load() {
+		u.log.Info().Str("outcome", "detached").Msg("Cloudly session closed for shutdown")
+	} else {
+		u.log.Warn().Err(context.Cause(s.conn.Context())).Str("outcome", "detached").Msg("Cloudly session lost")
+	}
+	u.host.upstreamDetached()
 	return bo.Next()
 }
 
-// attach opens the Cloudly client session and registers the relay on conn.
-func (u *upstream) attach(ctx context.Context, conn *typedsocket.Conn, bo *backoff.Backoff) (time.Duration, bool) {
-	jwt, err := ReadToken(u.r.cfg.CloudlyTokenFile)
+// attach opens the Cloudly client session on s and registers the relay. It reports whether Cloudly
+// accepted the registration, or how long to wait before the next socket.
+func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (time.Duration, bool) {
+	jwt, err := ReadToken(u.cfg.tokenFile)
 	if err != nil {
 		u.log.Error().Err(err).Msg("cannot open a Cloudly session")
 		return bo.Next(), false
 	}
-	cctx, cancel := context.WithTimeout(ctx, attachTimeout)
+	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
 	defer cancel()
-	resp, err := conn.Call(cctx, contracts.MethodRegisterCloudlyClientSession, contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, jwt))
+	resp, err := s.conn.Call(ctx, contracts.MethodRegisterCloudlyClientSession, contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, jwt))
 	if err != nil {
-		return u.refused("cloudly client session", err, bo), false
+		return u.refused(stepClientSession, err, bo), false
 	}
-	if wait, ok := u.judgeOffer("cloudly client session", resp, bo); !ok {
-		return wait, false
+	if _, err := u.judge(stepClientSession, resp); err != nil {
+		return u.unusable(stepClientSession, err, bo), false
 	}
 
-	seq := u.sequence
-	u.sequence++
-	reg := contracts.RegisterClusterRelayRequest{
-		Protocol: contracts.RelayOffer,
-		Relay: contracts.ClusterRelayRegistration{
-			Version: u.r.cfg.BuildVersion, NodeID: u.r.cfg.NodeID,
-			ListenAddress: u.r.cfg.AdvertiseAddress, ListenPort: u.r.listenPort(),
-		},
-		RegistrationSequence: seq,
-	}
-	if hub := u.r.feats.Hub; hub != nil {
-		ep := hub.Endpoint()
-		reg.Relay.VPNHub = &ep
-	}
-	body, _ := json.Marshal(reg)
-	resp, err = u.register(cctx, conn, body)
+	seq, body := u.host.nextRegistration()
+	resp, err = s.conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
+		u.observeRegistration(s, rep)
+	})
 	if err != nil {
-		return u.refused("cluster relay registration", err, bo), false
+		return u.refused(stepRegistration, err, bo), false
 	}
-	if wait, ok := u.judgeOffer("cluster relay registration", resp, bo); !ok {
-		return wait, false
+	if !s.accepted.Load() {
+		_, err := u.judge(stepRegistration, resp)
+		return u.unusable(stepRegistration, err, bo), false
 	}
-	origin, ok := u.originOf(resp)
-	if !ok {
-		u.r.metrics.upstreamRegs.WithLabelValues("failed").Inc()
-		u.log.Warn().Str("outcome", "malformed").Msg("Cloudly's registration answer names no canonical origin")
-		return bo.Next(), false
+	u.m.registrations.WithLabelValues("accepted").Inc()
+	u.m.attached.Set(1)
+	u.m.attaches.Inc()
+	ev := u.log.Info().Int64("sequence", seq)
+	if s.origin != "" {
+		ev = ev.Str("origin", s.origin)
 	}
-	u.r.metrics.upstreamRegs.WithLabelValues("accepted").Inc()
-	u.setAttached(conn, origin, seq)
+	ev.Str("outcome", "attached").Msg("registered with Cloudly")
 	return 0, true
 }
 
-// register sends registerClusterRelay on conn. An acceptance is recorded on conn's read loop,
-// before it reads Cloudly's next message: Cloudly may send requests right after accepting, and
-// they must be served as coming from the attached session (escrow holds) even though this
-// goroutine has not recorded the attachment yet. Custody resumes there too, so that the
-// configuration push that follows an acceptance (relay: null ends it again) is not undone.
-func (u *upstream) register(ctx context.Context, conn *typedsocket.Conn, body json.RawMessage) (json.RawMessage, error) {
-	return conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
-		if rep.Err == nil && u.acceptable(rep.Response) {
-			// Cloudly dispatches to the relay again: custody resumes here, ordered before the
-			// configuration push that follows the acceptance, which may end it again (relay: null).
-			u.mu.Lock()
-			u.custody = ""
-			u.mu.Unlock()
-			u.accepted.Store(conn)
-		}
-	})
+// observeRegistration records an acceptance on the socket's read loop, before it reads Cloudly's
+// next message: Cloudly may send requests right after accepting, and they must be served as coming
+// from the attached session (escrow holds) although the session goroutine has not seen the answer
+// yet. Custody resumes there too, ordered before the configuration push that follows an
+// acceptance, which may end it again (relay: null).
+func (u *upstream) observeRegistration(s *socket, rep typedsocket.Reply) {
+	if rep.Err != nil {
+		return
+	}
+	origin, err := u.judge(stepRegistration, rep.Response)
+	if err != nil {
+		return
+	}
+	s.origin = origin
+	s.accepted.Store(true)
+	u.host.registrationAccepted()
 }
 
-// acceptable reports whether a registerClusterRelay answer is one attach accepts: a compatible
-// offer and a canonical origin. No side effects: it runs on the read loop.
-func (u *upstream) acceptable(resp json.RawMessage) bool {
-	offer, err := contracts.ReadProtocolOffer(resp)
-	if err != nil {
-		return false
+// judge reads the answer to an attach step — Cloudly's offer; the registration's also names the
+// cluster's relay origin, optional (SPEC §4 step 3: recorded when present, never a reason to
+// refuse) — and negotiates the offer from the relay's side. No side effects: it runs on the read
+// loop too.
+func (u *upstream) judge(step attachStep, resp json.RawMessage) (origin string, err error) {
+	var offer contracts.ProtocolOffer
+	if step == stepRegistration {
+		answer, err := contracts.ReadRegisterClusterRelayResponse(resp, u.cfg.allowHTTP)
+		if err != nil {
+			return "", err
+		}
+		offer, origin = answer.Protocol, answer.Origin
+	} else if offer, err = contracts.ReadProtocolOffer(resp); err != nil {
+		return "", err
 	}
 	if refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer); refusal != nil {
-		return false
+		return "", refusal
 	}
-	_, ok := u.originOf(resp)
-	return ok
+	return origin, nil
 }
 
-// originOf reads the canonical origin Cloudly's registration answer names (https, or http on an
-// insecure-plaintext relay).
-func (u *upstream) originOf(resp json.RawMessage) (string, bool) {
-	var answer contracts.RegisterClusterRelayResponse
-	if json.Unmarshal(resp, &answer) != nil {
-		return "", false
+// unusable handles an answer Cloudly gave that the relay cannot attach with: no readable offer, or
+// an offer the relay refuses. It returns the wait before the next try.
+func (u *upstream) unusable(step attachStep, err error, bo *backoff.Backoff) time.Duration {
+	var refusal *contracts.ProtocolRefusal
+	if errors.As(err, &refusal) {
+		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
+		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(*refusal))
+		return contracts.RefusedOfferRetryInterval
 	}
-	ok := contracts.IsCanonicalOrigin(answer.Origin, "https") ||
-		u.r.cfg.InsecurePlaintext && contracts.IsCanonicalOrigin(answer.Origin, "http")
-	return answer.Origin, ok
-}
-
-// judgeOffer negotiates the offer Cloudly answered with, from the relay's side.
-func (u *upstream) judgeOffer(what string, resp json.RawMessage, bo *backoff.Backoff) (time.Duration, bool) {
-	offer, err := contracts.ReadProtocolOffer(resp)
-	if err != nil {
-		u.log.Warn().Str("step", what).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
-		return bo.Next(), false
-	}
-	refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer)
-	if refusal != nil {
-		u.log.Warn().Str("step", what).Msg(contracts.DescribeProtocolRefusal(*refusal))
-		return contracts.RefusedOfferRetryInterval, false
-	}
-	return 0, true
+	u.log.Warn().Stringer("step", step).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
+	return bo.Next()
 }
 
 // refused handles a refused or failed attach step and returns the wait before the next try.
-func (u *upstream) refused(what string, err error, bo *backoff.Backoff) time.Duration {
+func (u *upstream) refused(step attachStep, err error, bo *backoff.Backoff) time.Duration {
+	count := func(outcome string) {
+		if step == stepRegistration {
+			u.m.registrations.WithLabelValues(outcome).Inc()
+		}
+	}
 	var remote *typedsocket.Error
 	if !errors.As(err, &remote) {
-		if what == "cluster relay registration" {
-			u.r.metrics.upstreamRegs.WithLabelValues("failed").Inc()
-		}
-		u.log.Warn().Err(err).Str("step", what).Str("outcome", "failed").Msg("attach failed")
+		count("failed")
+		u.log.Warn().Err(err).Stringer("step", step).Str("outcome", "failed").Msg("attach failed")
 		return bo.Next()
 	}
 	if pr, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
-		u.log.Warn().Str("step", what).Msg(contracts.DescribeProtocolRefusal(pr))
-		if what == "cluster relay registration" {
-			u.r.metrics.upstreamRegs.WithLabelValues(contracts.ProtocolIncompatibleCode).Inc()
-		}
+		count(contracts.ProtocolIncompatibleCode)
+		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(pr))
 		return contracts.RefusedOfferRetryInterval
 	}
-	name := remote.Name()
-	if what == "cluster relay registration" {
-		outcome := string(name)
-		if outcome == "" {
-			outcome = "refused"
-		}
-		u.r.metrics.upstreamRegs.WithLabelValues(outcome).Inc()
-	}
-	u.log.Warn().Str("step", what).Str("refusal", string(name)).Str("outcome", "refused").Msg("Cloudly refused the relay")
-	if contracts.IsUndispatchedRefusal(name) {
-		u.endCustody(name)
+	label := contracts.RefusalLabel(err)
+	count(label)
+	u.log.Warn().Stringer("step", step).Str("refusal", label).Str("outcome", "refused").Msg("Cloudly refused the relay")
+	if name := remote.Name(); contracts.IsUndispatchedRefusal(name) {
+		u.host.undispatched(name)
 	}
 	return bo.Next()
-}
-
-// endCustody: Cloudly says it does not dispatch to this relay. Drop what is held for the nodes,
-// refuse new node registrations with the same name, and keep re-registering.
-func (u *upstream) endCustody(name contracts.RefusalName) {
-	u.mu.Lock()
-	was := u.custody
-	u.custody = name
-	u.mu.Unlock()
-	if was == "" {
-		u.log.Warn().Str("refusal", string(name)).Msg("custody ended: escrowed runs dropped, node registrations refused")
-	}
-	if e := u.r.feats.Escrow; e != nil {
-		e.EndCustody()
-	}
-}
-
-func (u *upstream) setAttached(conn *typedsocket.Conn, origin string, seq int64) {
-	u.mu.Lock()
-	u.conn, u.origin = conn, origin // custody resumed on the read loop (register)
-	u.mu.Unlock()
-	u.r.metrics.attached.Set(1)
-	u.r.metrics.attaches.Inc()
-	u.log.Info().Int64("sequence", seq).Str("origin", origin).Str("outcome", "attached").Msg("registered with Cloudly")
-	if e := u.r.feats.Escrow; e != nil {
-		e.SetAttached(true)
-	}
-	if in := u.r.feats.Ingress; in != nil {
-		in.Attached(u)
-	}
-	u.r.announceAttached()
-}
-
-func (u *upstream) detach(cause error, shuttingDown bool) {
-	u.mu.Lock()
-	u.conn = nil
-	u.mu.Unlock()
-	u.r.metrics.attached.Set(0)
-	u.r.metrics.detaches.Inc()
-	if shuttingDown {
-		u.log.Info().Str("outcome", "detached").Msg("Cloudly session closed for shutdown")
-	} else {
-		u.log.Warn().Err(cause).Str("outcome", "detached").Msg("Cloudly session lost")
-	}
-	if e := u.r.feats.Escrow; e != nil {
-		e.SetAttached(false)
-	}
-}
-
-// serve answers Cloudly's requests on the socket: the methods the relay serves itself, refusals
-// for local-only methods, and everything else routed to the node it names.
-func (u *upstream) serve(c *typedsocket.Conn, req *typedsocket.Request) {
-	f := u.r.feats
-	reply := func(body json.RawMessage, err error) { u.r.answer(req, body, err) }
-	switch m := req.Method; {
-	case m == contracts.MethodPushClusterRelayConfig:
-		reply(u.pushConfig(req.Body))
-	case m == contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals && f.Escrow != nil:
-		reply(f.Escrow.Hold(c == u.accepted.Load(), req.Body))
-	case m == contracts.MethodPushClusterVpnMembership:
-		if f.Hub == nil {
-			reply(nil, contracts.RelayVPNHubOff.Refuse("this relay runs no VPN hub"))
-			return
-		}
-		reply(f.Hub.PushMembership(req.Body))
-	case m == contracts.MethodPushClusterRouteTable && f.Ingress != nil:
-		reply(f.Ingress.PushRouteTable(req.Body))
-	case m == contracts.MethodGetClusterTrafficStatistics && f.Ingress != nil:
-		f.Ingress.TrafficStatistics(req.Body, reply)
-	case contracts.IsIsolatedRestoreMethod(m) && f.Restore != nil:
-		f.Restore.Serve(m, req.Body, reply)
-	case contracts.IsServedToCloudly(m):
-		reply(nil, contracts.RelayMethodUnknown.Refuse("%s (this relay has that part off)", m))
-	case contracts.IsLocalOnlyMethod(m):
-		reply(nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	default:
-		u.r.routeToNode(req)
-	}
-}
-
-// pushConfig serves pushClusterRelayConfig: the newest push replaces the previous one.
-func (u *upstream) pushConfig(body json.RawMessage) (json.RawMessage, error) {
-	cfg, err := contracts.ReadClusterRelayConfigPush(body, u.r.cfg.InsecurePlaintext)
-	if err != nil {
-		return nil, contracts.RelayRequestInvalid.Refuse("%v", err)
-	}
-	if cfg.ClusterID != u.r.cfg.ClusterID {
-		return nil, contracts.RelayRequestInvalid.Refuse("config names cluster %s; this relay serves %s", cfg.ClusterID, u.r.cfg.ClusterID)
-	}
-	u.mu.Lock()
-	u.config = &cfg
-	wasDisabled := u.custody == contracts.RelayClusterNotEnabled
-	u.mu.Unlock()
-	if r := u.r.feats.Restore; r != nil {
-		r.SetCorestores(cfg.Corestores)
-	}
-	switch {
-	case cfg.Relay == nil:
-		// The operator disabled the relay: the same as hearing relay-cluster-not-enabled.
-		u.endCustody(contracts.RelayClusterNotEnabled)
-	case wasDisabled:
-		u.mu.Lock()
-		u.custody = ""
-		u.mu.Unlock()
-		u.log.Info().Msg("relay enabled again: custody resumed")
-	}
-	u.log.Info().Int("corestores", len(cfg.Corestores)).Bool("enabled", cfg.Relay != nil).Msg("relay configuration applied")
-	return json.RawMessage(`{}`), nil
 }

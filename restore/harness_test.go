@@ -90,7 +90,8 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 		},
 		// As cmd/relay's build(), with a shorter timeout and bound where a test asks for one, and
 		// the node's Corestore trusted as cmd/relay trusts --corestore-ca-file: one pool.
-		Build: func(cfg relay.Config, log zerolog.Logger, ro relay.Options) (*relay.Relay, error) {
+		Build: func(cfg relay.Config, ro relay.Options) (*relay.Relay, error) {
+			log := ro.Logger
 			var roots *x509.CertPool
 			if !o.plaintext {
 				roots = x509.NewCertPool()
@@ -109,7 +110,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 				return nil, err
 			}
 			t.Cleanup(func() { h.restore.Close() })
-			return relay.New(cfg, relay.Features{Restore: h.restore}, log, ro)
+			return relay.New(cfg, relay.Features{Restore: h.restore}, ro)
 		},
 	})
 	h.Eventually("the relay applies the configuration push", func() bool { return h.restore.Carried("node-a") })

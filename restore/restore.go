@@ -40,7 +40,7 @@ type Options struct {
 	MaxInflight int
 }
 
-// Restore serves the five isolated-restore methods. It implements relay.Restore.
+// Restore serves the five isolated-restore methods; relay.go is how the relay reaches it.
 type Restore struct {
 	cs      Corestore       // set at construction
 	opts    Options         // set at construction, defaults filled
@@ -78,7 +78,8 @@ func New(cs Corestore, opts Options) (*Restore, error) {
 }
 
 // Close abandons the calls in flight (each is answered restore-node-unreachable), refuses new
-// ones, and waits until every call has been answered. It implements io.Closer and never fails.
+// ones, and waits until every call has been answered. It never fails. Run calls it when the relay
+// stops the restore.
 func (r *Restore) Close() error {
 	r.mu.Lock()
 	r.closed = true
@@ -88,9 +89,9 @@ func (r *Restore) Close() error {
 	return nil
 }
 
-// SetCorestores replaces the Corestore origins (pushClusterRelayConfig's corestores). Calls in
+// setCorestores replaces the Corestore origins (pushClusterRelayConfig's corestores). Calls in
 // flight keep the origin they started with.
-func (r *Restore) SetCorestores(origins []contracts.CorestoreOrigin) {
+func (r *Restore) setCorestores(origins []contracts.CorestoreOrigin) {
 	m := make(map[string]string, len(origins))
 	for _, o := range origins {
 		m[o.NodeID] = o.Origin

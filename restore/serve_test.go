@@ -49,7 +49,7 @@ func TestServeNeverBlocksAndRepliesOnce(t *testing.T) {
 	port := &blockingPort{release: make(chan struct{})}
 	r := newRestore(t, port, Options{Logger: zerolog.Nop()})
 	defer r.Close()
-	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}})
+	r.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}}})
 	replies := make(chan error, 2)
 	served := make(chan struct{})
 	go func() {
@@ -84,7 +84,7 @@ func TestServeNeverBlocksAndRepliesOnce(t *testing.T) {
 func TestCloseAnswersCallsInFlight(t *testing.T) {
 	port := &blockingPort{release: make(chan struct{})}
 	r := newRestore(t, port, Options{Logger: zerolog.Nop()})
-	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}})
+	r.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}}})
 	replies := make(chan error, 8)
 	for range 3 {
 		r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), func(_ json.RawMessage, err error) { replies <- err })
@@ -109,7 +109,7 @@ func TestOverallBoundRefusesAtOnce(t *testing.T) {
 	r := newRestore(t, port, Options{Logger: zerolog.Nop(), MaxInflight: 2, MaxInflightPerNode: 2})
 	defer r.Close()
 	defer close(port.release)
-	r.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://a.example"}, {NodeID: "node-b", Origin: "https://b.example"}})
+	r.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://a.example"}, {NodeID: "node-b", Origin: "https://b.example"}}})
 	replies := make(chan error, 8)
 	reply := func(_ json.RawMessage, err error) { replies <- err }
 	r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), reply)
@@ -135,7 +135,7 @@ func TestMetricNames(t *testing.T) {
 	r := newRestore(t, &blockingPort{}, Options{Registerer: reg, Logger: zerolog.Nop()})
 	defer r.Close()
 	r.Serve(contracts.MethodPrepareIsolatedRestoreOnNode, json.RawMessage(`{}`), func(json.RawMessage, error) {})
-	r.SetCorestores(nil)
+	r.Configured(contracts.ClusterRelayConfig{Corestores: nil})
 	families, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)

@@ -72,8 +72,7 @@ const (
 	keepAlivePeriod         = 10 * time.Second // QUIC PINGs, so that an idle member's path stays open
 )
 
-// Hub is the cluster's managed VPN hub. It implements the relay's VPNHub: Endpoint,
-// PushMembership, Run.
+// Hub is the cluster's managed VPN hub; relay.go is how the relay reaches it.
 type Hub struct {
 	cfg      Config         // set at construction, defaults filled
 	log      zerolog.Logger // set at construction

@@ -27,7 +27,6 @@ import (
 	ggcrregistry "github.com/google/go-containerregistry/pkg/registry"
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/internal/relaytest"
 	"code.foss.global/serve.zone/relay/registry"
@@ -171,13 +170,13 @@ func startRelay(b *testing.B, upstream string) (addr string, prom *prometheus.Re
 		Configure: func(cfg *relay.Config) {
 			cfg.RegistryUpstream, cfg.RegistryCacheDir = upstream, filepath.Join(dir, "cache")
 		},
-		Build: func(cfg relay.Config, log zerolog.Logger, o relay.Options) (*relay.Relay, error) {
+		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
 			reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
 				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry})
 			if err != nil {
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Registry: reg}, log, o)
+			return relay.New(cfg, relay.Features{Registry: reg}, o)
 		},
 	})
 	var once sync.Once

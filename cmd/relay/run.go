@@ -43,24 +43,30 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r, err := build(cfg, log, relay.Options{})
+	r, err := build(cfg, relay.Options{Logger: log})
 	if err != nil {
 		return err
 	}
 	return r.Run(ctx)
 }
 
-// build wires the relay and its features from a completed configuration. Features register their
-// metrics in the relay's registry.
-func build(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
-	r, _, err := buildParts(cfg, log, opts, netip.Addr{})
+// build wires the relay and its features from a completed configuration and opts.Logger. Features
+// register their metrics in the relay's registry.
+func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
+	r, _, err := buildParts(cfg, opts, netip.Addr{})
 	return r, err
 }
 
 // buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
 // loopback). devHubAddress, when valid, is what registerClusterRelay reports as the hub's address
 // instead of the bound one: a dev hub binds loopback, which the registration refuses.
-func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
+func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
+	log := opts.Logger
+	roots, err := caPool(cfg.CloudlyCAFile, "cloudly-ca-file")
+	if err != nil {
+		return nil, nil, err
+	}
+	opts.CloudlyRoots = roots
 	if opts.Registry == nil {
 		opts.Registry = relay.NewRegistry()
 	}
@@ -107,8 +113,10 @@ func buildParts(cfg relay.Config, log zerolog.Logger, opts relay.Options, devHub
 			return nil, nil, err
 		}
 		feats.Hub = hub
+		ep := hub.Endpoint()
+		opts.VPNHub = &ep // what the registration reports: the hub is bound, its endpoint final
 	}
-	r, err := relay.New(cfg, feats, log, opts)
+	r, err := relay.New(cfg, feats, opts)
 	if err != nil {
 		if hub != nil {
 			hub.Close()

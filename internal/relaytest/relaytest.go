@@ -53,11 +53,11 @@ type Options struct {
 	// Logs collects the log lines; nil: a new Buffer. Pass one to share it with peers started
 	// before the relay.
 	Logs *Buffer
-	// Build builds the relay in place of relay.New(cfg, Features, log, opts) (Features is then
-	// unused), with cmd/relay's build() signature: from the completed Config, Env.Log and
-	// relay.Options whose Registry is Env.Registry. Features that need the relay's logger or
-	// metrics registry are made here.
-	Build func(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error)
+	// Build builds the relay in place of relay.New(cfg, Features, opts) (Features is then unused),
+	// with cmd/relay's build() signature: from the completed Config and relay.Options whose Logger
+	// is Env.Log and Registry Env.Registry. Features that need the relay's logger or metrics
+	// registry are made here.
+	Build func(cfg relay.Config, opts relay.Options) (*relay.Relay, error)
 }
 
 // Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
@@ -96,11 +96,11 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	build := o.Build
 	if build == nil {
-		build = func(cfg relay.Config, log zerolog.Logger, opts relay.Options) (*relay.Relay, error) {
-			return relay.New(cfg, o.Features, log, opts)
+		build = func(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
+			return relay.New(cfg, o.Features, opts)
 		}
 	}
-	r, err := build(e.Config, e.Log, relay.Options{Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
+	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
 		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline})
 	if err != nil {
 		t.Fatal(err)

@@ -1,0 +1,83 @@
+package relay
+
+import (
+	"encoding/json"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// What the relay does with its Cloudly session: the upstreamHost side of upstream.go, custody and
+// the configuration push.
+
+// nextRegistration is the registerClusterRelay body to send next, with its registrationSequence:
+// 0 for the first registration of the process, one more for each after it (SPEC §4).
+func (r *Relay) nextRegistration() (int64, json.RawMessage) {
+	seq := r.registrations.Add(1) - 1
+	reg := contracts.RegisterClusterRelayRequest{
+		Protocol: contracts.RelayOffer,
+		Relay: contracts.ClusterRelayRegistration{
+			Version: r.cfg.BuildVersion, NodeID: r.cfg.NodeID,
+			ListenAddress: r.cfg.AdvertiseAddress, ListenPort: r.listenPort(),
+			VPNHub: r.vpnHub,
+		},
+		RegistrationSequence: seq,
+	}
+	body, _ := json.Marshal(reg)
+	return seq, body
+}
+
+// registrationAccepted: Cloudly dispatches to the relay again. It runs on the socket's read loop,
+// before the configuration push that follows the acceptance, which may end custody again.
+func (r *Relay) registrationAccepted() { r.custody.resume() }
+
+// upstreamAttached tells every observer, then every node and ingress connection.
+func (r *Relay) upstreamAttached(up Upstream) {
+	for _, o := range r.observers {
+		o.Attached(up)
+	}
+	r.announceAttached()
+}
+
+func (r *Relay) upstreamDetached() {
+	for _, o := range r.observers {
+		o.Detached()
+	}
+}
+
+// undispatched: Cloudly refused the relay with one of clusterRelayUndispatchedRefusals.
+func (r *Relay) undispatched(name contracts.RefusalName) { r.endCustody(name) }
+
+// endCustody: Cloudly does not dispatch to this relay. Observers drop what they hold for the
+// nodes (escrow), node registrations are refused with the same name, and the upstream keeps
+// re-registering.
+func (r *Relay) endCustody(name contracts.RefusalName) {
+	if r.custody.end(name) {
+		r.upLog.Warn().Str("refusal", string(name)).Msg("custody ended: escrowed runs dropped, node registrations refused")
+	}
+	for _, o := range r.observers {
+		o.CustodyEnded()
+	}
+}
+
+// pushConfig serves pushClusterRelayConfig: the newest push replaces the previous one.
+func (r *Relay) pushConfig(body json.RawMessage) (json.RawMessage, error) {
+	cfg, err := contracts.ReadClusterRelayConfigPush(body, r.cfg.InsecurePlaintext)
+	if err != nil {
+		return nil, contracts.RelayRequestInvalid.Refuse("%v", err)
+	}
+	if cfg.ClusterID != r.cfg.ClusterID {
+		return nil, contracts.RelayRequestInvalid.Refuse("config names cluster %s; this relay serves %s", cfg.ClusterID, r.cfg.ClusterID)
+	}
+	for _, o := range r.observers {
+		o.Configured(cfg)
+	}
+	switch {
+	case cfg.Relay == nil:
+		// The operator disabled the relay: the same as hearing relay-cluster-not-enabled.
+		r.endCustody(contracts.RelayClusterNotEnabled)
+	case r.custody.resumeFrom(contracts.RelayClusterNotEnabled):
+		r.upLog.Info().Msg("relay enabled again: custody resumed")
+	}
+	r.upLog.Info().Int("corestores", len(cfg.Corestores)).Bool("enabled", cfg.Relay != nil).Msg("relay configuration applied")
+	return json.RawMessage(`{}`), nil
+}

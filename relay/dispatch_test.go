@@ -1,0 +1,169 @@
+package relay
+
+import (
+	"encoding/json"
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"net/http"
+	"path/filepath"
+	"sort"
+	"strconv"
+	"strings"
+	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/escrow"
+	"code.foss.global/serve.zone/relay/ingress"
+	"code.foss.global/serve.zone/relay/registry"
+	"code.foss.global/serve.zone/relay/restore"
+	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
+)
+
+// What each feature is to the relay, checked when the tests build: a changed signature in a
+// feature package would otherwise make it silently stop observing or running.
+var (
+	_ Feature   = (*escrow.Escrow)(nil)
+	_ Observer  = (*escrow.Escrow)(nil)
+	_ Component = (*escrow.Escrow)(nil)
+	_ Feature   = (*ingress.Server)(nil)
+	_ Observer  = (*ingress.Server)(nil)
+	_ Feature   = (*restore.Restore)(nil)
+	_ Observer  = (*restore.Restore)(nil)
+	_ Component = (*restore.Restore)(nil)
+	_ Feature   = (*vpnhub.Hub)(nil)
+	_ Component = (*vpnhub.Hub)(nil)
+	_ Component = (*registry.Registry)(nil)
+
+	_ http.Handler = (*registry.Registry)(nil)
+)
+
+// everyFeature builds every feature the relay has, as cmd/relay does, without running them.
+func everyFeature(t *testing.T) Features {
+	t.Helper()
+	esc, err := escrow.New(escrow.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	in, err := ingress.New(ingress.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rs, err := restore.New(nil, restore.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	key, err := vpnkey.Generate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	hub, err := vpnhub.Listen(vpnhub.Config{Listen: "127.0.0.1:0", Key: key}, vpnhub.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { hub.Close() })
+	reg, err := registry.New(registry.Options{Upstream: "https://registry.example"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { reg.Close() })
+	return Features{Escrow: esc, Ingress: in, Restore: rs, Hub: hub, Registry: reg}
+}
+
+// contractsMethods is every method name contracts spells: the value of each Method… constant.
+func contractsMethods(t *testing.T) []string {
+	t.Helper()
+	files, err := filepath.Glob(filepath.Join("..", "contracts", "*.go"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var methods []string
+	fset := token.NewFileSet()
+	for _, name := range files {
+		if strings.HasSuffix(name, "_test.go") {
+			continue
+		}
+		f, err := parser.ParseFile(fset, name, nil, 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		ast.Inspect(f, func(n ast.Node) bool {
+			spec, ok := n.(*ast.ValueSpec)
+			if !ok {
+				return true
+			}
+			for i, id := range spec.Names {
+				if !strings.HasPrefix(id.Name, "Method") || i >= len(spec.Values) {
+					continue
+				}
+				if lit, ok := spec.Values[i].(*ast.BasicLit); ok && lit.Kind == token.STRING {
+					if m, err := strconv.Unquote(lit.Value); err == nil {
+						methods = append(methods, m)
+					}
+				}
+			}
+			return true
+		})
+	}
+	if len(methods) < 20 {
+		t.Fatalf("found only %d method constants in contracts", len(methods))
+	}
+	return methods
+}
+
+// TestDispatch: with every feature on, the relay serves exactly the methods contracts names as
+// served to Cloudly, so a method that is served but not listed is never forwarded to a node.
+func TestDispatch(t *testing.T) {
+	t.Run("with every feature on, the Cloudly table is exactly the methods served to Cloudly", func(t *testing.T) {
+		r, err := New(Config{InsecurePlaintext: true}, everyFeature(t), Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, m := range contractsMethods(t) {
+			_, listed := r.dispatch.fromCloudly[m]
+			switch served := contracts.IsServedToCloudly(m); {
+			case served && !listed:
+				t.Errorf("%s is served to Cloudly, but no feature lists it: Cloudly's request would be refused as if its part were off", m)
+			case listed && !served:
+				t.Errorf("%s is in the Cloudly table, but contracts does not name it as served", m)
+			}
+		}
+		var table []string
+		for m := range r.dispatch.fromCloudly {
+			table = append(table, m)
+		}
+		sort.Strings(table)
+		t.Logf("served to Cloudly: %s", strings.Join(table, ", "))
+	})
+
+	t.Run("a method two parts serve fails New", func(t *testing.T) {
+		f := everyFeature(t)
+		f.Restore = fakeFeature{fromDownstream: []string{contracts.MethodGetClusterIngressRouteTable}}
+		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
+			t.Fatal("two features serving getClusterIngressRouteTable were accepted")
+		}
+		f.Restore = fakeFeature{fromDownstream: []string{contracts.MethodRegisterPalletRuntimeSession}}
+		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
+			t.Fatal("a feature serving the relay's own node registration was accepted")
+		}
+	})
+
+	t.Run("a Cloudly method contracts does not name as served fails New", func(t *testing.T) {
+		f := Features{Restore: fakeFeature{fromCloudly: []string{"applyRuntimeAssignment"}}}
+		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
+			t.Fatal("a feature taking applyRuntimeAssignment from Cloudly was accepted: it would never reach its node")
+		}
+	})
+}
+
+// fakeFeature lists methods and serves none of them.
+type fakeFeature struct{ fromCloudly, fromDownstream []string }
+
+func (f fakeFeature) Methods() ([]string, []string) { return f.fromCloudly, f.fromDownstream }
+func (fakeFeature) ServeCloudly(_ string, _ bool, _ json.RawMessage, reply func(json.RawMessage, error)) {
+	reply(nil, nil)
+}
+func (fakeFeature) ServeDownstream(_ string, _ Peer, _ json.RawMessage, reply func(json.RawMessage, error)) {
+	reply(nil, nil)
+}
