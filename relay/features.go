@@ -76,6 +76,14 @@ type Component interface {
 	Ready() error
 }
 
+// Reporter is a part with facts for the operator's status page (/status, /status.json): Status
+// returns a value encoding/json can marshal — counts, states, times, and at most 100 rows of any
+// list — built from counters the part keeps anyway, cheap enough to build on every page load. It
+// never holds a secret or a body: no bearer, JWT, grant, key, route table or request body.
+type Reporter interface {
+	Status() any
+}
+
 // Peer, Node and Upstream are aliases of interface literals rather than named types, so that a
 // feature package can declare the same literal under its own name and implement Feature and
 // Observer without importing the relay: interface types with one method set are identical, named
@@ -117,6 +125,7 @@ type part struct {
 	feature   Feature   // nil for the registry
 	observer  Observer  // nil when it observes nothing
 	component Component // nil when the relay does not run it
+	reporter  Reporter  // nil when it reports nothing to the status page
 }
 
 // partsOf lists the enabled features, in a fixed order, with what each of them is.
@@ -126,6 +135,7 @@ func partsOf(f Features) []part {
 		p := part{name: name, feature: feature}
 		p.observer, _ = v.(Observer)
 		p.component, _ = v.(Component)
+		p.reporter, _ = v.(Reporter)
 		parts = append(parts, p)
 	}
 	for _, f := range []struct {
