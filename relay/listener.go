@@ -58,7 +58,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		return // Accept has answered
 	}
 	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
-	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, source: source, r: r, raw: raw}
+	p := &peer{id: r.peerIDs.Add(1), remote: req.RemoteAddr, source: source, r: r, raw: raw, since: time.Now()}
 	p.share = r.budget.NewShare(AnonymousShare, func() bool { return p.conn.Stalled(evictionStall) }, func() {
 		r.metrics.dropped.WithLabelValues("evicted-over-budget").Inc()
 		r.downLog.Warn().Str("remote", p.remote).Str("node", p.nodeID()).Str("outcome", "evicted").

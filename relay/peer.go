@@ -83,6 +83,10 @@ type peer struct {
 	source string            // set at construction: the remote address without its port
 	r      *Relay            // set at construction
 	share  *budget.Share     // set at construction: what the relay holds for this peer
+	since  time.Time         // set at construction: when it connected
+
+	// Counts for the status page: requests forwarded for it each way, and refused relay-node-busy.
+	toCloudly, toNode, busy atomic.Int64
 
 	mu      sync.Mutex
 	role    role                     // guarded by mu
@@ -118,6 +122,14 @@ func (p *peer) nodeID() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.session.NodeID
+}
+
+// counted records a request forwarded for the peer, and whether it was refused relay-node-busy.
+func (p *peer) counted(direction *atomic.Int64, err error) {
+	direction.Add(1)
+	if errors.Is(err, contracts.RelayNodeBusy) {
+		p.busy.Add(1)
+	}
 }
 
 func (p *peer) roleIs(want role) bool {

@@ -51,6 +51,7 @@ type Relay struct {
 	dispatch   dispatch
 	observers  []Observer
 	components []part
+	reporters  []part // parts with facts for the status page
 	v2         http.Handler              // set at construction: registry forwarding under /v2/; nil: off
 	vpnHub     *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
 
@@ -159,6 +160,9 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 		}
 		if pt.component != nil {
 			r.components = append(r.components, pt)
+		}
+		if pt.reporter != nil {
+			r.reporters = append(r.reporters, pt)
 		}
 	}
 
@@ -368,6 +372,8 @@ func (r *Relay) adminHandler() http.Handler {
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{}))
+	mux.HandleFunc("GET /status", r.serveStatusPage)
+	mux.HandleFunc("GET /status.json", r.serveStatusJSON)
 	return mux
 }
 

@@ -55,6 +55,7 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 			_, err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
 		}
 		r.forwarded("to-cloudly", err)
+		p.counted(&p.toCloudly, err)
 		r.logForward(req.Method, node, size, err, start)
 		r.answer(req, body, err)
 	})
@@ -93,6 +94,7 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 			_, err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
 		}
 		r.forwarded("to-node", err)
+		p.counted(&p.toNode, err)
 		r.logForward(req.Method, node, size, err, start)
 		// The node's answer waits on the Cloudly socket charged to the node's share (SPEC §15).
 		if err != nil {

@@ -72,9 +72,20 @@ type upstream struct {
 	m    *upstreamMetrics // set at construction
 
 	sock     atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
+	// state is the session as the status page shows it; replaced whole on attach and detach.
+	state    atomic.Pointer[sessionState]
 	stopping atomic.Bool            // set by close: the session ends for shutdown
 	cancel   context.CancelFunc     // set by start: ends run
 	done     chan struct{}          // set by start: closed when run has returned
+}
+
+// sessionState is what the status page shows of the session: attached since when, with which
+// registrationSequence and origin, or detached since when.
+type sessionState struct {
+	Attached bool      `json:"attached"`
+	Since    time.Time `json:"since"`
+	Sequence int64     `json:"sequence"`
+	Origin   string    `json:"origin,omitempty"`
 }
 
 // socket is one dialled Cloudly socket, from dial to loss.
@@ -294,6 +305,9 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 
 	<-s.conn.Done()
 	u.sock.CompareAndSwap(s, nil)
+	if was := u.state.Load(); was != nil {
+		u.state.Store(&sessionState{Since: time.Now(), Sequence: was.Sequence, Origin: was.Origin})
+	}
 	u.m.attached.Set(0)
 	u.m.detaches.Inc()
 	if ctx.Err() != nil || u.stopping.Load() {
@@ -335,6 +349,7 @@ func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (
 		return u.unusable(stepRegistration, err, bo), false
 	}
 	u.m.registrations.WithLabelValues("accepted").Inc()
+	u.state.Store(&sessionState{Attached: true, Since: time.Now(), Sequence: seq, Origin: s.origin})
 	u.m.attached.Set(1)
 	u.m.attaches.Inc()
 	ev := u.log.Info().Int64("sequence", seq)

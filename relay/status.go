@@ -1,0 +1,353 @@
+package relay
+
+import (
+	"bytes"
+	"cmp"
+	"encoding/json"
+	"fmt"
+	"html/template"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"time"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// The operator's status page (issue 18): /status, one server-rendered HTML page readable in a
+// terminal browser, and /status.json with the same facts. Everything comes from counters and
+// states the relay and its parts keep anyway; nothing on it is a secret or a body. Its cost is
+// bounded: a relay carrying 10 000 nodes lists the busiest statusNodeRows of them.
+
+// statusNodeRows is how many nodes the page lists, the busiest first.
+const statusNodeRows = 100
+
+// Status is what /status.json answers.
+type Status struct {
+	Now        time.Time        `json:"now"`
+	Build      statusBuild      `json:"build"`
+	Cloudly    statusCloudly    `json:"cloudly"`
+	Downstream statusDownstream `json:"downstream"`
+	Nodes      statusNodes      `json:"nodes"`
+	Parts      []statusPart     `json:"parts"`
+}
+
+type statusBuild struct {
+	Version            string `json:"version"`
+	InterfacesVersion  string `json:"interfacesVersion"`
+	MinimumPeerVersion string `json:"minimumPeerVersion"`
+	ClusterID          string `json:"clusterId"`
+	NodeID             string `json:"nodeId"`
+}
+
+type statusCloudly struct {
+	sessionState
+	// Custody is "held" while Cloudly dispatches to the relay, else the refusal that ended it.
+	Custody string `json:"custody"`
+	// URL is the Cloudly URL without a query, fragment or userinfo, which may carry a credential.
+	URL string `json:"url"`
+}
+
+type statusDownstream struct {
+	Connections      int   `json:"connections"`
+	Unregistered     int64 `json:"unregistered"`
+	Streams          int   `json:"streams"`
+	BudgetUsedBytes  int64 `json:"budgetUsedBytes"`
+	BudgetLimitBytes int64 `json:"budgetLimitBytes"`
+	BudgetEvictions  int64 `json:"budgetEvictions"`
+	UpstreamQueued   int   `json:"upstreamQueuedFrames"`
+}
+
+type statusNodes struct {
+	Count   int          `json:"count"`
+	Busiest []statusNode `json:"busiest"` // at most statusNodeRows, the most requests first
+}
+
+type statusNode struct {
+	Node              string    `json:"node"`
+	ConnectedSince    time.Time `json:"connectedSince"`
+	RequestsToCloudly int64     `json:"requestsToCloudly"`
+	RequestsToNode    int64     `json:"requestsToNode"`
+	BusyRefusals      int64     `json:"busyRefusals"`
+	QueuedFrames      int       `json:"queuedFrames"`
+	HeldBytes         int64     `json:"heldBytes"`
+}
+
+type statusPart struct {
+	Name   string `json:"name"`
+	Ready  string `json:"ready"` // "ready", or why not
+	Status any    `json:"status,omitempty"`
+}
+
+// status gathers the facts.
+func (r *Relay) status() Status {
+	st := Status{
+		Now: time.Now(),
+		Build: statusBuild{Version: r.cfg.BuildVersion, InterfacesVersion: contracts.InterfacesVersion,
+			MinimumPeerVersion: contracts.MinimumPeerVersion, ClusterID: r.cfg.ClusterID, NodeID: r.cfg.NodeID},
+		Cloudly: statusCloudly{Custody: "held", URL: redactURL(r.cfg.CloudlyURL)},
+		Downstream: statusDownstream{Unregistered: r.waiting.Load(), Streams: r.streams.len(),
+			BudgetUsedBytes: r.budget.Used(), BudgetLimitBytes: r.budget.Limit(), BudgetEvictions: r.budget.Evictions(),
+			UpstreamQueued: r.up.queueLen()},
+	}
+	if s := r.up.state.Load(); s != nil {
+		st.Cloudly.sessionState = *s
+	}
+	if name := r.custody.endedBy(); name != "" {
+		st.Cloudly.Custody = string(name)
+	}
+	peers := r.peers.snapshot()
+	st.Downstream.Connections = len(peers)
+	var nodes []statusNode
+	for _, p := range peers {
+		id := p.nodeID()
+		if id == "" {
+			continue
+		}
+		nodes = append(nodes, statusNode{Node: id, ConnectedSince: p.since, RequestsToCloudly: p.toCloudly.Load(),
+			RequestsToNode: p.toNode.Load(), BusyRefusals: p.busy.Load(), QueuedFrames: p.conn.QueueLen(), HeldBytes: p.share.Used()})
+	}
+	st.Nodes.Count = len(nodes)
+	slices.SortFunc(nodes, func(a, b statusNode) int {
+		return cmp.Or(cmp.Compare(b.RequestsToCloudly+b.RequestsToNode, a.RequestsToCloudly+a.RequestsToNode), strings.Compare(a.Node, b.Node))
+	})
+	st.Nodes.Busiest = nodes[:min(len(nodes), statusNodeRows)]
+	for _, c := range r.components {
+		ready := "ready"
+		if err := c.component.Ready(); err != nil {
+			ready = err.Error()
+		}
+		st.Parts = append(st.Parts, statusPart{Name: c.name, Ready: ready})
+	}
+	for _, p := range r.reporters {
+		i := slices.IndexFunc(st.Parts, func(s statusPart) bool { return s.Name == p.name })
+		if i < 0 {
+			st.Parts = append(st.Parts, statusPart{Name: p.name, Ready: "ready"})
+			i = len(st.Parts) - 1
+		}
+		st.Parts[i].Status = p.reporter.Status()
+	}
+	return st
+}
+
+func (r *Relay) serveStatusJSON(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.Header().Set("Cache-Control", "no-store")
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(r.status())
+}
+
+func (r *Relay) serveStatusPage(w http.ResponseWriter, _ *http.Request) {
+	st := r.status()
+	// The parts' facts are any JSON value: render them from their JSON, in its own order.
+	parts := make([]renderedPart, len(st.Parts))
+	for i, p := range st.Parts {
+		parts[i] = renderedPart{Name: p.Name, Ready: p.Ready}
+		if p.Status != nil {
+			b, err := json.Marshal(p.Status)
+			if err == nil {
+				parts[i].Facts = renderJSON(b)
+			}
+		}
+	}
+	var buf bytes.Buffer
+	if err := statusPage.Execute(&buf, struct {
+		Status
+		Rendered []renderedPart
+		Shown    int
+	}{st, parts, len(st.Nodes.Busiest)}); err != nil {
+		http.Error(w, "status page: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "text/html; charset=utf-8")
+	w.Header().Set("Cache-Control", "no-store")
+	io.Copy(w, &buf)
+}
+
+type renderedPart struct {
+	Name, Ready string
+	Facts       template.HTML
+}
+
+// renderJSON renders a JSON value as nested HTML: an object as a two-column table in its own key
+// order, an array of objects as a table with a column per key, any other array as a list, a
+// scalar as text. Everything is escaped.
+func renderJSON(b []byte) template.HTML {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.UseNumber()
+	v, err := decodeOrdered(dec)
+	if err != nil {
+		return ""
+	}
+	var out strings.Builder
+	renderValue(&out, v)
+	return template.HTML(out.String())
+}
+
+// member is one member of a JSON object, in its order.
+type member struct {
+	key   string
+	value any
+}
+
+// decodeOrdered decodes one JSON value, keeping objects' member order ([]member).
+func decodeOrdered(dec *json.Decoder) (any, error) {
+	tok, err := dec.Token()
+	if err != nil {
+		return nil, err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '{':
+			var obj []member
+			for dec.More() {
+				k, err := dec.Token()
+				if err != nil {
+					return nil, err
+				}
+				v, err := decodeOrdered(dec)
+				if err != nil {
+					return nil, err
+				}
+				obj = append(obj, member{key: fmt.Sprint(k), value: v})
+			}
+			_, err := dec.Token()
+			return obj, err
+		case '[':
+			var arr []any
+			for dec.More() {
+				v, err := decodeOrdered(dec)
+				if err != nil {
+					return nil, err
+				}
+				arr = append(arr, v)
+			}
+			_, err := dec.Token()
+			return arr, err
+		}
+	}
+	return tok, nil
+}
+
+func renderValue(out *strings.Builder, v any) {
+	esc := template.HTMLEscapeString
+	switch x := v.(type) {
+	case []member:
+		out.WriteString("<table>")
+		for _, m := range x {
+			out.WriteString("<tr><th>" + esc(m.key) + "</th><td>")
+			renderValue(out, m.value)
+			out.WriteString("</td></tr>")
+		}
+		out.WriteString("</table>")
+	case []any:
+		if len(x) == 0 {
+			out.WriteString("none")
+			return
+		}
+		if cols := columns(x); cols != nil {
+			out.WriteString("<table><tr>")
+			for _, c := range cols {
+				out.WriteString("<th>" + esc(c) + "</th>")
+			}
+			out.WriteString("</tr>")
+			for _, row := range x {
+				out.WriteString("<tr>")
+				for _, c := range cols {
+					out.WriteString("<td>")
+					for _, m := range row.([]member) {
+						if m.key == c {
+							renderValue(out, m.value)
+						}
+					}
+					out.WriteString("</td>")
+				}
+				out.WriteString("</tr>")
+			}
+			out.WriteString("</table>")
+			return
+		}
+		for i, e := range x {
+			if i > 0 {
+				out.WriteString(", ")
+			}
+			renderValue(out, e)
+		}
+	case nil:
+		out.WriteString("—")
+	default:
+		out.WriteString(esc(fmt.Sprint(x)))
+	}
+}
+
+// columns is the union of the keys of rows, in first-seen order, when every row is an object.
+func columns(rows []any) []string {
+	var cols []string
+	for _, r := range rows {
+		obj, ok := r.([]member)
+		if !ok {
+			return nil
+		}
+		for _, m := range obj {
+			if !slices.Contains(cols, m.key) {
+				cols = append(cols, m.key)
+			}
+		}
+	}
+	return cols
+}
+
+func since(t time.Time) string {
+	if t.IsZero() {
+		return "—"
+	}
+	return time.Since(t).Round(time.Second).String() + " (" + t.UTC().Format(time.RFC3339) + ")"
+}
+
+func mib(n int64) string { return fmt.Sprintf("%.1f MiB", float64(n)/(1<<20)) }
+
+var statusPage = template.Must(template.New("status").Funcs(template.FuncMap{"since": since, "mib": mib}).Parse(`<!doctype html>
+<html lang="en"><head><meta charset="utf-8"><title>serve.zone relay {{.Build.ClusterID}}</title>
+<meta name="viewport" content="width=device-width, initial-scale=1">
+<style>
+body{font-family:system-ui,sans-serif;margin:1.5em;color:#222;max-width:72em}
+h1{font-size:1.4em}h2{font-size:1.1em;margin-top:1.6em;border-bottom:1px solid #ccc}
+table{border-collapse:collapse;margin:.3em 0}th,td{text-align:left;padding:.15em .7em .15em 0;vertical-align:top}
+th{font-weight:600;color:#555}.ok{color:#080}.bad{color:#b00}small{color:#777}
+</style></head><body>
+<h1>serve.zone relay — cluster {{.Build.ClusterID}}, node {{.Build.NodeID}}</h1>
+<p><small>relay {{.Build.Version}}, @serve.zone/interfaces {{.Build.InterfacesVersion}} (peers from {{.Build.MinimumPeerVersion}}); as of {{.Now.UTC.Format "2006-01-02 15:04:05 UTC"}}. The same facts: <a href="status.json">status.json</a>; counters: <a href="metrics">metrics</a>.</small></p>
+
+<h2>Cloudly</h2>
+<table>
+<tr><th>state</th><td>{{if .Cloudly.Attached}}<b class="ok" id="attached">attached</b>{{else}}<b class="bad" id="attached">detached</b>{{end}}</td></tr>
+<tr><th>since</th><td>{{since .Cloudly.Since}}</td></tr>
+<tr><th>registration sequence</th><td>{{.Cloudly.Sequence}}</td></tr>
+<tr><th>origin</th><td>{{or .Cloudly.Origin "—"}}</td></tr>
+<tr><th>custody</th><td>{{.Cloudly.Custody}}</td></tr>
+<tr><th>URL</th><td>{{.Cloudly.URL}}</td></tr>
+</table>
+
+<h2>Downstream</h2>
+<table>
+<tr><th>nodes</th><td id="nodes">{{.Nodes.Count}}</td></tr>
+<tr><th>connections</th><td>{{.Downstream.Connections}} ({{.Downstream.Unregistered}} not registered yet)</td></tr>
+<tr><th>streams</th><td>{{.Downstream.Streams}}</td></tr>
+<tr><th>peer memory budget</th><td>{{mib .Downstream.BudgetUsedBytes}} of {{mib .Downstream.BudgetLimitBytes}} ({{.Downstream.BudgetEvictions}} evictions)</td></tr>
+<tr><th>frames queued to Cloudly</th><td>{{.Downstream.UpstreamQueued}}</td></tr>
+</table>
+
+<h2>Nodes{{if lt .Shown .Nodes.Count}} — the busiest {{.Shown}} of {{.Nodes.Count}}{{end}}</h2>
+{{if .Nodes.Busiest}}<table>
+<tr><th>node</th><th>connected</th><th>requests to Cloudly</th><th>requests to the node</th><th>busy refusals</th><th>queued frames</th><th>held</th></tr>
+{{range .Nodes.Busiest}}<tr><td>{{.Node}}</td><td>{{since .ConnectedSince}}</td><td>{{.RequestsToCloudly}}</td><td>{{.RequestsToNode}}</td><td>{{.BusyRefusals}}</td><td>{{.QueuedFrames}}</td><td>{{mib .HeldBytes}}</td></tr>
+{{end}}</table>{{else}}<p>No node is connected.</p>{{end}}
+
+{{range .Rendered}}<h2>{{.Name}} <small class="{{if eq .Ready "ready"}}ok{{else}}bad{{end}}">{{.Ready}}</small></h2>
+{{.Facts}}
+{{end}}
+</body></html>
+`))
