@@ -4,14 +4,12 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
-	"net"
-	"net/netip"
 	"runtime"
 	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
@@ -66,14 +64,19 @@ func TestFaultHostileLoad(t *testing.T) {
 
 		time.Sleep(time.Second) // warm up
 		lat.phase.Store(phaseCalm)
+		cpuCalm, selfCalm := rp.cpu(), selfCPU()
 		time.Sleep(calm)
+		h.cpuCalm, h.selfCalm = (rp.cpu()-cpuCalm).Seconds()/calm.Seconds(), (selfCPU()-selfCalm).Seconds()/calm.Seconds()
 
-		lat.phase.Store(phaseAttack)
+		h.liveCalm = rp.heapLive.Load()
+		lat.phase.Store(phaseFill)
+		cpu0, self0 := rp.cpu(), selfCPU()
 		attackStart := time.Now()
 		a.start()
 		select {
 		case <-a.filled:
 			h.fillTime = time.Since(attackStart)
+			lat.phase.Store(phaseAttack)
 		case <-time.After(size(30*time.Second, 60*time.Second)):
 			t.Errorf("the holders never had their connections (%d held)", a.held.Load())
 		}
@@ -84,10 +87,12 @@ func TestFaultHostileLoad(t *testing.T) {
 		// Every corpus frame is read by the relay at least once before the attack ends.
 		waitFor(size(30*time.Second, 120*time.Second), a.allDelivered)
 		lat.phase.Store(phaseAfter)
+		h.cpuAttack = (rp.cpu() - cpu0).Seconds() / time.Since(attackStart).Seconds()
+		h.selfAttack = (selfCPU() - self0).Seconds() / time.Since(attackStart).Seconds()
 		if wait := 12*time.Second - time.Since(attackStart); wait > 0 {
 			time.Sleep(wait) // the idle HTTP connections' header timeout (10 s) has passed
 		}
-		h.httpOpen, h.httpTotal = a.httpStillOpen()
+		h.httpOpen, h.httpTotal, h.httpKinds = a.httpStillOpen()
 		a.stop()
 		h.attack = a.summary()
 		h.everyFrame = a.allDelivered()
@@ -130,8 +135,9 @@ func TestFaultHostileLoad(t *testing.T) {
 				t.Errorf("the relay sent %s what no relay may send: %s", n.ID, v)
 			}
 		}
-		h.calm, h.attacked = lat.p99(phaseCalm), lat.p99(phaseAttack)
-		h.calmN, h.attackedN = lat.count(phaseCalm), lat.count(phaseAttack)
+		h.calm, h.attacked = lat.p99(phaseCalm), lat.p99(phaseFill, phaseAttack)
+		h.calmN, h.attackedN = lat.count(phaseCalm), lat.count(phaseFill, phaseAttack)
+		h.filling, h.sustained = lat.p99(phaseFill), lat.p99(phaseAttack)
 	}()
 	f.leaked = leakedAfter(t, base)
 	f.extra = h.String()
@@ -156,31 +162,38 @@ func p99Slack(calm time.Duration) time.Duration {
 
 // hostile is the fault's own figures.
 type hostile struct {
-	budget             int64
-	heapPeak, rss      int64
-	gcs                int64
-	samples            samples
-	calm, attacked     time.Duration
-	calmN, attackedN   int
-	heldRuns, released int
-	restarts           int
-	httpOpen           int
-	httpTotal          int
-	fillTime           time.Duration // until the holders met the relay's limit
-	hoardTime          time.Duration // until the hoarders had taken their places
-	heapLive           int64         // the largest live heap a GC reported
-	attack             string
-	everyFrame         bool // the relay read every corpus frame at least once
-	after              map[string]float64
+	budget               int64
+	heapPeak, rss        int64
+	gcs                  int64
+	samples              samples
+	calm, attacked       time.Duration // p99 without the attack; during all of it
+	filling, sustained   time.Duration // p99 while the holders opened their connections; after
+	cpuCalm, cpuAttack   float64       // the relay's CPU (cores) without the attack; during it
+	selfCalm, selfAttack float64       // this process's (the peers', the attackers')
+	calmN, attackedN     int
+	heldRuns, released   int
+	restarts             int
+	httpOpen             int
+	httpTotal            int
+	httpKinds            map[string]int // the open ones by kind
+	fillTime             time.Duration  // until the holders met the relay's limit
+	hoardTime            time.Duration  // until the hoarders had taken their places
+	heapLive             int64          // the largest live heap a GC reported
+	liveCalm             int64          // the same before the attack
+	attack               string
+	everyFrame           bool // the relay read every corpus frame at least once
+	after                map[string]float64
 }
 
 func (h hostile) String() string {
-	return fmt.Sprintf("peak heap %d MiB (goal ≤ %d MiB; live at most %d MiB; %d GCs; peak RSS %d MiB; budget used at most %.1f MiB); "+
-		"p99 %s calm (%d requests) → %s attacked (%d requests), %+.0f %%; escrowed runs held %d, released %d; "+
+	return fmt.Sprintf("peak heap %d MiB (goal ≤ %d MiB; live at most %d MiB, %d MiB before the attack; %d GCs; peak RSS %d MiB; budget used at most %.1f MiB); "+
+		"p99 %s calm (%d requests) → %s attacked (%d requests), %+.0f %% (%s while the holders connected, %s after); "+
+		"relay CPU %.2f → %.2f cores (peers' and attackers' %.2f → %.2f); escrowed runs held %d, released %d; "+
 		"relay restarts %d; idle HTTP connections still open %d of %d; limit met after %s, hoarders in place after %s; %s; after: %.0f evictions, %.0f refusals, %.0f underflows",
-		h.heapPeak>>20, (h.budget+64<<20)>>20, h.heapLive>>20, h.gcs, h.rss>>20, h.samples.budget/(1<<20),
+		h.heapPeak>>20, (h.budget+64<<20)>>20, h.heapLive>>20, h.liveCalm>>20, h.gcs, h.rss>>20, h.samples.budget/(1<<20),
 		h.calm.Round(10*time.Microsecond), h.calmN, h.attacked.Round(10*time.Microsecond), h.attackedN,
-		100*(float64(h.attacked)/float64(max(h.calm, 1))-1), h.heldRuns, h.released, h.restarts, h.httpOpen, h.httpTotal,
+		100*(float64(h.attacked)/float64(max(h.calm, 1))-1), h.filling.Round(10*time.Microsecond), h.sustained.Round(10*time.Microsecond),
+		h.cpuCalm, h.cpuAttack, h.selfCalm, h.selfAttack, h.heldRuns, h.released, h.restarts, h.httpOpen, h.httpTotal,
 		h.fillTime.Round(time.Millisecond), h.hoardTime.Round(time.Millisecond), h.attack,
 		h.after["relay_downstream_budget_evictions_total"], h.after["relay_downstream_budget_refusals_total"],
 		h.after["relay_downstream_budget_underflows_total"])
@@ -206,7 +219,7 @@ func (h hostile) check(t *testing.T, nodes int) {
 		t.Errorf("%d relay restarts", h.restarts)
 	}
 	if h.httpOpen != 0 {
-		t.Errorf("%d of %d idle HTTP connections still open", h.httpOpen, h.httpTotal)
+		t.Errorf("%d of %d idle HTTP connections still open: %v", h.httpOpen, h.httpTotal, h.httpKinds)
 	}
 	if u := h.after["relay_downstream_budget_underflows_total"]; u != 0 {
 		t.Errorf("%v budget underflows", u)
@@ -214,6 +227,13 @@ func (h hostile) check(t *testing.T, nodes int) {
 	if !h.everyFrame {
 		t.Errorf("the relay did not read every corpus frame: the attack was cut short")
 	}
+}
+
+// selfCPU is the CPU time this process has used so far.
+func selfCPU() time.Duration {
+	var ru syscall.Rusage
+	syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
 func waitFor(d time.Duration, cond func() bool) {
@@ -289,17 +309,19 @@ func released(renewals []*sim.RenewalCounter) int {
 
 // The phases a request is counted in, by when it was sent.
 const (
-	phaseWarm int32 = iota
-	phaseCalm
-	phaseAttack
+	phaseWarm   int32 = iota
+	phaseCalm         // no attack
+	phaseFill         // the holders open their connections
+	phaseAttack       // the attack sustained
 	phaseAfter
+	phases
 )
 
 // latencies are the nodes' request round trips by phase.
 type latencies struct {
 	phase atomic.Int32
 	mu    sync.Mutex
-	by    [4][]time.Duration // guarded by mu
+	by    [phases][]time.Duration // guarded by mu
 }
 
 func (l *latencies) add(phase int32, d time.Duration) {
@@ -308,15 +330,22 @@ func (l *latencies) add(phase int32, d time.Duration) {
 	l.mu.Unlock()
 }
 
-func (l *latencies) count(phase int32) int {
+func (l *latencies) count(phases ...int32) int {
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	return len(l.by[phase])
+	n := 0
+	for _, p := range phases {
+		n += len(l.by[p])
+	}
+	return n
 }
 
-func (l *latencies) p99(phase int32) time.Duration {
+func (l *latencies) p99(phases ...int32) time.Duration {
 	l.mu.Lock()
-	d := slices.Clone(l.by[phase])
+	var d []time.Duration
+	for _, p := range phases {
+		d = append(d, l.by[p]...)
+	}
 	l.mu.Unlock()
 	if len(d) == 0 {
 		return 0
@@ -393,446 +422,3 @@ func sample(rp *relayProcess) *sampler {
 }
 
 func (s *sampler) stop() samples { close(s.stopc); return <-s.out }
-
-// attack is the anonymous peers. Each kind has source addresses of its own (127.k.x.y) and uses
-// at most the relay's per-source limit of each; the holders take whatever else the relay allows.
-type attack struct {
-	addr  string
-	stopc chan struct{}
-	wg    sync.WaitGroup
-
-	perSource int // the relay's --max-unregistered-per-source
-	// Source addresses per kind (newAttack), each used up to the per-source limit.
-	hoarderSources, enderSources, flooderSources int
-
-	filled chan struct{} // closed when the holders met the relay's connection limit
-	held   atomic.Int64  // holders' connections open now
-	peak   atomic.Int64  // the most the holders held at once
-
-	// The frames, encoded: corpus frames the relay answers, 64 to a hoarder; junk requests in ten
-	// amounts; an upgrade and a frame that ends its connection; bursts of registrations.
-	hoardChunks, endFrames  [][]byte
-	junk                    [10][]byte
-	floods                  [4][]byte
-	answered                int           // corpus frames the relay answers; ending ones follow them in frames
-	frames                  []atomic.Bool // by index: read by the relay at least once
-	framesSent, distinct    atomic.Int64  // corpus frames read by the relay; distinct ones
-	hoarded, ended          atomic.Int64  // replay connections that held answers; that ended with a frame
-	registrations, regConns atomic.Int64
-	refused503, dialErrors  atomic.Int64
-	httpConns               []httpIdle // set by start, read after stop
-}
-
-// The share of an unregistered connection's answers a hoarder makes the relay hold, at most four
-// shares before the relay closes it for reading nothing.
-const hoardPerConn = 4 * relay.AnonymousShare
-
-// newAttack prepares the anonymous peers of a relay at addr with budget, and every frame they send
-// (masked once: the relay does not judge a client's masking keys).
-func newAttack(addr string, budget int64, inputs [][]byte) *attack {
-	a := &attack{addr: addr, stopc: make(chan struct{}), filled: make(chan struct{}), perSource: relay.DefaultMaxUnregisteredPerSource}
-	// Hoarders enough to hold four times the budget at four shares each (half the relay's
-	// connections at most: the holders keep the rest).
-	a.hoarderSources = min(int(4*budget/(hoardPerConn*int64(a.perSource))), relay.MaxUnregistered/2/a.perSource)
-	a.hoarderSources -= a.hoarderSources % hoardWorkers
-	a.enderSources, a.flooderSources = endWorkers, 2*floodWorkers
-
-	answered, ending := replayFrames(inputs)
-	a.answered = len(answered)
-	a.frames = make([]atomic.Bool, len(answered)+len(ending))
-	for lo := 0; lo < len(answered); lo += 64 {
-		var chunk []byte
-		for _, f := range answered[lo:min(lo+64, len(answered))] {
-			chunk = appendFrame(chunk, opText, f)
-		}
-		a.hoardChunks = append(a.hoardChunks, chunk)
-	}
-	// Junk answers are about 580 bytes; the relay's kernel takes some 130 of them first (75 KiB,
-	// more when its socket buffer has grown), then the relay holds up to four shares before it
-	// closes a non-reader at its next request: hoarders stop anywhere from before the first share
-	// to past the fourth.
-	for l := range a.junk {
-		for i := range 120 + 25*l {
-			a.junk[l] = appendFrame(a.junk[l], opText, junkRequest(i))
-		}
-	}
-	for _, f := range ending {
-		a.endFrames = append(a.endFrames, appendFrame(upgradeRequest(), opText, f))
-	}
-	// As many registrations as a connection may send (8 node registrations with guessed
-	// bearers), and more: 4 ingress registrations, 4 node ones.
-	for v := range a.floods {
-		for i := range 16 {
-			id := fmt.Sprintf("node-guess-%d-%d", v, i)
-			method, body := contracts.MethodRegisterPalletRuntimeSession, json.RawMessage(nil)
-			if i >= 8 && i < 12 {
-				method, body = contracts.MethodRegisterClusterIngress, sim.NewIngress(id, "guessed-bearer", zerolog.Nop()).RegistrationBody()
-			} else {
-				n := sim.NewNode(id, zerolog.Nop())
-				n.Bearer = "guessed-bearer-" + strconv.Itoa(v)
-				body = n.RegistrationBody()
-			}
-			a.floods[v] = appendFrame(a.floods[v], opText,
-				fmt.Appendf(nil, `{"method":%q,"correlation":{"id":"r%d","phase":"request"},"request":%s}`, method, i, body))
-		}
-	}
-	return a
-}
-
-// delivered records that the relay read corpus frame i.
-func (a *attack) delivered(i int) {
-	a.framesSent.Add(1)
-	if !a.frames[i].Swap(true) {
-		a.distinct.Add(1)
-	}
-}
-
-// allDelivered reports whether the relay read every corpus frame at least once.
-func (a *attack) allDelivered() bool { return a.distinct.Load() == int64(len(a.frames)) }
-
-func (a *attack) stopped() bool {
-	select {
-	case <-a.stopc:
-		return true
-	default:
-		return false
-	}
-}
-
-func (a *attack) stop() {
-	close(a.stopc)
-	a.wg.Wait()
-	for _, c := range a.httpConns {
-		c.conn.Close()
-	}
-}
-
-// start launches every kind of anonymous peer.
-func (a *attack) start() {
-	a.startHTTP()
-	// Holders first: as many connections as the relay allows. The others use their own sources
-	// and so find room once the holders have stepped back from the limit.
-	reserve := (a.hoarderSources + a.enderSources + a.flooderSources) * a.perSource
-	target, keep := holdShort, holdShort
-	if long() {
-		target, keep = relay.MaxUnregistered+1, relay.MaxUnregistered-reserve
-	}
-	a.go_(func() { a.hold(target, keep) })
-	a.go_(func() {
-		select {
-		case <-a.filled:
-		case <-a.stopc:
-			return
-		}
-		var nextHoard, nextEnd atomic.Int64 // the next replay job of each kind, round and round
-		for w := range hoardWorkers {
-			a.go_(func() { a.hoard(w, &nextHoard) })
-		}
-		retry := make(chan int, 1<<16)
-		for w := range endWorkers {
-			a.go_(func() { a.end(w, &nextEnd, retry) })
-		}
-		for w := range floodWorkers {
-			a.go_(func() { a.floodRegistrations(w) })
-		}
-	})
-}
-
-// holdShort is what the holders open in the short form: 64 source addresses' worth. The long form
-// opens every connection the relay allows (relay.MaxUnregistered), which takes too long for CI
-// under the race detector on a shared machine.
-const holdShort = 4096
-
-// The attackers' workers and their pace: each opens a connection every so often (or as fast as the
-// relay upgrades them, when slower). The relay's CPU is what the attack costs the nodes; unpaced,
-// the attackers (in this process, on the same cores) would measure this machine rather than the
-// relay.
-const (
-	hoardWorkers, hoardEvery = 4, 20 * time.Millisecond  // 200 hoarding connections a second, ~250 requests each
-	endWorkers, endEvery     = 16, 16 * time.Millisecond // 1 000 connections a second, each ended by a frame
-	floodWorkers, floodEvery = 2, 20 * time.Millisecond  // 100 connections a second, 16 registrations each
-)
-
-// pace sleeps what is left of every after start.
-func pace(start time.Time, every time.Duration) {
-	if d := every - time.Since(start); d > 0 {
-		time.Sleep(d)
-	}
-}
-
-func (a *attack) go_(f func()) {
-	a.wg.Add(1)
-	go func() { defer a.wg.Done(); f() }()
-}
-
-// hold opens upgrades from fresh sources, each up to the per-source limit (where the relay answers
-// 503), until target are open or the relay answers 503 on a source's first: its limit of
-// unregistered connections in all. Then it steps back to keep, and keeps that many open,
-// replacing those the relay closes (registration deadline, silence).
-func (a *attack) hold(target, keep int) {
-	var (
-		mu    sync.Mutex
-		conns []net.Conn // guarded by mu
-		src   atomic.Int64
-	)
-	defer func() {
-		for _, c := range conns {
-			c.Close()
-		}
-		a.held.Store(0)
-	}()
-	// fill opens connections from fresh sources, 16 at a time, until want are open or the relay
-	// refuses a fresh source's first upgrade: its limit of unregistered connections in all is met.
-	fill := func(want int) {
-		var limitMet atomic.Bool
-		more := func() bool {
-			mu.Lock()
-			defer mu.Unlock()
-			return len(conns) < want && !limitMet.Load() && !a.stopped()
-		}
-		var wg sync.WaitGroup
-		for range 16 {
-			wg.Add(1)
-			go func() {
-				defer wg.Done()
-				for more() {
-					n := src.Add(1)
-					s := loopback(1, byte(n/250), byte(n%250+1))
-					for i := 0; i < a.perSource && more(); i++ {
-						c, err := upgrade(s, a.addr, false)
-						if err != nil {
-							if isRefused(err) {
-								a.refused503.Add(1)
-								limitMet.CompareAndSwap(false, i == 0)
-							} else {
-								a.dialErrors.Add(1)
-							}
-							break
-						}
-						mu.Lock()
-						conns = append(conns, c)
-						a.held.Store(int64(len(conns)))
-						a.peak.Store(max(a.peak.Load(), int64(len(conns))))
-						mu.Unlock()
-					}
-				}
-			}()
-		}
-		wg.Wait()
-	}
-	fill(target)
-	close(a.filled)
-	for _, c := range conns[min(keep, len(conns)):] {
-		c.Close()
-	}
-	conns = conns[:min(keep, len(conns))]
-	a.held.Store(int64(len(conns)))
-	for !a.stopped() {
-		select {
-		case <-a.stopc:
-			return
-		case <-time.After(time.Second):
-		}
-		conns = slices.DeleteFunc(conns, func(c net.Conn) bool {
-			if peerClosed(c) {
-				c.Close()
-				return true
-			}
-			return false
-		})
-		a.held.Store(int64(len(conns)))
-		fill(keep)
-	}
-}
-
-// hoard replays the answered corpus frames, 64 to a connection, each followed by junk requests
-// (between 1 and 4 shares' worth of answers: some connections stop below the point where the
-// relay closes a non-reader, some go past it), on connections that never read and are kept open.
-func (a *attack) hoard(w int, next *atomic.Int64) {
-	queues := make([]fifo, a.hoarderSources/hoardWorkers)
-	for i := range queues {
-		queues[i].max = a.perSource
-	}
-	defer func() {
-		for i := range queues {
-			queues[i].closeAll()
-		}
-	}()
-	for k := 0; !a.stopped(); k++ {
-		start := time.Now()
-		j := int(next.Add(1)-1) % len(a.hoardChunks)
-		if a.send(loopback(2, byte(w), byte(k%len(queues)+1)), net.Buffers{a.hoardChunks[j], a.junk[k%len(a.junk)]}, true, false, &queues[k%len(queues)]) {
-			for i := j * 64; i < min(j*64+64, a.answered); i++ {
-				a.delivered(i)
-			}
-			a.hoarded.Add(1)
-		}
-		pace(start, hoardEvery)
-	}
-}
-
-// end replays the corpus frames that end their connection, one to a connection: it sends the
-// upgrade and the frame at once and shuts its side (so that the relay's close handshake ends at
-// once instead of waiting 5 s for a close frame from a peer that reads nothing), never waiting for
-// the relay. Whether the upgrade was accepted is looked at when the connection is closed, 64
-// connections later; a frame whose upgrade was not is sent again.
-func (a *attack) end(w int, next *atomic.Int64, retry chan int) {
-	type sent struct {
-		c     net.Conn
-		frame int
-	}
-	queues := make([][]sent, a.enderSources/endWorkers)
-	settle := func(s sent) {
-		if upgraded(s.c) {
-			a.delivered(s.frame)
-			a.ended.Add(1)
-		} else {
-			select {
-			case retry <- s.frame - a.answered:
-			default:
-			}
-		}
-		s.c.Close()
-	}
-	defer func() {
-		time.Sleep(100 * time.Millisecond) // the last answers arrive
-		for _, q := range queues {
-			for _, s := range q {
-				settle(s)
-			}
-		}
-	}()
-	for k := 0; !a.stopped(); k++ {
-		start := time.Now()
-		var j int
-		select {
-		case j = <-retry:
-		default:
-			j = int(next.Add(1)-1) % len(a.endFrames)
-		}
-		i := k % len(queues)
-		if len(queues[i]) >= a.perSource {
-			settle(queues[i][0])
-			queues[i] = queues[i][1:]
-		}
-		c, err := dialFrom(loopback(3, byte(w), byte(i+1)), a.addr, false)
-		if err != nil {
-			a.dialErrors.Add(1)
-			continue
-		}
-		c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-		c.Write(a.endFrames[j])
-		c.(*net.TCPConn).CloseWrite()
-		queues[i] = append(queues[i], sent{c, a.answered + j})
-		pace(start, endEvery)
-	}
-}
-
-// send upgrades a connection from source, writes buf and keeps the connection in q (which closes
-// its oldest beyond the per-source limit). It reports whether buf was written.
-// With said, it then shuts its sending side: the peer has said all it will.
-func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *fifo) bool {
-	for attempt := 0; ; attempt++ {
-		c, err := upgrade(source, a.addr, narrow)
-		if err == nil {
-			c.SetWriteDeadline(time.Now().Add(5 * time.Second))
-			_, err = buf.WriteTo(c)
-			if said {
-				c.(*net.TCPConn).CloseWrite()
-			}
-			q.push(c)
-			return err == nil
-		}
-		if isRefused(err) {
-			a.refused503.Add(1)
-		} else {
-			a.dialErrors.Add(1)
-		}
-		if attempt == 3 || a.stopped() {
-			return false
-		}
-		// At the per-source limit: the relay has not yet seen the oldest one go. Make room.
-		if len(q.conns) > 0 {
-			q.conns[0].Close()
-			q.conns = q.conns[1:]
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
-}
-
-// floodRegistrations sends, on each connection, as many registrations as one may (8 node
-// registrations with guessed bearers) and more (4 ingress, 4 node), at once and never reading.
-func (a *attack) floodRegistrations(w int) {
-	queues := make([]fifo, a.flooderSources/floodWorkers)
-	for i := range queues {
-		queues[i].max = a.perSource
-	}
-	defer func() {
-		for i := range queues {
-			queues[i].closeAll()
-		}
-	}()
-	for k := 0; !a.stopped(); k++ {
-		start := time.Now()
-		q := &queues[k%len(queues)]
-		if a.send(loopback(4, byte(w), byte(k%len(queues)+1)), net.Buffers{a.floods[k%len(a.floods)]}, false, false, q) {
-			a.regConns.Add(1)
-			a.registrations.Add(16)
-		}
-		pace(start, floodEvery)
-	}
-}
-
-// httpIdle is an HTTP connection an anonymous client keeps open.
-type httpIdle struct {
-	conn net.Conn
-	kind string
-}
-
-// startHTTP opens idle HTTP connections: 100 that asked for / (426) and 100 for /v2/ (404, no
-// registry forwarding), each reading its answer and then waiting to send another request on it;
-// 50 that send nothing and 50 that stop inside their headers. The relay must close every one:
-// the first ones with their answer, the others at its 10 s header timeout.
-func (a *attack) startHTTP() {
-	source := loopback(5, 0, 1)
-	open := func(kind, send string, readAnswer bool) {
-		c, err := dialFrom(source, a.addr, false)
-		if err != nil {
-			a.dialErrors.Add(1)
-			return
-		}
-		io.WriteString(c, send)
-		if readAnswer {
-			c.SetReadDeadline(time.Now().Add(5 * time.Second))
-			buf := make([]byte, 4096)
-			c.Read(buf) // the answer; what follows (if anything) is read by httpStillOpen
-			c.SetReadDeadline(time.Time{})
-		}
-		a.httpConns = append(a.httpConns, httpIdle{c, kind})
-	}
-	for range 100 {
-		open("426", "GET / HTTP/1.1\r\nHost: relay\r\n\r\n", true)
-		open("404", "GET /v2/ HTTP/1.1\r\nHost: relay\r\n\r\n", true)
-	}
-	for range 50 {
-		open("silent", "", false)
-		open("partial", "GET / HTTP/1.1\r\nHost: re", false)
-	}
-}
-
-// httpStillOpen counts the idle HTTP connections the relay has not closed.
-func (a *attack) httpStillOpen() (open, total int) {
-	for _, c := range a.httpConns {
-		if !peerClosed(c.conn) {
-			open++
-		}
-	}
-	return open, len(a.httpConns)
-}
-
-func (a *attack) summary() string {
-	return fmt.Sprintf("attack: %d connections held at most (%d upgrades refused 503), %d corpus frames read by the relay (%d of %d distinct) "+
-		"(%d hoarding connections, %d ended by a frame), %d registrations on %d connections",
-		a.peak.Load(), a.refused503.Load(), a.framesSent.Load(), a.distinct.Load(), len(a.frames), a.hoarded.Load(), a.ended.Load(),
-		a.registrations.Load(), a.regConns.Load())
-}

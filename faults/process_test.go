@@ -50,7 +50,8 @@ func buildRelay(t *testing.T) string {
 var gcLine = regexp.MustCompile(`^gc \d+ .* (\d+)->(\d+)->(\d+) MB`)
 
 // startRelay runs bin against cloudly with the flags every fault needs and extra ones, and waits
-// until it is ready. With gctrace it reports every GC's heap on standard error, read into heapPeak.
+// until it is ready. RELAY_FAULTS_RELAY_ENV adds to its environment (space-separated NAME=value:
+// GOMEMLIMIT, GOGC, …). With gctrace it reports every GC's heap on standard error, read into heapPeak.
 // The process is killed when the test ends, if it still runs.
 func startRelay(t *testing.T, bin string, cloudly *sim.Cloudly, gctrace bool, extra ...string) *relayProcess {
 	t.Helper()
@@ -63,7 +64,7 @@ func startRelay(t *testing.T, bin string, cloudly *sim.Cloudly, gctrace bool, ex
 		"--cloudly-url", cloudly.URL(), "--cloudly-token-file", token, "--insecure-plaintext",
 		"--listen", p.listen, "--admin-listen", p.admin, "--advertise-address", "192.0.2.1", "--log-level", "warn"}, extra...)
 	p.cmd = exec.Command(bin, args...)
-	p.cmd.Env = os.Environ()
+	p.cmd.Env = append(os.Environ(), strings.Fields(os.Getenv("RELAY_FAULTS_RELAY_ENV"))...)
 	if gctrace {
 		p.cmd.Env = append(p.cmd.Env, "GODEBUG=gctrace=1")
 	}
@@ -192,6 +193,23 @@ func (p *relayProcess) metrics() (map[string]float64, error) {
 		}
 	}
 	return out, sc.Err()
+}
+
+// cpu is the CPU time the process has used so far, from /proc; 0 when unreadable.
+func (p *relayProcess) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", p.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	// Fields after the command (which may hold spaces) start at the last ')'; utime and stime
+	// are the 14th and 15th fields of the whole line, in clock ticks (100 a second on Linux).
+	fields := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+1:]))
+	if len(fields) < 13 {
+		return 0
+	}
+	utime, _ := strconv.ParseInt(fields[11], 10, 64)
+	stime, _ := strconv.ParseInt(fields[12], 10, 64)
+	return time.Duration(utime+stime) * 10 * time.Millisecond
 }
 
 // vmHWM is the process's peak resident set size, from /proc, in bytes; 0 when unreadable.
