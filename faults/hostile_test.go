@@ -122,7 +122,7 @@ func TestFaultHostileLoad(t *testing.T) {
 		cloudly.SetAvailable(false)
 		waitFor(15*time.Second, func() bool { return released(renewals) == nodeCount })
 		h.released = released(renewals)
-		h.heapPeak, h.heapLive, h.gcs, h.rss = max(rp.heapPeak.Load(), int64(h.samples.heap)), rp.heapLive.Load(), rp.gcs.Load(), rp.vmHWM()
+		h.heapPeak, h.heapLive, h.gcs, h.gcShare, h.rss = max(rp.heapPeak.Load(), int64(h.samples.heap)), rp.heapLive.Load(), rp.gcs.Load(), rp.gcShare.Load(), rp.vmHWM()
 		f.socketsDropped = dropped(nodes)
 		if err := rp.stop(); err != nil {
 			t.Errorf("the relay's exit after SIGTERM: %v", err)
@@ -164,7 +164,7 @@ func p99Slack(calm time.Duration) time.Duration {
 type hostile struct {
 	budget               int64
 	heapPeak, rss        int64
-	gcs                  int64
+	gcs, gcShare         int64 // GC cycles; percent of the relay's time in GC
 	samples              samples
 	calm, attacked       time.Duration // p99 without the attack; during all of it
 	filling, sustained   time.Duration // p99 while the holders opened their connections; after
@@ -186,11 +186,11 @@ type hostile struct {
 }
 
 func (h hostile) String() string {
-	return fmt.Sprintf("peak heap %d MiB (goal ≤ %d MiB; live at most %d MiB, %d MiB before the attack; %d GCs; peak RSS %d MiB; budget used at most %.1f MiB); "+
+	return fmt.Sprintf("peak heap %d MiB (goal ≤ %d MiB; live at most %d MiB, %d MiB before the attack; %d GCs, %d %% of the time; peak RSS %d MiB; budget used at most %.1f MiB); "+
 		"p99 %s calm (%d requests) → %s attacked (%d requests), %+.0f %% (%s while the holders connected, %s after); "+
 		"relay CPU %.2f → %.2f cores (peers' and attackers' %.2f → %.2f); escrowed runs held %d, released %d; "+
 		"relay restarts %d; idle HTTP connections still open %d of %d; limit met after %s, hoarders in place after %s; %s; after: %.0f evictions, %.0f refusals, %.0f underflows",
-		h.heapPeak>>20, (h.budget+64<<20)>>20, h.heapLive>>20, h.liveCalm>>20, h.gcs, h.rss>>20, h.samples.budget/(1<<20),
+		h.heapPeak>>20, (h.budget+64<<20)>>20, h.heapLive>>20, h.liveCalm>>20, h.gcs, h.gcShare, h.rss>>20, h.samples.budget/(1<<20),
 		h.calm.Round(10*time.Microsecond), h.calmN, h.attacked.Round(10*time.Microsecond), h.attackedN,
 		100*(float64(h.attacked)/float64(max(h.calm, 1))-1), h.filling.Round(10*time.Microsecond), h.sustained.Round(10*time.Microsecond),
 		h.cpuCalm, h.cpuAttack, h.selfCalm, h.selfAttack, h.heldRuns, h.released, h.restarts, h.httpOpen, h.httpTotal,

@@ -31,6 +31,7 @@ type relayProcess struct {
 	heapPeak      atomic.Int64 // bytes: the largest heap a GC reported (GODEBUG=gctrace=1)
 	heapLive      atomic.Int64 // bytes: the largest live heap a GC left
 	gcs           atomic.Int64 // GC cycles reported
+	gcShare       atomic.Int64 // percent of its time the process spent in GC since it started, at the last GC
 
 	mu   sync.Mutex
 	tail []string // guarded by mu: the last lines the relay wrote that are not GC traces
@@ -47,7 +48,7 @@ func buildRelay(t *testing.T) string {
 }
 
 // gcLine is one GODEBUG=gctrace=1 line's heap figures: at the start of the cycle, at its end, live.
-var gcLine = regexp.MustCompile(`^gc \d+ .* (\d+)->(\d+)->(\d+) MB`)
+var gcLine = regexp.MustCompile(`^gc \d+ @[0-9.]+s (\d+)%: .* (\d+)->(\d+)->(\d+) MB`)
 
 // startRelay runs bin against cloudly with the flags every fault needs and extra ones, and waits
 // until it is ready. RELAY_FAULTS_RELAY_ENV adds to its environment (space-separated NAME=value:
@@ -107,10 +108,12 @@ func (p *relayProcess) readStderr(r io.Reader) {
 	for sc.Scan() {
 		line := sc.Text()
 		if m := gcLine.FindStringSubmatch(line); m != nil {
-			start, _ := strconv.ParseInt(m[1], 10, 64)
-			end, _ := strconv.ParseInt(m[2], 10, 64)
-			live, _ := strconv.ParseInt(m[3], 10, 64)
+			share, _ := strconv.ParseInt(m[1], 10, 64)
+			start, _ := strconv.ParseInt(m[2], 10, 64)
+			end, _ := strconv.ParseInt(m[3], 10, 64)
+			live, _ := strconv.ParseInt(m[4], 10, 64)
 			p.gcs.Add(1)
+			p.gcShare.Store(share)
 			raise(&p.heapPeak, max(start, end)<<20)
 			raise(&p.heapLive, live<<20)
 			continue
