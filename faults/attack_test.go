@@ -22,9 +22,10 @@ import (
 // attack is the anonymous peers. Each kind has source addresses of its own (127.k.x.y) and uses
 // at most the relay's per-source limit of each; the holders take whatever else the relay allows.
 type attack struct {
-	addr  string
-	stopc chan struct{}
-	wg    sync.WaitGroup
+	addr     string
+	stopc    chan struct{}
+	stopOnce sync.Once
+	wg       sync.WaitGroup
 
 	perSource int // the relay's --max-unregistered-per-source
 	// Source addresses per kind (newAttack), each used up to the per-source limit.
@@ -124,12 +125,15 @@ func (a *attack) stopped() bool {
 	}
 }
 
+// stop ends every attacker and closes their connections; it may be called again.
 func (a *attack) stop() {
-	close(a.stopc)
-	a.wg.Wait()
-	for _, c := range a.httpConns {
-		c.conn.Close()
-	}
+	a.stopOnce.Do(func() {
+		close(a.stopc)
+		a.wg.Wait()
+		for _, c := range a.httpConns {
+			c.conn.Close()
+		}
+	})
 }
 
 // start launches every kind of anonymous peer.
@@ -142,8 +146,8 @@ func (a *attack) start() {
 	if long() {
 		target, keep = relay.MaxUnregistered+1, relay.MaxUnregistered-reserve
 	}
-	a.go_(func() { a.hold(target, keep) })
-	a.go_(func() {
+	a.spawn(func() { a.hold(target, keep) })
+	a.spawn(func() {
 		select {
 		case <-a.filled:
 		case <-a.stopc:
@@ -151,14 +155,14 @@ func (a *attack) start() {
 		}
 		var nextHoard, nextEnd atomic.Int64 // the next replay job of each kind, round and round
 		for w := range hoardWorkers {
-			a.go_(func() { a.hoard(w, &nextHoard) })
+			a.spawn(func() { a.hoard(w, &nextHoard) })
 		}
 		retry := make(chan int, 1<<16)
 		for w := range endWorkers {
-			a.go_(func() { a.end(w, &nextEnd, retry) })
+			a.spawn(func() { a.end(w, &nextEnd, retry) })
 		}
 		for w := range floodWorkers {
-			a.go_(func() { a.floodRegistrations(w) })
+			a.spawn(func() { a.floodRegistrations(w) })
 		}
 	})
 }
@@ -185,7 +189,7 @@ func pace(start time.Time, every time.Duration) {
 	}
 }
 
-func (a *attack) go_(f func()) {
+func (a *attack) spawn(f func()) {
 	a.wg.Add(1)
 	go func() { defer a.wg.Done(); f() }()
 }

@@ -73,6 +73,7 @@ func TestFaultHostileLoad(t *testing.T) {
 		cpu0, self0 := rp.cpu(), selfCPU()
 		attackStart := time.Now()
 		a.start()
+		defer a.stop() // when the test fails before the attack's end
 		select {
 		case <-a.filled:
 			h.fillTime = time.Since(attackStart)
@@ -220,6 +221,9 @@ func (h hostile) check(t *testing.T, nodes int) {
 	}
 	if h.httpOpen != 0 {
 		t.Errorf("%d of %d idle HTTP connections still open: %v", h.httpOpen, h.httpTotal, h.httpKinds)
+	}
+	if used, conns := h.after["relay_downstream_budget_used_bytes"], h.after["relay_downstream_connections"]; used != 0 || int(conns) != nodes {
+		t.Errorf("after the attackers left the relay still held %v bytes of budget and %v connections (%d nodes)", used, conns, nodes)
 	}
 	if u := h.after["relay_downstream_budget_underflows_total"]; u != 0 {
 		t.Errorf("%v budget underflows", u)
