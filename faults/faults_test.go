@@ -7,6 +7,7 @@
 //	RELAY_FAULTS=long go test -timeout 30m ./faults   # the long form (SPEC §13 sizes)
 //
 // With RELAY_FAULTS_OUT=file each fault appends its figures to file as a Markdown table row.
+// RELAY_FAULTS_RELAY_ENV adds to the environment of the faults that run the relay binary.
 package faults
 
 import (

@@ -28,10 +28,7 @@ func TestFaultSIGTERMMidTraffic(t *testing.T) {
 	f := figures{fault: "the relay killed with SIGTERM mid-traffic", nodes: nodeCount}
 	func() {
 		dir := t.TempDir()
-		bin := filepath.Join(dir, "relay")
-		if out, err := exec.Command("go", "build", "-o", bin, "../cmd/relay").CombinedOutput(); err != nil {
-			t.Fatalf("go build: %v\n%s", err, out)
-		}
+		bin := buildRelay(t)
 		cloudly, err := sim.NewCloudly(zerolog.Nop())
 		if err != nil {
 			t.Fatal(err)

@@ -13,9 +13,12 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -182,6 +185,51 @@ func TestUnregisteredConnections(t *testing.T) {
 			if _, err := c.Read(make([]byte, 1)); err == nil || time.Since(start) > 2*time.Second {
 				t.Errorf("GET %s: the connection stayed open (%v after %s)", path, err, time.Since(start))
 			}
+		}
+	})
+
+	t.Run("finding 11: a connection with both registrations in flight together ends up exactly one peer", func(t *testing.T) {
+		node, ingressMethod := contracts.MethodRegisterPalletRuntimeSession, contracts.MethodRegisterClusterIngress
+		for _, first := range []string{node, ingressMethod} {
+			second := map[string]string{node: ingressMethod, ingressMethod: node}[first]
+			t.Run(first+" first", func(t *testing.T) {
+				var control *sim.IngressControl
+				e := relaytest.Start(t, relaytest.Options{
+					Cloudly: func(c *sim.Cloudly) { control = sim.ServeIngress(c) },
+					Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
+						in, err := ingress.New(ingress.Options{Logger: o.Logger, Registerer: o.Registry})
+						if err != nil {
+							return nil, err
+						}
+						return relay.New(cfg, relay.Features{Ingress: in}, o)
+					},
+				})
+				control.Designate("node-a", "bearer-ingress-a")
+				bodies := map[string]json.RawMessage{
+					node:          sim.NewNode("node-a", zerolog.Nop()).RegistrationBody(),
+					ingressMethod: sim.NewIngress("node-a", "bearer-ingress-a", zerolog.Nop()).RegistrationBody(),
+				}
+				// Cloudly is slow: the first registration is still at Cloudly when the second arrives.
+				e.Cloudly.SetSlowness(300 * time.Millisecond)
+				conn := e.Dial("node-a").Conn()
+				replies := map[string]chan typedsocket.Reply{first: make(chan typedsocket.Reply, 1), second: make(chan typedsocket.Reply, 1)}
+				for _, m := range []string{first, second} {
+					if err := conn.CallAsync(m, bodies[m], 5*time.Second, func(r typedsocket.Reply) { replies[m] <- r }); err != nil {
+						t.Fatal(err)
+					}
+				}
+				if r := <-replies[first]; r.Err != nil {
+					t.Fatalf("%s, sent first: %v", first, r.Err)
+				}
+				wantRefusal(t, (<-replies[second]).Err, contracts.RelaySessionForeign)
+				if got := e.Cloudly.Received(second); got != 0 {
+					t.Fatalf("Cloudly received %d %s from a connection with %s in flight", got, second, first)
+				}
+				nodes, ingresses := e.Metric("relay_downstream_nodes"), e.Metric("relay_ingress_connections")
+				if want := map[string][2]float64{node: {1, 0}, ingressMethod: {0, 1}}[first]; nodes != want[0] || ingresses != want[1] {
+					t.Fatalf("the connection carries %v nodes and %v ingresses, want %v", nodes, ingresses, want)
+				}
+			})
 		}
 	})
 }
