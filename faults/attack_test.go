@@ -146,7 +146,7 @@ func (a *attack) start() {
 	if long() {
 		target, keep = relay.MaxUnregistered+1, relay.MaxUnregistered-reserve
 	}
-	a.spawn(func() { a.hold(target, keep) })
+	a.spawn(func() { a.hold(target, keep, reserve) })
 	a.spawn(func() {
 		select {
 		case <-a.filled:
@@ -198,7 +198,7 @@ func (a *attack) spawn(f func()) {
 // 503), until target are open or the relay answers 503 on a source's first: its limit of
 // unregistered connections in all. Then it steps back to keep, and keeps that many open,
 // replacing those the relay closes (registration deadline, silence).
-func (a *attack) hold(target, keep int) {
+func (a *attack) hold(target, keep, reserve int) {
 	var (
 		mu    sync.Mutex
 		conns []net.Conn // guarded by mu
@@ -250,6 +250,11 @@ func (a *attack) hold(target, keep int) {
 		wg.Wait()
 	}
 	fill(target)
+	if got := len(conns); got < keep+reserve {
+		// The relay's limit (its connection count, or the budget its connections' own cost is
+		// charged to) met before target: leave the other attackers room, at least half of it.
+		keep = max(got-reserve, got/2)
+	}
 	close(a.filled)
 	for _, c := range conns[min(keep, len(conns)):] {
 		c.Close()

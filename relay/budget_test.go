@@ -86,8 +86,9 @@ func TestPeerMemoryBudget(t *testing.T) {
 		const limit = 16 << 20
 		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.PeerMemoryBytes = limit }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
-		// 6 greedy nodes × 256 requests in flight × 16 KiB answers: more than the budget.
-		answer := json.RawMessage(`{"pad":"` + strings.Repeat("a", 16<<10) + `"}`)
+		// 6 greedy nodes × 256 requests in flight × 48 KiB answers: 72 MiB, more than the budget
+		// and the kernel's socket buffers of six connections together.
+		answer := json.RawMessage(`{"pad":"` + strings.Repeat("a", 48<<10) + `"}`)
 		e.cloudly.Handle("readLargeThing", func(json.RawMessage) (json.RawMessage, error) { return answer, nil })
 		honest := e.node("node-honest")
 		stop := make(chan struct{})

@@ -51,7 +51,13 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		refuse("source-limit", "too many connections from this address waiting to register")
 		return
 	}
-	leave := func() { r.waiting.Add(-1); r.sources.leave(source) }
+	if !r.unregisteredCosts.Charge(unregisteredCost) {
+		r.waiting.Add(-1)
+		r.sources.leave(source)
+		refuse("budget", "the relay's peer memory budget is spent")
+		return
+	}
+	leave := func() { r.waiting.Add(-1); r.sources.leave(source); r.unregisteredCosts.Release(unregisteredCost) }
 	ws, err := websocket.Accept(w, req, nil)
 	if err != nil {
 		leave()
@@ -69,6 +75,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, rq *typedsocket.Request) { r.servePeer(p, rq) }),
 		Streams:       typedsocket.StreamHandlerFunc(func(_ *typedsocket.Conn, f *typedsocket.StreamFrame) { r.serveNodeStream(p, f) }),
 		Share:         p.share,
+		Raw:           raw,
 		Dropped:       r.countDropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		MaxQueue:      nodeMaxQueue,

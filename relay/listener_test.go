@@ -46,6 +46,43 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
+	t.Run("each unregistered connection's own cost is charged to half the budget, beyond it 503", func(t *testing.T) {
+		const budget = 16 << 20
+		e := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.PeerMemoryBytes = budget }})
+		ctx := ctx5(t)
+		var held []*websocket.Conn
+		defer func() {
+			for _, ws := range held {
+				ws.CloseNow()
+			}
+		}()
+		for len(held) < budget/(8<<10) {
+			ws, resp, err := websocket.Dial(ctx, e.URL, nil)
+			if err == nil {
+				held = append(held, ws)
+				continue
+			}
+			if resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
+				t.Fatalf("after %d connections: %v (response %v), want 503 with Retry-After", len(held), err, resp)
+			}
+			break
+		}
+		if n := len(held); n < budget/2/(32<<10) || n > budget/2/(16<<10) {
+			t.Fatalf("%d unregistered connections fit half a %d MiB budget; want each to cost 16 to 32 KiB", n, budget>>20)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "budget"); got != 1 {
+			t.Fatalf("unregistered_closed_total{budget} = %v, want 1", got)
+		}
+		for _, ws := range held {
+			ws.CloseNow()
+		}
+		held = nil
+		e.Eventually("the connections' cost given back", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
+		if _, err := e.Dial("node-a").Register(ctx); err != nil {
+			t.Fatalf("a node once the attackers left: %v", err)
+		}
+	})
+
 	t.Run("finding 4: at most --max-unregistered-per-source from one address", func(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 2 }})
 		first := e.Dial("node-a")

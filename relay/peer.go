@@ -48,6 +48,19 @@ const (
 	MaxRegistrationsPerConnection   = 8
 )
 
+// unregisteredCost is what one unregistered connection costs the relay before it holds anything
+// for its peer: the WebSocket's buffers kept from the HTTP server (9.4 KiB), the connection's own
+// state (5 KiB) and its two goroutines' stacks (8 KiB), measured with 4 000 idle connections. It is
+// charged to the peer memory budget from the upgrade until the connection registers or ends, so
+// that anonymous connections cannot hold more memory than the budget (issue 15, the hostile-load
+// fault: 16 384 of them held 220 MiB live outside every charge). Their costs together may take at
+// most half the budget (unregisteredPart), so that registered peers always keep the other half:
+// an anonymous flood fills its half and is refused 503, never costing a node its place.
+const (
+	unregisteredCost = 24 << 10
+	unregisteredPart = 2 // the budget's 1/unregisteredPart
+)
+
 // The anonymous pool (SPEC §15): registrations of connections that have not registered, at
 // Cloudly at once — their count and their bodies' bytes, held until Cloudly answers.
 const (
@@ -249,6 +262,7 @@ func (p *peer) leaveWaitingLocked() {
 	p.deadline = nil // an idle registered connection holds no timer
 	p.r.waiting.Add(-1)
 	p.r.sources.leave(p.source)
+	p.r.unregisteredCosts.Release(unregisteredCost)
 }
 
 // registered makes p a registered peer of role ro: its share and read limit grow to a

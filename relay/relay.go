@@ -51,7 +51,7 @@ type Relay struct {
 	dispatch   dispatch
 	observers  []Observer
 	components []part
-	reporters  []part // parts with facts for the status page
+	reporters  []part                    // parts with facts for the status page
 	v2         http.Handler              // set at construction: registry forwarding under /v2/; nil: off
 	vpnHub     *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
 
@@ -68,7 +68,10 @@ type Relay struct {
 	budget  *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
 
 	anonymous *anonymousPool // set at construction: registrations of unregistered connections
-	sources   *sourceCounts  // set at construction: unregistered connections per source address
+	// unregisteredCosts holds the own cost of every unregistered connection (peer.go), at most
+	// 1/unregisteredPart of the budget; never evicted.
+	unregisteredCosts *budget.Share
+	sources           *sourceCounts // set at construction: unregistered connections per source address
 
 	downLn, adminLn net.Listener // set by Listen
 	serveCtx        context.Context
@@ -136,6 +139,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 		r.budget = budget.New(DefaultPeerMemoryBytes)
 	}
 	r.anonymous = &anonymousPool{share: r.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
+	r.unregisteredCosts = r.budget.NewShare(r.budget.Limit()/unregisteredPart, nil, nil)
 	if !cfg.InsecurePlaintext {
 		// Loaded here, not in Serve, so that an unusable pair is a configuration error (exit 2
 		// naming the flag) before anything binds.

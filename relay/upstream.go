@@ -71,12 +71,12 @@ type upstream struct {
 	log  zerolog.Logger   // set at construction
 	m    *upstreamMetrics // set at construction
 
-	sock     atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
+	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
 	state    atomic.Pointer[sessionState]
-	stopping atomic.Bool            // set by close: the session ends for shutdown
-	cancel   context.CancelFunc     // set by start: ends run
-	done     chan struct{}          // set by start: closed when run has returned
+	stopping atomic.Bool        // set by close: the session ends for shutdown
+	cancel   context.CancelFunc // set by start: ends run
+	done     chan struct{}      // set by start: closed when run has returned
 }
 
 // sessionState is what the status page shows of the session: attached since when, with which

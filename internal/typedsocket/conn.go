@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"runtime"
 	"sync"
 	"sync/atomic"
@@ -87,6 +88,7 @@ type Options struct {
 	Streams       StreamHandler       // nil answers every stream frame relay-stream-unknown
 	Dropped       func(reason string) // counts a frame dropped without an answer; nil: not counted
 	Cork          *CorkConn           // the socket under the WebSocket, if wrapped: bursts leave in one write
+	Raw           net.Conn            // the socket under the WebSocket, if known: bounds a refusing close
 	Logger        zerolog.Logger      // component logger; bodies are never logged
 }
 
@@ -149,7 +151,7 @@ type Conn struct {
 	lastHeard atomic.Int64 // unix nanos of the last message or pong
 	pinging   atomic.Bool  // a ping is outstanding
 	writing   atomic.Bool  // the send loop is inside a write
-	lastWrite atomic.Int64 // unix nanos when the send loop last finished a write
+	progress  atomic.Int64 // unix nanos of the write's start or its last frame written; 0 outside a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
 }
@@ -167,7 +169,6 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
 	ws.SetReadLimit(opts.ReadLimit)
 	c.lastHeard.Store(time.Now().UnixNano())
-	c.lastWrite.Store(time.Now().UnixNano())
 	return c
 }
 
@@ -187,7 +188,12 @@ func (c *Conn) Inflight() int64 { return c.inflight.Load() }
 // Stalled reports whether the peer is not reading: frames wait to be written and no write has
 // finished for d.
 func (c *Conn) Stalled(d time.Duration) bool {
-	return (c.sendq.len() > 0 || c.writing.Load()) && time.Since(time.Unix(0, c.lastWrite.Load())) > d
+	now := time.Now().UnixNano()
+	if p := c.progress.Load(); p != 0 && now-p > int64(d) {
+		return true // inside a write that has not moved for d
+	}
+	w := c.sendq.waitingSince()
+	return w != 0 && now-w > int64(d) // queued frames the send loop has not taken for d
 }
 
 // QueueLen is the number of frames waiting to be written.
@@ -246,6 +252,20 @@ func (c *Conn) Evict() {
 	go c.ws.CloseNow()
 }
 
+// misbehavingLinger bounds the close handshake with a peer the connection refuses: the WebSocket
+// library otherwise reads and discards what the peer sends for up to five seconds, holding the
+// connection (and a flooder's place) all that time.
+const misbehavingLinger = 250 * time.Millisecond
+
+// closeMisbehaving closes with code and reason, waiting at most misbehavingLinger for the peer's
+// close frame when the socket under the WebSocket is known.
+func (c *Conn) closeMisbehaving(code websocket.StatusCode, reason string) {
+	if c.opts.Raw != nil {
+		c.opts.Raw.SetDeadline(time.Now().Add(misbehavingLinger))
+	}
+	c.ws.Close(code, reason)
+}
+
 // CloseNow ends the connection without a handshake.
 func (c *Conn) CloseNow() {
 	c.cancel(fmt.Errorf("%w: closed locally", ErrClosed))
@@ -263,7 +283,7 @@ func (c *Conn) readLoop() error {
 		}
 		c.lastHeard.Store(time.Now().UnixNano())
 		if typ != websocket.MessageText {
-			c.ws.Close(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
+			c.closeMisbehaving(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
 			return errors.New("peer sent a binary message")
 		}
 		env, err := Decode(frame)
@@ -304,7 +324,7 @@ func (c *Conn) malformed(de *DecodeError, size int) error {
 		c.dropped("stream-frame-malformed")
 	default:
 		c.opts.Logger.Warn().Int("bytes", size).Str("outcome", "malformed").Msg("closing: " + de.Reason)
-		c.ws.Close(websocket.StatusPolicyViolation, "malformed envelope")
+		c.closeMisbehaving(websocket.StatusPolicyViolation, "malformed envelope")
 		return de
 	}
 	return nil
@@ -330,7 +350,7 @@ func (c *Conn) dispatch(env Envelope, refusal error) {
 		c.inflight.Add(-1) // this request is never answered: it ends with the connection
 		c.opts.Logger.Warn().Str("outcome", "flooding").Msg("peer sends requests and reads no answers: closing")
 		c.cancel(fmt.Errorf("%w: the peer reads no answers", ErrClosed))
-		go c.ws.Close(websocket.StatusPolicyViolation, "too many unanswered requests")
+		go c.closeMisbehaving(websocket.StatusPolicyViolation, "too many unanswered requests")
 		return
 	case n > int64(c.opts.MaxInflight):
 		r.Fail(c.opts.BusyError)
@@ -417,7 +437,9 @@ func (c *Conn) sendLoop() error {
 // — or when the write fails and they never will.
 func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 	c.writing.Store(true)
+	c.progress.Store(time.Now().UnixNano())
 	defer c.writing.Store(false)
+	defer c.progress.Store(0)
 	defer stalled.Stop()
 	sent := 0 // frames of batch released
 	defer func() { c.settle(batch[sent:]) }()
@@ -450,8 +472,8 @@ func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 
 // settle releases frames that were written or will never be.
 func (c *Conn) settle(frames []frame) {
-	if len(frames) > 0 {
-		c.lastWrite.Store(time.Now().UnixNano())
+	if len(frames) > 0 && c.progress.Load() != 0 {
+		c.progress.Store(time.Now().UnixNano())
 	}
 	for i := range frames {
 		if frames[i].answer {

@@ -1,6 +1,9 @@
 package typedsocket
 
-import "sync"
+import (
+	"sync"
+	"time"
+)
 
 // Share charges the bytes a connection holds on behalf of a downstream peer (SPEC §15);
 // *budget.Share implements it. A frame queued with a share is released from it exactly once: when
@@ -23,6 +26,7 @@ type sendQueue struct {
 	bytes    int     // guarded by mu
 	answers  int     // guarded by mu: bytes of the queued answers
 	closed   bool    // guarded by mu
+	waiting  int64   // guarded by mu: unix nanos since the queue has held frames; 0 when empty
 	maxCount int     // set at construction
 	maxBytes int     // set at construction
 
@@ -67,6 +71,9 @@ func (q *sendQueue) push(f frame, bounded bool) error {
 		f.done()
 		return err
 	}
+	if len(q.frames) == 0 {
+		q.waiting = time.Now().UnixNano()
+	}
 	q.frames = append(q.frames, f)
 	q.bytes += len(f.b)
 	if f.answer {
@@ -86,9 +93,16 @@ func (q *sendQueue) take(dst []frame) []frame {
 	dst = append(dst, q.frames...)
 	clear(q.frames)
 	q.frames = q.frames[:0]
-	q.bytes, q.answers = 0, 0
+	q.bytes, q.answers, q.waiting = 0, 0, 0
 	q.mu.Unlock()
 	return dst
+}
+
+// waitingSince is when the queue last went from empty to holding frames; 0 while it is empty.
+func (q *sendQueue) waitingSince() int64 {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	return q.waiting
 }
 
 // queuedBytes is what every queued frame holds.
@@ -117,7 +131,7 @@ func (q *sendQueue) close() int {
 	q.mu.Lock()
 	q.closed = true
 	frames := q.frames
-	q.frames, q.bytes, q.answers = nil, 0, 0
+	q.frames, q.bytes, q.answers, q.waiting = nil, 0, 0, 0
 	q.mu.Unlock()
 	answers := 0
 	for i := range frames {
