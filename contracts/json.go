@@ -2,9 +2,11 @@ package contracts
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math/bits"
 	"strconv"
 	"strings"
 	"unicode/utf16"
@@ -326,6 +328,15 @@ func ReadCounter(raw []byte) (int64, bool) {
 // not keep it. ForEachMember does not refuse repeated keys: a caller that reads a key must, as
 // ReadObject and Lookup do.
 func ForEachMember(raw []byte, fn func(key, value []byte) error) error {
+	return ForEachMemberWithin(raw, nil, nil, fn)
+}
+
+// ForEachMemberWithin is ForEachMember that also reads, in the same pass, the members of the
+// members that within names, when their values are objects: inner is called with each of them
+// (outer is the key within names), as ForEachMember(value, …) would call it, before fn is called
+// with the member itself. An error from either stops the walk and is returned. It spares a reader
+// of a member's members (a stream frame's request.streamId) a second scan of the member's bytes.
+func ForEachMemberWithin(raw []byte, within []string, inner func(outer, key, value []byte) error, fn func(key, value []byte) error) error {
 	i := skipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return &SyntaxError{i, "not an object"}
@@ -345,7 +356,12 @@ func ForEachMember(raw []byte, fn func(key, value []byte) error) error {
 			return &SyntaxError{i, "expected : after object key"}
 		}
 		start := skipSpace(raw, i+1)
-		end, err := scanValue(raw, start, 1)
+		var end int
+		if start < len(raw) && raw[start] == '{' && names(within, key) {
+			end, err = scanComposite(raw, start, 1, '}', func(k, v []byte) error { return inner(key, k, v) })
+		} else {
+			end, err = scanValue(raw, start, 1)
+		}
 		if err != nil {
 			return err
 		}
@@ -366,6 +382,16 @@ func ForEachMember(raw []byte, fn func(key, value []byte) error) error {
 	}
 }
 
+// names reports whether keys holds key.
+func names(keys []string, key []byte) bool {
+	for _, k := range keys {
+		if string(key) == k {
+			return true
+		}
+	}
+	return false
+}
+
 func trailing(raw []byte, i int) error {
 	if i = skipSpace(raw, i); i != len(raw) {
 		return &SyntaxError{i, "data after the value"}
@@ -373,7 +399,20 @@ func trailing(raw []byte, i int) error {
 	return nil
 }
 
-func isSpace(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+// The scanner below is on the path of every frame the relay reads, and the library's binary stream
+// chunks make it read a great deal: a Uint8Array of 64 KiB arrives as ~600 KB of {"0":104,"1":…},
+// a Node.js Buffer of 512 KiB as ~1.9 MB of [104,101,…]. So its inner loops avoid a call and an
+// unpredictable branch per byte: runs of digits and of plain string bytes are found eight bytes at
+// a time (SWAR, below); a short key (shortKey) and a plain integer are read in the composite's own
+// loop; and a run of plain integers in an array is validated eight bytes at a time (integerRun).
+// Each fast path takes only what it can prove well-formed and leaves everything else, errors
+// included, to the general code from a point where that code would have been. So the language it
+// accepts, its errors and their offsets are exactly those of the straightforward scanner it
+// replaced, which its tests keep as the reference (json_ref_test.go, FuzzScannerMatchesReference).
+
+// isSpace reports JSON whitespace. Machine-written JSON has little of it, so a byte above ' ' (the
+// usual case) costs one comparison.
+func isSpace(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
 
 func skipSpace(b []byte, i int) int {
 	for i < len(b) && isSpace(b[i]) {
@@ -399,14 +438,14 @@ func scanValue(b []byte, i, depth int) (int, error) {
 		return i, &SyntaxError{i, "unexpected end of input"}
 	}
 	switch c := b[i]; {
-	case c == '{':
-		return scanComposite(b, i, depth, '}')
-	case c == '[':
-		return scanComposite(b, i, depth, ']')
 	case c == '"':
 		return scanString(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		return scanNumber(b, i)
+	case c == '{':
+		return scanComposite(b, i, depth, '}', nil)
+	case c == '[':
+		return scanComposite(b, i, depth, ']', nil)
 	case c == 't':
 		return scanLiteral(b, i, "true")
 	case c == 'f':
@@ -417,7 +456,10 @@ func scanValue(b []byte, i, depth int) (int, error) {
 	return i, &SyntaxError{i, "invalid character"}
 }
 
-func scanComposite(b []byte, i, depth int, closer byte) (int, error) {
+// scanComposite validates the object or array at b[i] and returns the offset just after it. For an
+// object, a non-nil fn is called with each member, as ForEachMember calls it; its error stops the
+// scan and is returned.
+func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byte) error) (int, error) {
 	if depth >= MaxJSONDepth {
 		return i, &SyntaxError{i, "nesting too deep"}
 	}
@@ -425,11 +467,24 @@ func scanComposite(b []byte, i, depth int, closer byte) (int, error) {
 	if i < len(b) && b[i] == closer {
 		return i + 1, nil
 	}
+	runs := closer == ']' // whether to try integerRun: until it first finds nothing to take
 	for {
+		var key []byte
+		if runs && i < len(b) && b[i]-'0' < 10 {
+			j := integerRun(b, i)
+			runs = j > i
+			i = skipSpace(b, j)
+		}
 		if closer == '}' {
-			end, err := scanString(b, i)
-			if err != nil {
-				return end, err
+			end := shortKey(b, i)
+			if end < 0 {
+				var err error
+				if end, err = scanString(b, i); err != nil {
+					return end, err
+				}
+			}
+			if fn != nil {
+				key = decodeStringBytes(b[i:end])
 			}
 			i = skipSpace(b, end)
 			if i >= len(b) || b[i] != ':' {
@@ -437,9 +492,25 @@ func scanComposite(b []byte, i, depth int, closer byte) (int, error) {
 			}
 			i = skipSpace(b, i+1)
 		}
-		end, err := scanValue(b, i, depth+1)
+		var end int
+		var err error
+		if i < len(b) && b[i]-'1' < 9 {
+			// A number that starts with 1 to 9 (the library's chunk bytes, one per member or
+			// element) is scanned here without a call, unless it has a fraction or an exponent.
+			end = digits(b, i+1)
+			if end < len(b) && (b[end] == '.' || b[end]|0x20 == 'e') {
+				end, err = scanNumber(b, i)
+			}
+		} else {
+			end, err = scanValue(b, i, depth+1)
+		}
 		if err != nil {
 			return end, err
+		}
+		if fn != nil {
+			if err := fn(key, b[i:end]); err != nil {
+				return end, err
+			}
 		}
 		i = skipSpace(b, end)
 		if i >= len(b) {
@@ -472,7 +543,7 @@ func scanNumber(b []byte, i int) (int, error) {
 	case i < len(b) && b[i] == '0':
 		i++
 	case i < len(b) && b[i] >= '1' && b[i] <= '9':
-		i = digits(b, i)
+		i = digits(b, i+1)
 	default:
 		return i, &SyntaxError{start, "invalid number"}
 	}
@@ -497,12 +568,108 @@ func scanNumber(b []byte, i int) (int, error) {
 	return i, nil
 }
 
+// SWAR ("SIMD within a register"): eight bytes of the input loaded as one uint64 and tested at
+// once by arithmetic that keeps each byte's result in its own high bit. Every test below is exact
+// for each byte on its own (no carry crosses into the next byte), so the lowest high bit set marks
+// the first byte that matched, and bits.TrailingZeros64(m)/8 is its index in the word.
+const (
+	swarOnes  = 0x0101010101010101
+	swarLow7  = 0x7f * swarOnes
+	swarHighs = 0x80 * swarOnes
+)
+
+// swarZero sets the high bit of each byte of y that is zero. ((y & 0x7f) + 0x7f has its high bit
+// set when the low seven bits are not all zero; y's own high bit covers the rest.)
+func swarZero(y uint64) uint64 { return ^(((y & swarLow7) + swarLow7) | y) & swarHighs }
+
+// swarNonDigits sets the high bit of each byte of x that is not an ASCII digit: x ^ '0' maps the
+// digits to 0…9, and (t & 0x7f) + (0x80 - 10) reaches the high bit from 10 up.
+func swarNonDigits(x uint64) uint64 {
+	t := x ^ ('0' * swarOnes)
+	return (((t & swarLow7) + (0x80-10)*swarOnes) | t) & swarHighs
+}
+
+// swarStringSpecials sets the high bit of each byte of x that a string scanner must look at: '"',
+// '\\', a control character (below 0x20: (x & 0x7f) + 0x60 stays below the high bit) or a byte of
+// a multi-byte UTF-8 sequence (its own high bit).
+func swarStringSpecials(x uint64) uint64 {
+	controlOrHigh := (x | ^((x & swarLow7) + 0x60*swarOnes)) & swarHighs
+	return controlOrHigh | swarZero(x^('"'*swarOnes)) | swarZero(x^('\\'*swarOnes))
+}
+
+// digits returns the end of the run of ASCII digits at b[i]: eight bytes a step, and a byte a step
+// for the last few.
 func digits(b []byte, i int) int {
-	for i < len(b) && b[i] >= '0' && b[i] <= '9' {
+	for i+8 <= len(b) {
+		if m := swarNonDigits(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+		i += 8
+	}
+	for i < len(b) && b[i]-'0' < 10 {
 		i++
 	}
 	return i
 }
+
+// shortKey returns the end of a string at b[i] that closes within the eight bytes after its opening
+// quote and has no byte that needs attention before it (a Uint8Array's keys, an envelope's), or -1
+// for any other string or anything else, which scanString reads. It is scanString's common case
+// in one word, without looking at the byte it stopped on a second time.
+func shortKey(b []byte, i int) int {
+	if i+9 > len(b) || b[i] != '"' {
+		return -1
+	}
+	x := binary.LittleEndian.Uint64(b[i+1:])
+	first := swarStringSpecials(x)
+	first &= -first // the first byte that needs attention, or none
+	if first&swarZero(x^('"'*swarOnes)) == 0 {
+		return -1
+	}
+	return i + 2 + bits.TrailingZeros64(first)>>3
+}
+
+// integerRun validates, eight bytes at a time, array elements from b[i] on (the start of one) that
+// are plain non-negative integers separated by bare commas, as a Node.js Buffer's JSON is
+// ([104,101,…]), and returns the start of the first element it did not validate: the element at
+// the end of the run, or one with anything unusual in it (a sign, a fraction, a space, an error),
+// which the element-by-element scan reads from there. A word is a run of such elements when its
+// bytes are digits and commas only, no comma follows a comma (or the start), and no digit follows
+// a number's leading zero; a comma ends a validated element when nothing before it was unusual.
+func integerRun(b []byte, i int) int {
+	resume := i
+	var lastComma, lastZeroStart uint64 = 0x80, 0 // of the byte before b[i], in byte 0's place
+	for ; i+8 <= len(b); i += 8 {
+		x := binary.LittleEndian.Uint64(b[i:])
+		digit := ^swarNonDigits(x) & swarHighs
+		comma := swarZero(x ^ (',' * swarOnes))
+		afterComma := comma<<8 | lastComma
+		zeroStart := digit & afterComma & swarZero(x^('0'*swarOnes))
+		unusual := ^(digit | comma) & swarHighs
+		unusual |= comma & afterComma
+		unusual |= digit & (zeroStart<<8 | lastZeroStart)
+		if unusual != 0 {
+			comma &= 1<<bits.TrailingZeros64(unusual) - 1 // the commas before it
+		}
+		if comma != 0 {
+			resume = i + (63-bits.LeadingZeros64(comma))>>3 + 1
+		}
+		if unusual != 0 {
+			break
+		}
+		lastComma, lastZeroStart = comma>>56, zeroStart>>56
+	}
+	return resume
+}
+
+// plainStringByte is true for the bytes a string scanner passes over: printable ASCII but '"' and
+// '\\' (DEL included, as RFC 8259 allows it unescaped).
+var plainStringByte = func() (t [256]bool) {
+	for c := 0x20; c < utf8.RuneSelf; c++ {
+		t[c] = c != '"' && c != '\\'
+	}
+	return t
+}()
 
 // scanString validates the string starting at b[i] (which must be '"') and returns the offset just
 // after its closing quote.
@@ -511,9 +678,25 @@ func scanString(b []byte, i int) (int, error) {
 		return i, &SyntaxError{i, "expected string"}
 	}
 	i++
-	for i < len(b) {
-		c := b[i]
-		switch {
+	for {
+		// Pass over the bytes that need no attention: eight at a time, then one at a time.
+		for {
+			if i+8 > len(b) {
+				for i < len(b) && plainStringByte[b[i]] {
+					i++
+				}
+				break
+			}
+			if m := swarStringSpecials(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+				i += bits.TrailingZeros64(m) >> 3
+				break
+			}
+			i += 8
+		}
+		if i >= len(b) {
+			return i, &SyntaxError{i, "unterminated string"}
+		}
+		switch c := b[i]; {
 		case c == '"':
 			return i + 1, nil
 		case c == '\\':
@@ -545,9 +728,7 @@ func scanString(b []byte, i int) (int, error) {
 			}
 		case c < 0x20:
 			return i, &SyntaxError{i, "control character in string"}
-		case c < utf8.RuneSelf:
-			i++
-		default:
+		default: // the first byte of a multi-byte sequence, or not UTF-8
 			r, size := utf8.DecodeRune(b[i:])
 			if r == utf8.RuneError && size == 1 {
 				return i, &SyntaxError{i, "invalid UTF-8 in string"}
@@ -555,7 +736,6 @@ func scanString(b []byte, i int) (int, error) {
 			i += size
 		}
 	}
-	return i, &SyntaxError{i, "unterminated string"}
 }
 
 func hex4(b []byte, i int) (rune, bool) {

@@ -23,10 +23,28 @@ var (
 
 // HasStreamMarker is the cheap test before FindStreamMarkers: whether body may hold a marker. A
 // body without the marker's key spelled plainly holds none the relay binds.
-func HasStreamMarker(body []byte) bool { return bytes.Contains(body, streamMarkerKey) }
+func HasStreamMarker(body []byte) bool { return containsQuoted(body, streamMarkerKey) }
 
 // IsStreamClosing reports whether a stream frame carries the library's closing chunk.
-func IsStreamClosing(frame []byte) bool { return bytes.Contains(frame, streamClosingBit) }
+func IsStreamClosing(frame []byte) bool { return containsQuoted(frame, streamClosingBit) }
+
+// containsQuoted is bytes.Contains(b, quoted) for a needle that starts with a quote. It searches
+// for the needle without that quote, then checks the quote: bytes.Index, after a few false starts
+// on a needle's first byte, compares at every offset, and JSON is mostly false starts for a quote
+// (a stream chunk has one every few bytes), while the needles' next bytes ('_', '#') are rare.
+func containsQuoted(b, quoted []byte) bool {
+	tail := quoted[1:]
+	for i := 0; ; {
+		j := bytes.Index(b[i:], tail)
+		if j < 0 {
+			return false
+		}
+		if i += j; i > 0 && b[i-1] == '"' {
+			return true
+		}
+		i++
+	}
+}
 
 // FindStreamMarkers calls fn with the streamId of every stream marker in body: an object, at any
 // depth, whose "_isVirtualStream" member is true and whose "streamId" member is a string of 1 to
@@ -121,15 +139,41 @@ func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 // answer, whose request the library sets to null) response.streamId. ok is false when neither
 // holds a string of 1 to MaxStreamIDLen bytes.
 func ReadStreamFrameID(request, response []byte) (streamID string, ok bool) {
-	for _, body := range [2][]byte{request, response} {
-		if KindOf(body) != KindObject {
+	var ids [2]StreamIDMember
+	for k, body := range [2][]byte{request, response} {
+		if KindOf(body) == KindObject && ForEachMember(body, ids[k].Member) != nil {
+			ids[k] = StreamIDMember{} // a body that is not JSON names no stream
+		}
+	}
+	return StreamFrameID(ids[0], ids[1])
+}
+
+// StreamIDMember collects the streamId members of one body of a stream frame while a reader walks
+// its members (Member is the walk's function), so that a reader of the whole frame finds the
+// stream without a second pass over the body (ForEachMemberWithin).
+type StreamIDMember struct {
+	value []byte
+	n     int
+}
+
+// Member notes key and value when key is streamId.
+func (s *StreamIDMember) Member(key, value []byte) error {
+	if string(key) == "streamId" {
+		s.value = value
+		s.n++
+	}
+	return nil
+}
+
+// StreamFrameID is ReadStreamFrameID of the members collected from a frame's request and
+// response: the request's streamId, else the response's, each a string of 1 to MaxStreamIDLen
+// bytes that its body holds once (a repeated streamId names no stream).
+func StreamFrameID(request, response StreamIDMember) (streamID string, ok bool) {
+	for _, m := range [2]StreamIDMember{request, response} {
+		if m.n != 1 {
 			continue
 		}
-		raw, has, err := Lookup(body, "streamId")
-		if err != nil || !has {
-			continue
-		}
-		if id, err := ReadString(raw); err == nil && id != "" && len(id) <= MaxStreamIDLen {
+		if id, err := ReadString(m.value); err == nil && id != "" && len(id) <= MaxStreamIDLen {
 			return id, true
 		}
 	}

@@ -104,12 +104,21 @@ func (e *DecodeError) Error() string { return "malformed envelope: " + e.Reason 
 // envelope keys (authInfo, localData, serverData, …) are ignored and never forwarded, null or not;
 // a repeated key among the envelope's own members is refused. A stream frame needs no
 // correlation. An answer may carry neither response nor error (no body). Decode allocates only
-// the method, id and stream id strings: bodies are sub-slices of frame.
+// the method, id and stream id strings: bodies are sub-slices of frame. It reads frame in one
+// pass: a stream frame's streamId is noted while its request and response are validated, so a
+// stream chunk's bytes are scanned once.
 func Decode(frame []byte) (Envelope, error) {
 	var env Envelope
 	var method, correlation, request, response, errRaw, retry []byte
 	var seen uint8
-	err := contracts.ForEachMember(frame, func(key, value []byte) error {
+	var reqStream, respStream contracts.StreamIDMember
+	bodyMember := func(body, key, value []byte) error {
+		if string(body) == "request" {
+			return reqStream.Member(key, value)
+		}
+		return respStream.Member(key, value)
+	}
+	err := contracts.ForEachMemberWithin(frame, envelopeBodies, bodyMember, func(key, value []byte) error {
 		var bit uint8
 		switch string(key) {
 		case "method":
@@ -153,7 +162,7 @@ func Decode(frame []byte) (Envelope, error) {
 		// answers; they are routed by streamId alone and forwarded whole. A frame naming no
 		// stream is either a refusal answering a stream frame sent with a correlation (phase
 		// response: read as any answer) or one nobody can route.
-		id, ok := contracts.ReadStreamFrameID(request, response)
+		id, ok := contracts.StreamFrameID(reqStream, respStream)
 		switch {
 		case ok:
 			env.StreamID, env.Request, env.Response = id, request, response
@@ -193,6 +202,9 @@ func Decode(frame []byte) (Envelope, error) {
 	}
 	return env, nil
 }
+
+// envelopeBodies are the members whose own members Decode reads (a stream frame's streamId).
+var envelopeBodies = []string{"request", "response"}
 
 // readCorrelation reads { id, phase } (other members ignored). ok is false when the id is not a
 // string of 1 to MaxIDLen bytes or the phase is neither request nor response.
