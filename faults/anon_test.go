@@ -12,6 +12,7 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strconv"
 	"strings"
 	"syscall"
@@ -189,8 +190,12 @@ func corpus(t *testing.T) [][]byte {
 	return out
 }
 
+// scalarValue matches a corpus line holding a fuzz target's non-byte argument (a size, a flag):
+// not bytes a peer sends, so not replayed.
+var scalarValue = regexp.MustCompile(`^(u?int(8|16|32|64)?|bool|float(32|64)|rune|byte)\(`)
+
 // parseFuzzFile reads a Go fuzz corpus file: the header line, then one value a line, each
-// []byte("…") or string("…") with a Go-quoted literal.
+// []byte("…") or string("…") with a Go-quoted literal, or a scalar argument, skipped.
 func parseFuzzFile(b []byte) ([][]byte, error) {
 	lines := strings.Split(strings.TrimSpace(string(b)), "\n")
 	if len(lines) == 0 || strings.TrimSpace(lines[0]) != "go test fuzz v1" {
@@ -199,6 +204,9 @@ func parseFuzzFile(b []byte) ([][]byte, error) {
 	var out [][]byte
 	for _, line := range lines[1:] {
 		line = strings.TrimSpace(line)
+		if scalarValue.MatchString(line) {
+			continue
+		}
 		lit, ok := strings.CutPrefix(line, "[]byte(")
 		if !ok {
 			lit, ok = strings.CutPrefix(line, "string(")
