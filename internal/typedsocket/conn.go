@@ -252,16 +252,19 @@ func (c *Conn) Evict() {
 	go c.ws.CloseNow()
 }
 
-// misbehavingLinger bounds the close handshake with a peer the connection refuses: the WebSocket
-// library otherwise reads and discards what the peer sends for up to five seconds, holding the
-// connection (and a flooder's place) all that time.
+// misbehavingLinger bounds the writing of the close frame to a peer the connection refuses.
 const misbehavingLinger = 250 * time.Millisecond
 
-// closeMisbehaving closes with code and reason, waiting at most misbehavingLinger for the peer's
-// close frame when the socket under the WebSocket is known.
+// closeMisbehaving closes with code and reason, when the socket under the WebSocket is known
+// without waiting for the peer's close frame: the WebSocket library would otherwise read and
+// discard, a byte at a time, whatever the peer sends for up to five seconds, holding the
+// connection and its place that long; under the hostile-load fault that reading was a tenth of the
+// relay's CPU (a flooder's unread junk). The close frame is still written, so a peer that reads
+// learns why.
 func (c *Conn) closeMisbehaving(code websocket.StatusCode, reason string) {
 	if c.opts.Raw != nil {
-		c.opts.Raw.SetDeadline(time.Now().Add(misbehavingLinger))
+		c.opts.Raw.SetWriteDeadline(time.Now().Add(misbehavingLinger))
+		c.opts.Raw.SetReadDeadline(time.Now()) // past: the close handshake reads nothing
 	}
 	c.ws.Close(code, reason)
 }
