@@ -112,7 +112,7 @@ func (e *Escrow) Hold(fromCloudly bool, body json.RawMessage) (json.RawMessage, 
 		ev = ev.Int("renewals", len(run.renewals)).Int64("first_sequence", first).Int64("last_sequence", last).
 			Int64("window_start", from).Int64("window_end", to)
 	}
-	e.metrics.holds.WithLabelValues(outcome).Inc()
+	e.metrics.held(outcome)
 	if node != "" {
 		ev = ev.Str("node", node)
 	}
@@ -276,6 +276,7 @@ func (e *Escrow) send(releases []release) {
 		return
 	}
 	now := e.now()
+	e.metrics.pushes.Add(int64(len(releases)))
 	for _, r := range releases {
 		if r.attempt == 1 {
 			e.metrics.delay.Observe(max(now.Sub(time.UnixMilli(r.dueAt)), 0).Seconds())
@@ -354,7 +355,7 @@ func (e *Escrow) recordAnswers() bool {
 
 // droppedLocked counts and logs a run the scheduler stopped holding.
 func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
-	e.metrics.dropped.WithLabelValues(why).Inc()
+	e.metrics.droppedRun(why)
 	if why == dropCustody {
 		return // CustodyEnded logs one line for all
 	}

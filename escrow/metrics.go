@@ -1,6 +1,8 @@
 package escrow
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -16,15 +18,35 @@ type metrics struct {
 	delay    prometheus.Histogram   // relay_escrow_release_delay_seconds
 
 	releasesBy map[string]prometheus.Counter // releases by outcome, resolved once
+
+	// The same counts again, kept beside the Prometheus counters for the status page (Status),
+	// which never reads Prometheus back. Each tally's names are fixed at construction.
+	holdCounts    tally
+	dropCounts    tally
+	releaseCounts tally
+	pushes        atomic.Int64 // applyRuntimeNetworkDnsLeaseRenewal pushes sent, answered or not
 }
 
 // released counts one release outcome.
 func (m *metrics) released(outcome string) {
+	m.releaseCounts.add(outcome)
 	if c, ok := m.releasesBy[outcome]; ok {
 		c.Inc()
 		return
 	}
 	m.releases.WithLabelValues(outcome).Inc()
+}
+
+// held counts one hold outcome: held, cleared or the refusal name.
+func (m *metrics) held(outcome string) {
+	m.holdCounts.add(outcome)
+	m.holds.WithLabelValues(outcome).Inc()
+}
+
+// droppedRun counts one run dropped, by reason.
+func (m *metrics) droppedRun(why string) {
+	m.dropCounts.add(why)
+	m.dropped.WithLabelValues(why).Inc()
 }
 
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
@@ -45,19 +67,23 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
 	}
 	// Every known label value starts at zero, so that a rate is defined before the first event.
-	for _, o := range []string{"held", "cleared"} {
+	holdOutcomes := []string{"held", "cleared"}
+	for _, n := range contracts.HoldRuntimeNetworkDnsLeaseRenewalsRefusals() {
+		holdOutcomes = append(holdOutcomes, string(n))
+	}
+	for _, o := range holdOutcomes {
 		m.holds.WithLabelValues(o)
 	}
-	for _, n := range contracts.HoldRuntimeNetworkDnsLeaseRenewalsRefusals() {
-		m.holds.WithLabelValues(string(n))
-	}
-	for _, r := range []string{dropExpired, dropCleared, dropCustody, dropForeign} {
+	dropReasons := []string{dropExpired, dropCleared, dropCustody, dropForeign}
+	for _, r := range dropReasons {
 		m.dropped.WithLabelValues(r)
 	}
+	releaseOutcomes := []string{outcomeAccepted, outcomeReplay, outcomeRefused, outcomeMismatch, outcomeFailed}
 	m.releasesBy = make(map[string]prometheus.Counter)
-	for _, o := range []string{outcomeAccepted, outcomeReplay, outcomeRefused, outcomeMismatch, outcomeFailed} {
+	for _, o := range releaseOutcomes {
 		m.releasesBy[o] = m.releases.WithLabelValues(o)
 	}
+	m.holdCounts, m.dropCounts, m.releaseCounts = newTally(holdOutcomes), newTally(dropReasons), newTally(releaseOutcomes)
 	if reg == nil {
 		return m, nil
 	}

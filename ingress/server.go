@@ -86,7 +86,7 @@ func New(opts Options) (*Server, error) {
 	if s.statsTimeout <= 0 {
 		s.statsTimeout = DefaultStatisticsTimeout
 	}
-	s.held.Store(newHeldTable(contracts.RouteTable{}))
+	s.held.Store(newHeldTable(contracts.RouteTable{}, time.Time{}))
 	if err := s.metrics.register(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("register ingress metrics: %w", err)
 	}

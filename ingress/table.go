@@ -2,6 +2,7 @@ package ingress
 
 import (
 	"encoding/json"
+	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -13,10 +14,11 @@ type heldTable struct {
 	table  contracts.RouteTable // table.Raw is a sub-slice of answer: one copy per revision
 	answer json.RawMessage      // {"table":…} for getClusterIngressRouteTable
 	hint   json.RawMessage      // {"revision":N} for pushClusterIngressRouteTableChanged
+	at     time.Time            // when it arrived and replaced the one held; zero for the initial null
 }
 
-func newHeldTable(t contracts.RouteTable) *heldTable {
-	h := &heldTable{answer: contracts.EncodeRouteTableAnswer(t)}
+func newHeldTable(t contracts.RouteTable, at time.Time) *heldTable {
+	h := &heldTable{answer: contracts.EncodeRouteTableAnswer(t), at: at}
 	if !t.IsNull() {
 		h.table = contracts.RouteTable{Raw: h.answer[len(`{"table":`) : len(h.answer)-1], Revision: t.Revision, Derived: t.Derived}
 		h.hint = contracts.EncodeClusterIngressRouteTableChange(t.Revision)
@@ -89,7 +91,7 @@ func (s *Server) apply(t contracts.RouteTable, source string) *heldTable {
 		ev.Msg("route table not newer than the one held")
 		return cur
 	}
-	h := newHeldTable(t)
+	h := newHeldTable(t, time.Now())
 	s.held.Store(h)
 	s.applyMu.Unlock()
 

@@ -197,7 +197,7 @@ func (c *cache) evictLocked(need int64) bool {
 			c.log.Warn().Str("digest", "sha256:"+e.hex).Err(err).Msg("evict")
 		}
 		c.removeLocked(back)
-		c.m.evictions.Inc()
+		c.m.evicted()
 	}
 	return true
 }

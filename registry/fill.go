@@ -210,7 +210,7 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 		return
 	}
 	bypass := func(reason string) {
-		r.m.bypass.WithLabelValues(reason).Inc()
+		r.m.bypassed(reason)
 		handedOver = true
 		f.c.done(f)
 		f.abandon(resp, func() { cancel(nil); resp.Body.Close() }, nil) // cancel first: it ends a read in progress

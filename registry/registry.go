@@ -236,7 +236,7 @@ func (r *Registry) serve(x *exchange, parsed bool) {
 	}
 	if x.c = r.currentCache(); x.c == nil {
 		if r.cacheDir != "" {
-			r.m.bypass.WithLabelValues(bypassDisk).Inc()
+			r.m.bypassed(bypassDisk)
 		}
 		r.forward(x)
 		return
@@ -264,7 +264,7 @@ func (r *Registry) serveByDigest(x *exchange, attempt int) {
 	case file != nil:
 		r.serveHit(x, file, size)
 	case f == nil:
-		r.m.bypass.WithLabelValues(bypassDisk).Inc()
+		r.m.bypassed(bypassDisk)
 		r.forward(x)
 	case leader:
 		r.lead(x, f)
@@ -357,14 +357,14 @@ func (r *Registry) serveHit(x *exchange, file *os.File, size int64) {
 		return
 	}
 	if !consistent(hdr, x.t, size) {
-		r.m.bypass.WithLabelValues(bypassInconsistent).Inc()
+		r.m.bypassed(bypassInconsistent)
 		r.log.Warn().Str("digest", x.t.Digest.String()).Str("outcome", bypassInconsistent).
 			Msg("upstream describes a stored object differently; forwarding")
 		r.forward(x)
 		return
 	}
 	x.route, x.source = "hit", sourceCache
-	r.m.hits.WithLabelValues(x.t.Kind.String()).Inc()
+	r.m.hit(x.t.Kind)
 	x.c.touch(x.t.Digest.Encoded)
 	cachedHeaders(x.w, hdr, x.t)
 	http.ServeContent(x.w, x.req, "", time.Time{}, file)
@@ -405,7 +405,7 @@ func (r *Registry) lead(x *exchange, f *fill) {
 		r.writeResponse(x, resp)
 		return
 	}
-	r.m.misses.WithLabelValues(x.t.Kind.String()).Inc()
+	r.m.miss(x.t.Kind)
 	x.route = "fill"
 	f.mu.Lock()
 	hdr := f.header
@@ -465,12 +465,12 @@ func (r *Registry) serveFill(x *exchange, f *fill, hdr http.Header) bool {
 	}
 	defer file.Close()
 	if x.route == "join" && !consistent(hdr, x.t, size) {
-		r.m.bypass.WithLabelValues(bypassInconsistent).Inc()
+		r.m.bypassed(bypassInconsistent)
 		r.forward(x)
 		return true
 	}
 	if x.route == "join" {
-		r.m.coalesced.WithLabelValues(x.t.Kind.String()).Inc()
+		r.m.coalesce(x.t.Kind)
 	}
 	x.source = sourceCache
 	if x.route == "fill" {

@@ -36,6 +36,12 @@ var (
 	_ Component = (*vpnhub.Hub)(nil)
 	_ Component = (*registry.Registry)(nil)
 
+	_ Reporter = (*escrow.Escrow)(nil)
+	_ Reporter = (*ingress.Server)(nil)
+	_ Reporter = (*restore.Restore)(nil)
+	_ Reporter = (*vpnhub.Hub)(nil)
+	_ Reporter = (*registry.Registry)(nil)
+
 	_ http.Handler = (*registry.Registry)(nil)
 )
 

@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"encoding/base64"
 	"encoding/json"
 	"fmt"
 	"os"
@@ -9,10 +10,20 @@ import (
 	"path/filepath"
 	"regexp"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/escrow"
+	"code.foss.global/serve.zone/relay/ingress"
+	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/restore"
+	"code.foss.global/serve.zone/relay/vpnhub"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // TestStatusPage: /status.json and /status show what the relay carries, the busiest nodes first,
@@ -76,6 +87,213 @@ func TestStatusPageListsTheBusiest100(t *testing.T) {
 	if _, page := e.admin("/status"); !strings.Contains(page, "the busiest 100 of 120") {
 		t.Fatal("the page does not say it lists the busiest 100 of 120")
 	}
+}
+
+// TestStatusPageShowsEveryPart: a relay with every feature on, each carrying something — an
+// escrowed run, a registered ingress and a route table, a restore call waiting on its Corestore,
+// a VPN member joined, a registry cache — shows each part's facts in /status.json and on /status,
+// and none of the secrets the test used: bearers, the machine JWT, signatures, a grant, the
+// route table's contents, a Corestore origin, VPN keys.
+func TestStatusPageShowsEveryPart(t *testing.T) {
+	const (
+		ingressBearer = "bearer-ingress-status-secret"
+		grant         = "grant-status-secret-0123456789"
+		tableSecret   = "-----BEGIN PRIVATE KEY----- route-table-status-secret"
+		origin        = "https://corestore-origin-status-secret.example"
+	)
+	var (
+		control *sim.IngressControl
+		rs      *restore.Restore
+		hub     *vpnhub.Hub
+		hubKey  vpnkey.Pair
+	)
+	port := &waitingCorestore{release: make(chan struct{})}
+	e := relaytest.Start(t, relaytest.Options{
+		Cloudly: func(c *sim.Cloudly) {
+			control = sim.ServeIngress(c)
+			c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: origin}})
+		},
+		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
+			esc, err := escrow.New(escrow.Options{Logger: o.Logger, Registerer: o.Registry})
+			if err != nil {
+				return nil, err
+			}
+			in, err := ingress.New(ingress.Options{Logger: o.Logger, Registerer: o.Registry})
+			if err != nil {
+				return nil, err
+			}
+			if rs, err = restore.New(port, restore.Options{Logger: o.Logger, Registerer: o.Registry}); err != nil {
+				return nil, err
+			}
+			if hubKey, err = vpnkey.Generate(); err != nil {
+				return nil, err
+			}
+			if hub, err = vpnhub.Listen(vpnhub.Config{Listen: "127.0.0.1:0", Key: hubKey}, vpnhub.Options{Logger: o.Logger, Registerer: o.Registry}); err != nil {
+				return nil, err
+			}
+			reg, err := registry.New(registry.Options{Upstream: "https://registry.example", CacheDir: t.TempDir(), CacheMaxBytes: 1 << 20,
+				Logger: o.Logger, Registerer: o.Registry})
+			if err != nil {
+				hub.Close()
+				return nil, err
+			}
+			return relay.New(cfg, relay.Features{Escrow: esc, Ingress: in, Restore: rs, Hub: hub, Registry: reg}, o)
+		},
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	// escrow: a run of 23 renewals held for node-a.
+	node := e.Node("node-a")
+	run, err := sim.EscrowRun{Session: node.Session(), Start: time.Now()}.Request()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := e.Cloudly.Call(ctx, contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals, run); err != nil {
+		t.Fatal(err)
+	}
+	// ingress: one registered, and a route table of revision 9.
+	control.Designate("node-i", ingressBearer)
+	in := sim.NewIngress("node-i", ingressBearer, e.Log)
+	if err := in.Connect(ctx, e.URL); err != nil {
+		t.Fatal(err)
+	}
+	defer in.Close()
+	if _, err := in.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
+	table := `{"revision":9,"certificates":[{"key":"` + tableSecret + `"}]}`
+	if _, err := control.PushTable(ctx, json.RawMessage(table)); err != nil {
+		t.Fatal(err)
+	}
+	// restore: one call waiting for the Corestore stand-in.
+	e.Eventually("the relay knows node-a's Corestore", func() bool { return rs.Carried("node-a") })
+	restored := make(chan error, 1)
+	go func() {
+		_, err := e.Cloudly.Call(ctx, contracts.MethodPrepareIsolatedRestoreOnNode,
+			json.RawMessage(`{"nodeId":"node-a","control":{"grant":"`+grant+`"}}`))
+		restored <- err
+	}()
+	defer func() { close(port.release); <-restored }()
+	e.Eventually("the restore call reaches the Corestore", func() bool { return port.calls.Load() == 1 })
+	// vpnhub: a membership of two pushed through the relay, one member joined.
+	members, err := sim.NewVPNNodes(sim.SimVPNControlPrefix, e.Log, "node-a", "node-b")
+	if err != nil {
+		t.Fatal(err)
+	}
+	body := sim.VPNMembershipBody(sim.SimVPNAuthority, sim.SimVPNControlPrefix, 4, time.Now().Add(time.Hour).UnixMilli(), members)
+	if _, err := e.Cloudly.Call(ctx, contracts.MethodPushClusterVpnMembership, body); err != nil {
+		t.Fatal(err)
+	}
+	if err := members[0].Join(ctx, hub.Addr(), hubKey.Public, sim.SimVPNAuthority); err != nil {
+		t.Fatal(err)
+	}
+	defer members[0].Close()
+
+	code, doc := statusGet(t, e, "/status.json")
+	if code != 200 {
+		t.Fatalf("/status.json: %d", code)
+	}
+	var st struct {
+		Parts []struct {
+			Name   string
+			Ready  string
+			Status json.RawMessage
+		}
+	}
+	if err := json.Unmarshal([]byte(doc), &st); err != nil {
+		t.Fatal(err)
+	}
+	parts := map[string]json.RawMessage{}
+	for _, p := range st.Parts {
+		parts[p.Name] = p.Status
+	}
+	var (
+		esc struct {
+			Runs, Renewals int
+			Releasing      bool
+			Nodes          []struct{ Node string }
+		}
+		ing struct {
+			Connections int
+			RouteTable  struct{ Revision int64 }
+		}
+		rst struct{ Inflight int }
+		vpn struct{ Generation, Members, Sessions int }
+		reg struct {
+			Cache      string
+			LimitBytes int64
+		}
+	)
+	for name, v := range map[string]any{"escrow": &esc, "ingress": &ing, "restore": &rst, "vpnhub": &vpn, "registry": &reg} {
+		if len(parts[name]) == 0 {
+			t.Fatalf("/status.json has no status for %s:\n%s", name, doc)
+		}
+		if err := json.Unmarshal(parts[name], v); err != nil {
+			t.Fatalf("%s: %v", name, err)
+		}
+	}
+	if esc.Runs != 1 || esc.Renewals != 23 || esc.Releasing || len(esc.Nodes) != 1 || esc.Nodes[0].Node != "node-a" {
+		t.Fatalf("escrow: %s", parts["escrow"])
+	}
+	if ing.Connections != 1 || ing.RouteTable.Revision != 9 {
+		t.Fatalf("ingress: %s", parts["ingress"])
+	}
+	if rst.Inflight != 1 {
+		t.Fatalf("restore: %s", parts["restore"])
+	}
+	if vpn.Generation != 4 || vpn.Members != 2 || vpn.Sessions != 1 {
+		t.Fatalf("vpnhub: %s", parts["vpnhub"])
+	}
+	if reg.Cache != "on" || reg.LimitBytes != 1<<20 {
+		t.Fatalf("registry: %s", parts["registry"])
+	}
+
+	code, page := statusGet(t, e, "/status")
+	if code != 200 {
+		t.Fatalf("/status: %d", code)
+	}
+	for _, want := range []string{"<h2>escrow ", "<h2>ingress ", "<h2>restore ", "<h2>vpnhub ", "<h2>registry ",
+		"<th>renewals</th><td>23</td>", "<th>revision</th><td>9</td>", "<th>inflight</th><td>1</td>",
+		"<th>sessions</th><td>1</td>", "<th>cache</th><td>on</td>", "<td>node-a</td>"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/status does not show %q", want)
+		}
+	}
+
+	secrets := []string{"bearer-node-a", ingressBearer, e.Cloudly.Token, "sim-signature", grant, tableSecret,
+		"route-table-status-secret", origin, "corestore-origin-status-secret"}
+	for _, k := range [][32]byte{hubKey.Private(), hubKey.Public, members[0].Key.Private(), members[0].Key.Public,
+		members[1].Key.Private(), members[1].Key.Public} {
+		secrets = append(secrets, contracts.EncodeKey32(k), base64.StdEncoding.EncodeToString(k[:]), contracts.ShortKey(k))
+	}
+	for _, s := range secrets {
+		if strings.Contains(doc, s) || strings.Contains(page, s) {
+			t.Errorf("the status page shows a secret (%.12s…)", s)
+		}
+	}
+}
+
+// waitingCorestore is a Corestore port that answers only when its context ends or release is
+// closed.
+type waitingCorestore struct {
+	release chan struct{}
+	calls   atomic.Int64
+}
+
+func (p *waitingCorestore) Call(ctx context.Context, _, _ string, _ json.RawMessage) (json.RawMessage, error) {
+	p.calls.Add(1)
+	select {
+	case <-ctx.Done():
+	case <-p.release:
+	}
+	return nil, contracts.RestoreNodeUnreachable.Refuse("the stand-in was let go")
+}
+
+func statusGet(t *testing.T, e *relaytest.Env, path string) (int, string) {
+	t.Helper()
+	x := &env{Env: e, t: t, relay: e.Relay}
+	return x.admin(path)
 }
 
 // TestStatusPageInABrowser loads /status in a real headless Chromium while the relay carries

@@ -16,6 +16,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/restore"
 )
 
 // wantRefusal checks a refusal Cloudly received by name (errors.Is) and exact text, and that it
@@ -475,5 +476,39 @@ func (h *harness) assertNoGrantLogged() {
 				h.T.Fatalf("a log line holds a grant (or part of one)")
 			}
 		}
+	}
+}
+
+// TestStatusCountsAnsweredAndRefusedCallsAndShowsNoGrant: calls through the relay to the sim
+// Corestore are counted as the status page shows them, and no grant or origin appears there.
+func TestStatusCountsAnsweredAndRefusedCallsAndShowsNoGrant(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	p := plan("restore-status")
+	if _, err := h.call(contracts.MethodPrepareIsolatedRestoreOnNode, sim.NodeControlRequest("node-a", authority().PrepareControl(p))); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := h.call(contracts.MethodGetIsolatedRestoreProgressOnNode, sim.NodeControlRequest("node-x", authority().StatusControl(p))); err == nil {
+		t.Fatal("node-x answered")
+	}
+	st, ok := h.restore.Status().(restore.Status)
+	if !ok {
+		t.Fatalf("Status() is a %T", h.restore.Status())
+	}
+	if st.Inflight != 0 || st.Corestores != 3 || st.Answered != 1 || st.Refused[string(contracts.RestoreNodeNotCarried)] != 1 {
+		t.Fatalf("status %+v", st)
+	}
+	out, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, g := range authority().Minted() {
+		for _, part := range append([]string{g}, strings.Split(g, ".")[1:]...) {
+			if bytes.Contains(out, []byte(part[:32])) {
+				t.Fatalf("the status holds a grant (or part of one): %s", out)
+			}
+		}
+	}
+	if bytes.Contains(out, []byte(h.corestore.Origin())) || bytes.Contains(out, []byte("restore-status")) {
+		t.Fatalf("the status names an origin or the restore: %s", out)
 	}
 }

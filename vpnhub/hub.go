@@ -338,7 +338,7 @@ func (h *Hub) admit(ctx context.Context, info *quic.ClientInfo) (context.Context
 	if err == nil && h.limiter.allow(ap.Addr()) {
 		return ctx, nil
 	}
-	h.m.handshakes.WithLabelValues(outcomeRateLimited).Inc()
+	h.m.handshake(outcomeRateLimited)
 	if e := h.log.Debug(); e != nil {
 		if h.logs.allow(int(dropReasons), h.clock.Now()) {
 			e.Str("remote", info.RemoteAddr.String()).Str("outcome", outcomeRateLimited).Msg("vpn handshake refused")
@@ -364,12 +364,12 @@ func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
 	}
 	switch {
 	case ref != nil:
-		h.m.handshakes.WithLabelValues(string(ref.Name)).Inc()
+		h.m.handshake(string(ref.Name))
 		h.logRefusal(conn, ref)
 		conn.CloseWithError(contracts.VPNCloseCodeRefused, wire.CloseReason(ref))
 		return
 	case err != nil:
-		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
+		h.m.handshake(outcomeBroken)
 		if e := h.log.Debug(); e != nil {
 			e.Str("remote", conn.RemoteAddr().String()).Str("outcome", outcomeBroken).Str("error", err.Error()).Msg("vpn handshake broke off")
 		}
@@ -380,12 +380,12 @@ func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
 		return
 	}
 	if err := wire.WriteFrame(s.stream, s.msg2); err != nil {
-		h.m.handshakes.WithLabelValues(outcomeBroken).Inc()
+		h.m.handshake(outcomeBroken)
 		s.shut(contracts.VPNCloseCodeNone, nil, closeLeft)
 		return
 	}
 	s.stream.SetDeadline(time.Time{})
-	h.m.handshakes.WithLabelValues(outcomeAccepted).Inc()
+	h.m.handshake(outcomeAccepted)
 	h.log.Info().Str("node", s.member.NodeID).Str("key", contracts.ShortKey(s.member.PublicKey)).
 		Str("controlAddress", s.member.ControlAddress.String()).Int("mtu", s.mtu).Str("remote", conn.RemoteAddr().String()).
 		Str("outcome", outcomeAccepted).Msg("vpn member joined")

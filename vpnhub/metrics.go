@@ -1,6 +1,8 @@
 package vpnhub
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -21,6 +23,12 @@ type metrics struct {
 	closes     *prometheus.CounterVec
 
 	dropBy [dropReasons]prometheus.Counter
+
+	// The same counts again, kept beside the Prometheus counters for the status page (Status),
+	// which never reads Prometheus back.
+	dropCounts      [dropReasons]atomic.Int64
+	handshakeCounts tally // names fixed at construction
+	closeCounts     tally // names fixed at construction
 }
 
 // dropReason is why the data plane dropped a packet.
@@ -87,21 +95,26 @@ func newMetrics() *metrics {
 	for r := dropNone + 1; r < dropReasons; r++ {
 		m.dropBy[r] = m.drops.WithLabelValues(r.String())
 	}
-	for _, o := range []string{outcomeAccepted, outcomeRateLimited, outcomeBroken} {
-		m.handshakes.WithLabelValues(o)
-	}
+	handshakes := []string{outcomeAccepted, outcomeRateLimited, outcomeBroken}
+	var closes []string
 	for _, n := range contracts.VPNRefusals() {
 		if n != contracts.VPNMemberReplaced && n != contracts.VPNSessionSilent { // never a handshake's
-			m.handshakes.WithLabelValues(string(n))
+			handshakes = append(handshakes, string(n))
 		}
 		switch n {
 		case contracts.VPNMemberRemoved, contracts.VPNMemberReplaced, contracts.VPNSessionSilent,
 			contracts.VPNMemberExpired, contracts.VPNAuthorityMismatch: // what ends a live session
-			m.closes.WithLabelValues(string(n))
+			closes = append(closes, string(n))
 		}
 	}
-	m.closes.WithLabelValues(closeLeft)
-	m.closes.WithLabelValues(closeShutdown)
+	closes = append(closes, closeLeft, closeShutdown)
+	for _, o := range handshakes {
+		m.handshakes.WithLabelValues(o)
+	}
+	for _, r := range closes {
+		m.closes.WithLabelValues(r)
+	}
+	m.handshakeCounts, m.closeCounts = newTally(handshakes), newTally(closes)
 	return m
 }
 
@@ -118,4 +131,19 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 	return nil
 }
 
-func (m *metrics) drop(r dropReason) { m.dropBy[r].Inc() }
+func (m *metrics) drop(r dropReason) {
+	m.dropBy[r].Inc()
+	m.dropCounts[r].Add(1)
+}
+
+// handshake counts one handshake by outcome: accepted, a refusal name, rate-limited or broken.
+func (m *metrics) handshake(outcome string) {
+	m.handshakeCounts.add(outcome)
+	m.handshakes.WithLabelValues(outcome).Inc()
+}
+
+// closed counts one session's end by reason: a refusal name, left or shutdown.
+func (m *metrics) closed(reason string) {
+	m.closeCounts.add(reason)
+	m.closes.WithLabelValues(reason).Inc()
+}

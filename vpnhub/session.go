@@ -100,7 +100,7 @@ func (s *session) shut(code quic.ApplicationErrorCode, ref *contracts.Refusal, l
 			msg = "hub shutting down"
 		}
 		s.conn.CloseWithError(code, msg)
-		s.hub.m.closes.WithLabelValues(label).Inc()
+		s.hub.m.closed(label)
 		e := s.hub.log.Info().Str("node", s.member.NodeID).Str("key", contracts.ShortKey(s.member.PublicKey)).Str("outcome", label)
 		if ref != nil {
 			e = e.Str("reason", ref.Reason)

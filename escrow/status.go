@@ -1,0 +1,128 @@
+package escrow
+
+import (
+	"cmp"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"time"
+)
+
+// The escrow's facts for the operator's status page (relay.Reporter). They name nodes and count;
+// they never hold a renewal, a signature, a session binding or a controller.
+
+// statusRows bounds the nodes Status lists: the ones holding the most renewals.
+const statusRows = 100
+
+// Status is what the escrow reports on the status page.
+type Status struct {
+	Runs     int `json:"runs"`     // nodes whose run is held
+	Renewals int `json:"renewals"` // signed renewals held across every run
+	// Releasing is true while the relay is detached: only then are held renewals released.
+	Releasing bool `json:"releasing"`
+	// NextRelease is when the next push is due, while detached; null when none is (attached, or no
+	// carried node has a renewal to come). A push due now reads as now.
+	NextRelease *time.Time `json:"nextRelease"`
+	// ReleasesWhileDetached counts the renewals pushed to nodes since the relay started; every
+	// push happens while detached.
+	ReleasesWhileDetached int64            `json:"releasesWhileDetached"`
+	Releases              map[string]int64 `json:"releases"` // answered pushes by outcome: accepted, replay, refused, mismatch, failed
+	Holds                 map[string]int64 `json:"holds"`    // hold requests by outcome: held, cleared or the refusal name
+	Dropped               map[string]int64 `json:"dropped"`  // runs dropped by reason: expired, cleared, custody-ended, foreign-session
+	// Nodes lists at most 100 nodes holding a run, the most renewals first (then by node id).
+	Nodes []StatusNode `json:"nodes"`
+}
+
+// StatusNode is one node's run as the status page shows it.
+type StatusNode struct {
+	Node     string `json:"node"`
+	Renewals int    `json:"renewals"` // renewals held in the node's run
+	Carried  bool   `json:"carried"`  // the relay carries a session of the node now: a release can reach it
+	// NextSlot is when the run's next renewal window opens; null when every window has opened.
+	NextSlot *time.Time `json:"nextSlot"`
+	// HeldUntil is when the run's last window ends: the run is dropped then.
+	HeldUntil time.Time `json:"heldUntil"`
+}
+
+// Status reports the escrow's runs and release counts. Under the lock it only copies one small
+// row per held run; sorting and the per-run reads (a run is immutable) happen after.
+func (e *Escrow) Status() any {
+	type row struct {
+		id      string
+		run     *heldRun
+		carried bool
+		at      int64 // the node's next event (heap key)
+	}
+	e.mu.Lock()
+	attached := e.sched.attached
+	renewals := e.sched.renewals
+	rows := make([]row, len(e.sched.due))
+	for i, ns := range e.sched.due {
+		rows[i] = row{id: ns.id, run: ns.run, carried: ns.node != nil, at: ns.at}
+	}
+	e.mu.Unlock()
+
+	now := e.nowMs()
+	st := Status{
+		Runs: len(rows), Renewals: renewals, Releasing: !attached,
+		ReleasesWhileDetached: e.metrics.pushes.Load(),
+		Releases:              e.metrics.releaseCounts.snapshot(),
+		Holds:                 e.metrics.holdCounts.snapshot(),
+		Dropped:               e.metrics.dropCounts.snapshot(),
+	}
+	if !attached {
+		next := int64(-1)
+		for _, r := range rows {
+			// A node's next event is a push unless it is its run's end: nothing to release to it
+			// before then (not carried, acknowledged, in flight, or out of attempts).
+			if r.at < r.run.lastExpires() && (next < 0 || r.at < next) {
+				next = r.at
+			}
+		}
+		if next >= 0 {
+			t := time.UnixMilli(max(next, now)).UTC()
+			st.NextRelease = &t
+		}
+	}
+	slices.SortFunc(rows, func(a, b row) int {
+		return cmp.Or(cmp.Compare(len(b.run.renewals), len(a.run.renewals)), strings.Compare(a.id, b.id))
+	})
+	st.Nodes = make([]StatusNode, 0, min(len(rows), statusRows))
+	for _, r := range rows[:min(len(rows), statusRows)] {
+		n := StatusNode{Node: r.id, Renewals: len(r.run.renewals), Carried: r.carried,
+			HeldUntil: time.UnixMilli(r.run.lastExpires()).UTC()}
+		if j := r.run.nextSlot(now); j < len(r.run.renewals) {
+			t := time.UnixMilli(r.run.renewals[j].notBefore).UTC()
+			n.NextSlot = &t
+		}
+		st.Nodes = append(st.Nodes, n)
+	}
+	return st
+}
+
+// tally counts events by name, for a vocabulary fixed at construction; a name outside it is not
+// counted. Safe for concurrent use: the map is never written after newTally.
+type tally map[string]*atomic.Int64
+
+func newTally(names []string) tally {
+	t := make(tally, len(names))
+	for _, n := range names {
+		t[n] = new(atomic.Int64)
+	}
+	return t
+}
+
+func (t tally) add(name string) {
+	if c := t[name]; c != nil {
+		c.Add(1)
+	}
+}
+
+// snapshot is every name's count, zeros included.
+func (t tally) snapshot() map[string]int64 {
+	out := make(map[string]int64, len(t))
+	for n, c := range t {
+		out[n] = c.Load()
+	}
+	return out
+}
