@@ -26,17 +26,18 @@ type fill struct {
 	hex string // set at construction
 	c   *cache // set at construction
 
-	mu       sync.Mutex
-	state    fillState      // guarded by mu
-	size     int64          // guarded by mu: set when streaming starts
-	written  int64          // guarded by mu: bytes in the file
-	notified int64          // guarded by mu: written when callers were last woken
-	path     string         // guarded by mu: the temporary file, then the published one
-	header   http.Header    // guarded by mu: the upstream's answer headers, for the leader
-	resp     *http.Response // guarded by mu: abandoned: the upstream's answer, the leader's to write
-	stop     func()         // guarded by mu: abandoned: ends resp's context once the leader is done
-	err      error          // guarded by mu: abandoned without an answer, or failed: why
-	changed  chan struct{}  // guarded by mu: closed and replaced at every change
+	mu          sync.Mutex
+	state       fillState      // guarded by mu
+	size        int64          // guarded by mu: set when streaming starts
+	written     int64          // guarded by mu: bytes in the file
+	notified    int64          // guarded by mu: written when callers were last woken
+	notifyArmed bool           // guarded by mu: a wake-up for bytes short of a batch is due
+	path        string         // guarded by mu: the temporary file, then the published one
+	header      http.Header    // guarded by mu: the upstream's answer headers, for the leader
+	resp        *http.Response // guarded by mu: abandoned: the upstream's answer, the leader's to write
+	stop        func()         // guarded by mu: abandoned: ends resp's context once the leader is done
+	err         error          // guarded by mu: abandoned without an answer, or failed: why
+	changed     chan struct{}  // guarded by mu: closed and replaced at every change
 }
 
 type fillState uint8
@@ -73,17 +74,38 @@ func (f *fill) start(size int64, path string, header http.Header) {
 
 // notifyEvery batches progress: callers tailing a fill wake once per this many new bytes (and at
 // the end), not once per read from the upstream, so ten tailers cost ten wake-ups and ten
-// sendfile calls per 256 KiB rather than per socket read.
-const notifyEvery = 256 << 10
+// sendfile calls per 256 KiB rather than per socket read. Bytes short of a batch wait at most
+// notifyAfter: an upstream that sends slowly, or stops halfway, must not hold back from callers
+// what already arrived.
+const (
+	notifyEvery = 256 << 10
+	notifyAfter = 5 * time.Millisecond
+)
 
 func (f *fill) progress(written int64) {
 	f.mu.Lock()
 	f.written = written
-	if written-f.notified >= notifyEvery {
-		f.notified = written
-		f.updateLocked()
+	switch {
+	case written-f.notified >= notifyEvery:
+		f.notifyLocked()
+	case !f.notifyArmed:
+		f.notifyArmed = true
+		time.AfterFunc(notifyAfter, func() {
+			f.mu.Lock()
+			f.notifyArmed = false
+			if f.written > f.notified {
+				f.notifyLocked()
+			}
+			f.mu.Unlock()
+		})
 	}
 	f.mu.Unlock()
+}
+
+// notifyLocked wakes the callers tailing the fill with every byte written so far.
+func (f *fill) notifyLocked() {
+	f.notified = f.written
+	f.updateLocked()
 }
 
 func (f *fill) finish(err error) {

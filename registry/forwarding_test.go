@@ -180,7 +180,7 @@ func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
 	start := time.Now()
 	_, body, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
 	if err == nil || len(body) >= len(blob) {
-		t.Fatalf("stalled fill: %v, %d bytes", err, len(body))
+		t.Fatalf("stalled fill: %v, %d bytes: %.200q", err, len(body), body)
 	}
 	if d := time.Since(start); d > 10*time.Second {
 		t.Fatalf("the stall was noticed after %v", d)
@@ -191,6 +191,38 @@ func TestStalledFillIsNotPublishedAndCutsItsCallersShort(t *testing.T) {
 	}
 	if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
 		t.Fatal("a stalled fill was published")
+	}
+}
+
+// TestFillPassesOnWhatArrivedWhileTheUpstreamPauses: a fill wakes its callers in batches, but
+// bytes short of a batch must not wait for the next ones: an upstream that sends half a blob and
+// pauses has its half at the caller while it pauses. (Before, they waited for 256 KiB more or for
+// the stall: a caller saw a refusal where it could have had the bytes.)
+func TestFillPassesOnWhatArrivedWhileTheUpstreamPauses(t *testing.T) {
+	blob := make([]byte, 256<<10)
+	rand.Read(blob)
+	srv, digest := stallingUpstream(t, blob) // half the blob, then silence until the test ends
+	e := startRelay(t, srv.URL, "", func(o *registry.Options) { o.StallTimeout = 20 * time.Second })
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+"/v2/r/blobs/"+digest, nil)
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	got := make(chan int, 1)
+	go func() {
+		n, _ := io.ReadFull(resp.Body, make([]byte, len(blob)/2))
+		got <- n
+	}()
+	select {
+	case n := <-got:
+		if n != len(blob)/2 {
+			t.Fatalf("the caller had %d of the %d bytes the upstream sent", n, len(blob)/2)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the bytes the upstream sent before pausing did not reach the caller while it paused")
 	}
 }
 
