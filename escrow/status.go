@@ -4,7 +4,6 @@ import (
 	"cmp"
 	"slices"
 	"strings"
-	"sync/atomic"
 	"time"
 )
 
@@ -66,9 +65,9 @@ func (e *Escrow) Status() any {
 	st := Status{
 		Runs: len(rows), Renewals: renewals, Releasing: !attached,
 		ReleasesWhileDetached: e.metrics.pushes.Load(),
-		Releases:              e.metrics.releaseCounts.snapshot(),
-		Holds:                 e.metrics.holdCounts.snapshot(),
-		Dropped:               e.metrics.dropCounts.snapshot(),
+		Releases:              e.metrics.releaseCounts.Snapshot(),
+		Holds:                 e.metrics.holdCounts.Snapshot(),
+		Dropped:               e.metrics.dropCounts.Snapshot(),
 	}
 	if !attached {
 		next := int64(-1)
@@ -98,31 +97,4 @@ func (e *Escrow) Status() any {
 		st.Nodes = append(st.Nodes, n)
 	}
 	return st
-}
-
-// tally counts events by name, for a vocabulary fixed at construction; a name outside it is not
-// counted. Safe for concurrent use: the map is never written after newTally.
-type tally map[string]*atomic.Int64
-
-func newTally(names []string) tally {
-	t := make(tally, len(names))
-	for _, n := range names {
-		t[n] = new(atomic.Int64)
-	}
-	return t
-}
-
-func (t tally) add(name string) {
-	if c := t[name]; c != nil {
-		c.Add(1)
-	}
-}
-
-// snapshot is every name's count, zeros included.
-func (t tally) snapshot() map[string]int64 {
-	out := make(map[string]int64, len(t))
-	for n, c := range t {
-		out[n] = c.Load()
-	}
-	return out
 }

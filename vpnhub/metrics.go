@@ -6,6 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/tally"
 )
 
 // metrics are the hub's Prometheus metrics: namespace relay, subsystem vpnhub. Per-packet
@@ -27,8 +28,8 @@ type metrics struct {
 	// The same counts again, kept beside the Prometheus counters for the status page (Status),
 	// which never reads Prometheus back.
 	dropCounts      [dropReasons]atomic.Int64
-	handshakeCounts tally // names fixed at construction
-	closeCounts     tally // names fixed at construction
+	handshakeCounts tally.Tally // names fixed at construction
+	closeCounts     tally.Tally // names fixed at construction
 }
 
 // dropReason is why the data plane dropped a packet.
@@ -114,7 +115,7 @@ func newMetrics() *metrics {
 	for _, r := range closes {
 		m.closes.WithLabelValues(r)
 	}
-	m.handshakeCounts, m.closeCounts = newTally(handshakes), newTally(closes)
+	m.handshakeCounts, m.closeCounts = tally.New(handshakes), tally.New(closes)
 	return m
 }
 
@@ -138,12 +139,12 @@ func (m *metrics) drop(r dropReason) {
 
 // handshake counts one handshake by outcome: accepted, a refusal name, rate-limited or broken.
 func (m *metrics) handshake(outcome string) {
-	m.handshakeCounts.add(outcome)
+	m.handshakeCounts.Add(outcome)
 	m.handshakes.WithLabelValues(outcome).Inc()
 }
 
 // closed counts one session's end by reason: a refusal name, left or shutdown.
 func (m *metrics) closed(reason string) {
-	m.closeCounts.add(reason)
+	m.closeCounts.Add(reason)
 	m.closes.WithLabelValues(reason).Inc()
 }

@@ -1,7 +1,5 @@
 package vpnhub
 
-import "sync/atomic"
-
 // The hub's facts for the operator's status page (relay.Reporter): counts by name only, never a
 // key, a member's address or a packet.
 
@@ -22,7 +20,7 @@ type Status struct {
 // Status reports the membership held, the sessions and the drop, close and handshake counts.
 func (h *Hub) Status() any {
 	st := Status{Generation: -1, Drops: make(map[string]int64, dropReasons-1),
-		Closes: h.m.closeCounts.snapshot(), Handshakes: h.m.handshakeCounts.snapshot()}
+		Closes: h.m.closeCounts.Snapshot(), Handshakes: h.m.handshakeCounts.Snapshot()}
 	if v := h.view.Load(); v != nil {
 		st.Generation, st.Members = v.generation, len(v.byKey)
 	}
@@ -33,31 +31,4 @@ func (h *Hub) Status() any {
 		st.Drops[r.String()] = h.m.dropCounts[r].Load()
 	}
 	return st
-}
-
-// tally counts events by name, for a vocabulary fixed at construction; a name outside it is not
-// counted. Safe for concurrent use: the map is never written after newTally.
-type tally map[string]*atomic.Int64
-
-func newTally(names []string) tally {
-	t := make(tally, len(names))
-	for _, n := range names {
-		t[n] = new(atomic.Int64)
-	}
-	return t
-}
-
-func (t tally) add(name string) {
-	if c := t[name]; c != nil {
-		c.Add(1)
-	}
-}
-
-// snapshot is every name's count, zeros included.
-func (t tally) snapshot() map[string]int64 {
-	out := make(map[string]int64, len(t))
-	for n, c := range t {
-		out[n] = c.Load()
-	}
-	return out
 }
