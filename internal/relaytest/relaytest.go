@@ -68,6 +68,13 @@ func Start(t testing.TB, o Options) *Env {
 	if e.Logs == nil {
 		e.Logs = &Buffer{}
 	}
+	// A failure, flaky ones in CI above all, comes with what the relay and its peers said last.
+	// Registered first, so it runs last: after the relay has stopped and logged its shutdown.
+	t.Cleanup(func() {
+		if t.Failed() {
+			t.Logf("the last log lines of the relay and the simulated peers:\n%s", e.Logs.Tail(16<<10))
+		}
+	})
 	e.Log = zerolog.New(e.Logs).Level(o.LogLevel)
 	if o.Quiet {
 		e.Log = zerolog.Nop()
@@ -243,4 +250,19 @@ func (s *Buffer) String() string {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	return s.b.String()
+}
+
+// Tail is at most the last n bytes written, from the start of a line.
+func (s *Buffer) Tail(n int) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	b := s.b.Bytes()
+	if len(b) <= n {
+		return string(b)
+	}
+	b = b[len(b)-n:]
+	if i := bytes.IndexByte(b, '\n'); i >= 0 {
+		b = b[i+1:]
+	}
+	return string(b)
 }
