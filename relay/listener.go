@@ -58,7 +58,8 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		return
 	}
 	leave := func() { r.waiting.Add(-1); r.sources.leave(source); r.unregisteredCosts.Release(unregisteredCost) }
-	ws, err := websocket.Accept(w, req, nil)
+	pongs := new(typedsocket.Pongs)
+	ws, err := websocket.Accept(w, req, &websocket.AcceptOptions{OnPingReceived: pongs.OnPingReceived})
 	if err != nil {
 		leave()
 		return // Accept has answered
@@ -76,6 +77,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 		Streams:       typedsocket.StreamHandlerFunc(func(_ *typedsocket.Conn, f *typedsocket.StreamFrame) { r.serveNodeStream(p, f) }),
 		Share:         p.share,
 		Raw:           raw,
+		Pongs:         pongs,
 		Dropped:       r.countDropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		MaxQueue:      nodeMaxQueue,

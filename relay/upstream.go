@@ -243,7 +243,7 @@ func (u *upstream) run(ctx context.Context) {
 // dial opens a WebSocket to Cloudly and returns it with the TCP socket under it (below TLS), so
 // that the send loop can cork it (every node's traffic shares this socket: bursts leave in one
 // write) and a shutdown can close it under the WebSocket when the close handshake overruns.
-func (u *upstream) dial(ctx context.Context) (*websocket.Conn, *typedsocket.CorkConn, error) {
+func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websocket.Conn, *typedsocket.CorkConn, error) {
 	var raw *typedsocket.CorkConn
 	var d net.Dialer
 	t := &http.Transport{
@@ -260,13 +260,14 @@ func (u *upstream) dial(ctx context.Context) (*websocket.Conn, *typedsocket.Cork
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}})
+	ws, _, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}, OnPingReceived: pongs.OnPingReceived})
 	return ws, raw, err
 }
 
 // session runs one socket from dial to loss and returns how long to wait before the next.
 func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Duration {
-	ws, raw, err := u.dial(ctx)
+	pongs := new(typedsocket.Pongs)
+	ws, raw, err := u.dial(ctx, pongs)
 	if err != nil {
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
 		return bo.Next()
@@ -288,6 +289,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 		DeadTimeout:   u.cfg.deadTimeout,
 		CallTimeout:   u.cfg.callTimeout,
 		Cork:          raw,
+		Pongs:         pongs,
 	})
 	u.sock.Store(s)
 	go s.conn.Run(ctx)

@@ -89,6 +89,7 @@ type Options struct {
 	Dropped       func(reason string) // counts a frame dropped without an answer; nil: not counted
 	Cork          *CorkConn           // the socket under the WebSocket, if wrapped: bursts leave in one write
 	Raw           net.Conn            // the socket under the WebSocket, if known: bounds a refusing close
+	Pongs         *Pongs              // the ping answering the WebSocket was built with, if any (see Pongs)
 	Logger        zerolog.Logger      // component logger; bodies are never logged
 }
 
@@ -169,6 +170,9 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
 	ws.SetReadLimit(opts.ReadLimit)
 	c.lastHeard.Store(time.Now().UnixNano())
+	if opts.Pongs != nil {
+		opts.Pongs.c.Store(c)
+	}
 	return c
 }
 
@@ -184,6 +188,33 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 
 // Inflight is the number of the peer's requests whose answer has not been written yet.
 func (c *Conn) Inflight() int64 { return c.inflight.Load() }
+
+// Pongs decides, for the WebSocket library, whether to answer a peer's ping (the library's
+// OnPingReceived option, in websocket.AcceptOptions or DialOptions); the connection built with
+// Options.Pongs set to it sets it up. The library writes the pong from the read loop and ends the
+// connection when that takes five seconds, so a peer that pings while it reads slowly — Cloudly
+// under load, with the relay's writes to it backed up — would cost its whole session five seconds
+// into the backlog. While a write of ours has not moved for pongStall the ping goes unanswered
+// instead: the peer is not reading what we send, a pong would only queue behind it, and every
+// byte that does reach it shows we are alive.
+type Pongs struct{ c atomic.Pointer[Conn] }
+
+// pongStall is how long a write may have not moved before a ping goes unanswered.
+const pongStall = time.Second
+
+// OnPingReceived reports whether the library should answer this ping.
+func (g *Pongs) OnPingReceived(context.Context, []byte) bool {
+	c := g.c.Load()
+	if c == nil {
+		return true
+	}
+	p := c.progress.Load()
+	if p != 0 && time.Now().UnixNano()-p > int64(pongStall) {
+		c.dropped("pong-skipped")
+		return false
+	}
+	return true
+}
 
 // Stalled reports whether the peer is not reading: frames wait to be written and no write has
 // finished for d.
@@ -458,6 +489,7 @@ func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 		if err := c.ws.Write(context.Background(), websocket.MessageText, batch[i].b); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
+		c.progress.Store(time.Now().UnixNano()) // moving, even while corked bytes wait to leave
 		if cork == nil {
 			c.settle(batch[i : i+1])
 			sent++

@@ -450,6 +450,72 @@ func TestStalledWriteEndsTheConnection(t *testing.T) {
 	}
 }
 
+// TestPingFromASlowReaderDoesNotEndTheConnection: a peer that stops reading for longer than five
+// seconds, and pings meanwhile, keeps its connection: the WebSocket library would write the pong
+// from the read loop, wait five seconds behind our blocked write and end the connection (the relay
+// lost Cloudly that way in CI while Cloudly was slow to read). With Pongs the ping goes unanswered
+// instead, and everything sent arrives once the peer reads again.
+func TestPingFromASlowReaderDoesNotEndTheConnection(t *testing.T) {
+	if testing.Short() {
+		t.Skip("holds a peer's reads for nine seconds")
+	}
+	release := make(chan struct{})
+	var got atomic.Int64
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		// Its first ping leaves two seconds in, when our writes to it are long blocked (it pings
+		// once: the pong would be read by the read loop it holds).
+		c := New(ws, Options{PingInterval: 2 * time.Second, DeadTimeout: time.Minute, MaxInflight: 1 << 10,
+			ReadLimit: 2 << 20, Handler: HandlerFunc(func(_ *Conn, r *Request) {
+				if r.Method == "hold" {
+					<-release // on the read loop: this peer reads nothing more until released
+				}
+				got.Add(1)
+				r.Answer(Reply{Response: json.RawMessage(`{}`)})
+			})})
+		c.Run(context.Background())
+	}))
+	defer hs.Close()
+	var once sync.Once
+	defer once.Do(func() { close(release) })
+	pongs := new(Pongs)
+	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), &websocket.DialOptions{OnPingReceived: pongs.OnPingReceived})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := New(ws, Options{Pongs: pongs, DeadTimeout: time.Minute, MaxQueue: 1 << 10, MaxQueueBytes: 1 << 30})
+	go c.Run(context.Background())
+	defer c.CloseNow()
+
+	answers := make(chan error, 25)
+	if err := c.CallAsync("hold", json.RawMessage(`{}`), time.Minute, func(r Reply) { answers <- r.Err }); err != nil {
+		t.Fatal(err)
+	}
+	big := json.RawMessage(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
+	for range 24 { // far more than the sockets' buffers hold: our write blocks
+		if err := c.CallAsync("m", big, time.Minute, func(r Reply) { answers <- r.Err }); err != nil {
+			t.Fatal(err)
+		}
+	}
+	select {
+	case <-c.Context().Done():
+		t.Fatalf("the connection ended while its peer was slow to read: %v", context.Cause(c.Context()))
+	case <-time.After(9 * time.Second): // the ping at 2 s, the library's 5 s for its pong, and margin
+	}
+	once.Do(func() { close(release) })
+	for range 25 {
+		if err := <-answers; err != nil {
+			t.Fatalf("a call sent while the peer was slow to read: %v", err)
+		}
+	}
+	if got.Load() != 25 {
+		t.Fatalf("the peer served %d of 25 requests", got.Load())
+	}
+}
+
 // TestPeerThatReadsNoAnswersIsBounded: answers count as in flight until written, so a peer that
 // floods requests and never reads is first answered busy and then, once unwritten answers exceed
 // the queue's byte bound, disconnected — never buffered without bound.
