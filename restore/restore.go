@@ -147,25 +147,33 @@ func (r *Restore) Serve(method string, body json.RawMessage, reply func(json.Raw
 		return
 	}
 	go func() {
-		defer r.release(node)
-		answer, err := r.cs.Call(r.ctx, origin, op, req.Control)
-		if err != nil {
-			done(nil, corestoreFailure(err))
-			return
-		}
-		progress, _, err := contracts.ProjectIsolatedRestoreProgress(node, answer)
-		if err != nil {
-			done(nil, badSummary(err))
-			return
-		}
-		out := make([]byte, 0, len(progress)+14)
-		out = append(out, `{"progress":`...)
-		out = append(out, progress...)
-		done(append(out, '}'), nil)
+		defer r.wg.Done()
+		answer, err := r.call(origin, op, node, req.Control)
+		// The slot is free before the node hears the answer: a node that calls again at once
+		// must not find its previous call still counted against it.
+		r.release(node)
+		done(answer, err)
 	}()
 }
 
-// acquire finds node's origin and takes a call slot, or says why not.
+// call asks node's Corestore and projects its answer into the relay's.
+func (r *Restore) call(origin, op, node string, control json.RawMessage) (json.RawMessage, error) {
+	answer, err := r.cs.Call(r.ctx, origin, op, control)
+	if err != nil {
+		return nil, corestoreFailure(err)
+	}
+	progress, _, err := contracts.ProjectIsolatedRestoreProgress(node, answer)
+	if err != nil {
+		return nil, badSummary(err)
+	}
+	out := make([]byte, 0, len(progress)+14)
+	out = append(out, `{"progress":`...)
+	out = append(out, progress...)
+	return append(out, '}'), nil
+}
+
+// acquire finds node's origin and takes a call slot, or says why not. A slot taken is released
+// by release, and its call counted in wg until the caller has its answer.
 func (r *Restore) acquire(node string) (string, error) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
@@ -193,7 +201,6 @@ func (r *Restore) release(node string) {
 	}
 	r.total--
 	r.mu.Unlock()
-	r.wg.Done()
 }
 
 // finish counts and logs one answered call: node, method, sizes and outcome, never a body or a

@@ -79,6 +79,24 @@ func TestServeNeverBlocksAndRepliesOnce(t *testing.T) {
 	}
 }
 
+// TestAnsweredCallHasFreedItsSlot: a node that calls again the moment it has its answer is not
+// refused relay-node-busy for the call it just finished (the slot is free before the answer).
+func TestAnsweredCallHasFreedItsSlot(t *testing.T) {
+	port := &blockingPort{release: make(chan struct{})}
+	close(port.release) // every call fails at once: restore-node-unreachable
+	r := newRestore(t, port, Options{Logger: zerolog.Nop(), MaxInflightPerNode: 1})
+	defer r.Close()
+	r.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://corestore.node-a.example"}}})
+	second := make(chan error, 1)
+	r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), func(json.RawMessage, error) {
+		// Called again from the answer itself, as a node that polls progress does.
+		r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), func(_ json.RawMessage, err error) { second <- err })
+	})
+	if err := <-second; !errors.Is(err, contracts.RestoreNodeUnreachable) {
+		t.Fatalf("the call made on the first one's answer: %v (want restore-node-unreachable from the stand-in)", err)
+	}
+}
+
 // TestCloseAnswersCallsInFlight: Close abandons waiting calls, each answered once, and refuses
 // new ones.
 func TestCloseAnswersCallsInFlight(t *testing.T) {
