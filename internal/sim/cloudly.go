@@ -233,6 +233,17 @@ func (c *Cloudly) Call(ctx context.Context, method string, body json.RawMessage)
 }
 
 // CallAsync calls the relay without waiting.
+// QueueLen is the number of frames waiting to be written to the relay (0 without a socket).
+func (c *Cloudly) QueueLen() int {
+	c.mu.Lock()
+	conn := c.conn
+	c.mu.Unlock()
+	if conn == nil {
+		return 0
+	}
+	return conn.QueueLen()
+}
+
 func (c *Cloudly) CallAsync(method string, body json.RawMessage, done func(typedsocket.Reply)) error {
 	c.mu.Lock()
 	conn := c.conn
