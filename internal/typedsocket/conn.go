@@ -489,10 +489,11 @@ func (c *Conn) write(batch []frame, stalled *time.Timer) error {
 		if err := c.ws.Write(context.Background(), websocket.MessageText, batch[i].b); err != nil {
 			return fmt.Errorf("write: %w", err)
 		}
-		c.progress.Store(time.Now().UnixNano()) // moving, even while corked bytes wait to leave
 		if cork == nil {
-			c.settle(batch[i : i+1])
+			c.settle(batch[i : i+1]) // marks progress
 			sent++
+		} else {
+			c.progress.Store(time.Now().UnixNano()) // moving, even while corked bytes wait to leave
 		}
 	}
 	if cork == nil {
