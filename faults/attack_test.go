@@ -279,19 +279,28 @@ func (a *attack) hold(target, keep, reserve int) {
 	}
 }
 
+// fifos is one connection queue per source a worker sends from, each closing its oldest beyond
+// the per-source limit; closeFifos closes what they still hold.
+func (a *attack) fifos(sources int) []fifo {
+	queues := make([]fifo, sources)
+	for i := range queues {
+		queues[i].max = a.perSource
+	}
+	return queues
+}
+
+func closeFifos(queues []fifo) {
+	for i := range queues {
+		queues[i].closeAll()
+	}
+}
+
 // hoard replays the answered corpus frames, 64 to a connection, each followed by junk requests
 // (between 1 and 4 shares' worth of answers: some connections stop below the point where the
 // relay closes a non-reader, some go past it), on connections that never read and are kept open.
 func (a *attack) hoard(w int, next *atomic.Int64) {
-	queues := make([]fifo, a.hoarderSources/hoardWorkers)
-	for i := range queues {
-		queues[i].max = a.perSource
-	}
-	defer func() {
-		for i := range queues {
-			queues[i].closeAll()
-		}
-	}()
+	queues := a.fifos(a.hoarderSources / hoardWorkers)
+	defer closeFifos(queues)
 	for k := 0; !a.stopped(); k++ {
 		start := time.Now()
 		j := int(next.Add(1)-1) % len(a.hoardChunks)
@@ -397,15 +406,8 @@ func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *
 // floodRegistrations sends, on each connection, as many registrations as one may (8 node
 // registrations with guessed bearers) and more (4 ingress, 4 node), at once and never reading.
 func (a *attack) floodRegistrations(w int) {
-	queues := make([]fifo, a.flooderSources/floodWorkers)
-	for i := range queues {
-		queues[i].max = a.perSource
-	}
-	defer func() {
-		for i := range queues {
-			queues[i].closeAll()
-		}
-	}()
+	queues := a.fifos(a.flooderSources / floodWorkers)
+	defer closeFifos(queues)
 	for k := 0; !a.stopped(); k++ {
 		start := time.Now()
 		q := &queues[k%len(queues)]
