@@ -17,27 +17,28 @@ const module = "code.foss.global/serve.zone/relay"
 // library. Third-party imports are listed per package. Dependencies point inward: contracts at the
 // centre, feature packages beside each other, relay wiring them, cmd/relay on top.
 var layers = map[string]struct{ own, third []string }{
-	"contracts":            {},
-	"internal/backoff":     {},
-	"internal/budget":      {},
-	"internal/tally":       {},
-	"internal/typedsocket": {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
-	"escrow":               {own: []string{"contracts", "internal/tally"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"ingress":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"restore":              {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"corestore":            {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"registry":             {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"vpnhub":               {own: []string{"contracts", "internal/tally", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"vpnhub/client":        {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
-	"vpnhub/quicsock":      {third: []string{"golang.org/x/net", "golang.org/x/sys"}},
-	"vpnhub/internal/wire": {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
-	"vpnhub/vpnkey":        {own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
-	"vpnhub/vpntest":       {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}}, // tests only
-	"relay":                {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"faults":               {}, // tests only
-	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"interop":              {own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
-	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"contracts":                  {},
+	"internal/backoff":           {},
+	"internal/budget":            {},
+	"internal/tally":             {},
+	"internal/typedsocket":       {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"escrow":                     {own: []string{"contracts", "internal/tally"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"ingress":                    {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"restore":                    {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"corestore":                  {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"registry":                   {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"vpnhub":                     {own: []string{"contracts", "internal/tally", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"vpnhub/client":              {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
+	"vpnhub/quicsock":            {third: []string{"golang.org/x/net", "golang.org/x/sys"}},
+	"vpnhub/internal/wire":       {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
+	"vpnhub/vpnkey":              {own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
+	"vpnhub/vpntest":             {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}}, // tests only
+	"relay":                      {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"faults":                     {}, // tests only
+	"internal/testenv":           {},
+	"internal/testenv/relaytest": {own: []string{"relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"interop":                    {own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
+	"internal/testenv/sim":       {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 }
 
 // TestDependencyDirection fails when a package imports what its layer does not allow: contracts
@@ -78,7 +79,7 @@ func TestDependencyDirection(t *testing.T) {
 			}
 		}
 	}
-	for _, must := range []string{"contracts", "relay", "internal/typedsocket", "internal/sim"} {
+	for _, must := range []string{"contracts", "relay", "internal/typedsocket", "internal/testenv/sim"} {
 		if !seen[must] {
 			t.Errorf("package %s not found by go list", must)
 		}

@@ -17,7 +17,7 @@ import (
 	"testing"
 	"time"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
 // relayProcess is the real relay binary, `relay run` against a Cloudly stand-in, as a process of

@@ -16,7 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
 // TestFaultSIGTERMMidTraffic runs the real relay binary, has nodes send through it while Cloudly

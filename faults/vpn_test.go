@@ -13,7 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/vpnhub"
 	"code.foss.global/serve.zone/relay/vpnhub/client"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"

@@ -11,8 +11,8 @@ import (
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/ingress"
-	"code.foss.global/serve.zone/relay/internal/relaytest"
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -32,7 +32,7 @@ type harnessOptions struct {
 	logLevel          zerolog.Level
 }
 
-// newHarness starts a relay with the ingress feature (internal/relaytest: a real relay attached to
+// newHarness starts a relay with the ingress feature (internal/testenv/relaytest: a real relay attached to
 // the sim Cloudly, as `relay dev`) with Cloudly's ingress handlers, and waits until the relay has
 // pulled the route table. Everything stops at the end of the test.
 func newHarness(t testing.TB, opts harnessOptions) *harness {

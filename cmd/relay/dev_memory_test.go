@@ -8,7 +8,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
 // TestDevHeapStaysFlat runs the `relay dev` scenario — the relay and the simulated peers in this

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/relay"
 )
 

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/relaytest"
-	"code.foss.global/serve.zone/relay/internal/sim"
+	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
 // TestShutdownAbandonsCorestoreCallsInFlight: restore.Restore.Close "abandons the calls in flight

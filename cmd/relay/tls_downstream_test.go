@@ -18,7 +18,7 @@ import (
 	"testing"
 	"time"
 
-	"code.foss.global/serve.zone/relay/internal/relaytest"
+	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 )
 
 // TestRunServesDownstreamTLS runs `relay run` with --tls-cert-file and --tls-key-file (no
