@@ -13,32 +13,54 @@ import (
 
 const module = "code.foss.global/serve.zone/relay"
 
-// layers says which packages of this module each package may import; "std" is the standard
-// library. Third-party imports are listed per package. Dependencies point inward: contracts at the
-// centre, feature packages beside each other, relay wiring them, cmd/relay on top.
-var layers = map[string]struct{ own, third []string }{
-	"contracts":                  {},
-	"internal/backoff":           {},
-	"internal/budget":            {},
-	"internal/tally":             {},
-	"internal/typedsocket":       {own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
-	"escrow":                     {own: []string{"contracts", "internal/tally"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"ingress":                    {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"restore":                    {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"corestore":                  {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"registry":                   {own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"vpnhub":                     {own: []string{"contracts", "internal/tally", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"vpnhub/client":              {own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
-	"vpnhub/quicsock":            {third: []string{"golang.org/x/net", "golang.org/x/sys"}},
-	"vpnhub/internal/wire":       {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
-	"vpnhub/vpnkey":              {own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
-	"vpnhub/vpntest":             {own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}}, // tests only
-	"relay":                      {own: []string{"contracts", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"faults":                     {}, // tests only
-	"internal/testenv":           {},
-	"internal/testenv/relaytest": {own: []string{"relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"interop":                    {own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
-	"internal/testenv/sim":       {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+// layers says, for each package of this module, its floor and what it may import: own packages
+// (each on a lower floor: nothing imports upwards or sideways, so there is no cycle) and
+// third-party ones. Dependencies point inward: contracts and the ground-floor libraries at the
+// centre, the ports above them, the parts beside each other, relay wiring them, test support and
+// cmd/relay on top.
+const (
+	ground   = iota // contracts and the libraries that import nothing of ours
+	ports           // the seams and keys everything above builds on
+	codecs          // the VPN's wire format, on its keys
+	parts           // the features, beside each other
+	core            // relay: wires the upstream, the downstream and the parts
+	harness         // simulated peers and harnesses (internal/testenv), the interop peers
+	harness2        // what stands on a harness: the relay harness, the fault suite
+	top             // cmd/relay
+)
+
+type layer struct {
+	floor     int
+	own       []string
+	third     []string
+	testsOnly bool
+}
+
+var layers = map[string]layer{
+	"contracts":                  {floor: ground},
+	"internal/backoff":           {floor: ground},
+	"internal/budget":            {floor: ground},
+	"internal/tally":             {floor: ground},
+	"vpnhub/quicsock":            {floor: ground, third: []string{"golang.org/x/net", "golang.org/x/sys"}},
+	"feature":                    {floor: ports, own: []string{"contracts"}},
+	"internal/typedsocket":       {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"vpnhub/vpnkey":              {floor: ports, own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
+	"vpnhub/internal/wire":       {floor: codecs, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
+	"escrow":                     {floor: parts, own: []string{"contracts", "feature", "internal/tally"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"ingress":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"restore":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"corestore":                  {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"registry":                   {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"vpnhub":                     {floor: parts, own: []string{"contracts", "feature", "internal/tally", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"vpnhub/client":              {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
+	"vpnhub/vpntest":             {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
+	"relay":                      {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"internal/testenv":           {floor: harness},
+	"internal/testenv/sim":       {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"interop":                    {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
+	"internal/testenv/relaytest": {floor: harness2, own: []string{"relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"faults":                     {floor: harness2, testsOnly: true},
+	"cmd/relay":                  {floor: top},
 }
 
 // TestDependencyDirection fails when a package imports what its layer does not allow: contracts
@@ -56,9 +78,6 @@ func TestDependencyDirection(t *testing.T) {
 			continue
 		}
 		seen[pkg] = true
-		if pkg == "cmd/relay" {
-			continue // the one place everything is wired together
-		}
 		layer, ok := layers[pkg]
 		if !ok {
 			t.Errorf("package %s has no layer in deps_test.go: add it", pkg)
@@ -66,9 +85,18 @@ func TestDependencyDirection(t *testing.T) {
 		}
 		for _, imp := range fields[1:] {
 			if own, ok := strings.CutPrefix(imp, module+"/"); ok {
+				if pkg == "cmd/relay" {
+					continue // the one place everything is wired together
+				}
 				if !contains(layer.own, own) {
 					t.Errorf("%s imports %s, which its layer does not allow", pkg, own)
 				}
+				if to, ok := layers[own]; ok && to.floor >= layer.floor {
+					t.Errorf("%s (floor %d) imports %s (floor %d): an import runs sideways or upwards", pkg, layer.floor, own, to.floor)
+				}
+				continue
+			}
+			if pkg == "cmd/relay" {
 				continue
 			}
 			if first := strings.Split(imp, "/")[0]; !strings.Contains(first, ".") {

@@ -12,22 +12,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
-
-// Node is a node connection as the escrow sees it; the relay's node connections satisfy it. It
-// is an alias of an interface literal, so that it is the very type the relay's own alias names.
-//
-//   - ID is unique per connection for the life of the process.
-//   - Call sends a request on the connection; done gets the answer or an error, exactly once,
-//     possibly before Call returns, and must not block.
-//   - Session is the binding Cloudly answered the node's latest accepted registration with.
-//   - Context ends when the connection does: the escrow stops counting it as the node's carrier.
-type Node = interface {
-	ID() uint64
-	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-	Session() contracts.RuntimeSession
-	Context() context.Context
-}
 
 // Options configure an Escrow. The zero value is usable.
 type Options struct {
@@ -46,6 +32,7 @@ type Escrow struct {
 	now     func() time.Time // set at construction
 	metrics *metrics         // set at construction
 	kick    chan struct{}    // wakes Run after any change; buffered, never blocks
+	up      feature.Upstream // set by UseUpstream, before anything runs; nil outside a relay
 
 	mu    sync.Mutex
 	sched *scheduler // guarded by mu
@@ -202,7 +189,7 @@ func (e *Escrow) CustodyEnded() {
 // again while detached. The escrow follows the connection's end through n.Context(): once it
 // ends, n carries the node no more. The node's run stays until its last window ends, for the node
 // to come back to.
-func (e *Escrow) NodeBound(n Node) {
+func (e *Escrow) NodeBound(n feature.Node) {
 	s := n.Session()
 	if !contracts.IsClusterNodeID(s.NodeID) {
 		return

@@ -4,24 +4,13 @@ import (
 	"encoding/json"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
-// The escrow as the relay sees it: relay.Feature (the method it serves), relay.Observer (the
-// upstream state, custody, node bindings) and relay.Component (Run, Ready). The relay finds these
-// by their method sets; this package does not import it.
-
-// Peer and Upstream are the relay's aliases of the same names: a downstream connection and the
-// Cloudly session. The escrow uses neither.
-type (
-	Peer = interface {
-		ID() uint64
-		Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-	}
-	Upstream = interface {
-		Attached() bool
-		Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-	}
-)
+// The escrow as the relay sees it (package feature): it serves the hold, uses the upstream to
+// tell a hold from the attached Cloudly session, hears attach, detach, custody and node
+// bindings, and runs beside the relay. It follows a node connection's end through its context,
+// so it does not listen for connections that end.
 
 // Methods: holdRuntimeNetworkDnsLeaseRenewals, from Cloudly, and from downstream peers only to
 // refuse it by name (escrow-cloudly-only).
@@ -30,28 +19,25 @@ func (e *Escrow) Methods() (fromCloudly, fromDownstream []string) {
 	return hold, hold
 }
 
-// ServeCloudly serves a hold; attached says it came on the Cloudly session whose registration
-// was accepted, the only one a hold is taken from.
-func (e *Escrow) ServeCloudly(_ string, attached bool, body json.RawMessage, reply func(json.RawMessage, error)) {
-	reply(e.Hold(attached, body))
+// UseUpstream keeps the relay's Cloudly session: a hold is taken only while it is attached.
+func (e *Escrow) UseUpstream(up feature.Upstream) { e.up = up }
+
+// ServeCloudly serves a hold; one that comes before Cloudly accepted the relay's registration
+// on this session is refused escrow-cloudly-only.
+func (e *Escrow) ServeCloudly(_ string, body json.RawMessage, reply feature.Reply) {
+	reply(e.Hold(e.up != nil && e.up.Attached(), body))
 }
 
 // ServeDownstream refuses a hold from a node or the ingress (escrow-cloudly-only).
-func (e *Escrow) ServeDownstream(_ string, _ Peer, body json.RawMessage, reply func(json.RawMessage, error)) {
+func (e *Escrow) ServeDownstream(_ string, _ feature.Peer, body json.RawMessage, reply feature.Reply) {
 	reply(e.Hold(false, body))
 }
 
 // Attached: nothing is released while the relay is attached.
-func (e *Escrow) Attached(Upstream) { e.setAttached(true) }
+func (e *Escrow) Attached(feature.Upstream) { e.setAttached(true) }
 
 // Detached: renewals are released from now on, each on its slot.
 func (e *Escrow) Detached() { e.setAttached(false) }
-
-// Configured changes nothing for the escrow.
-func (e *Escrow) Configured(contracts.ClusterRelayConfig) {}
-
-// PeerGone changes nothing: the escrow follows a node connection's end through its context.
-func (e *Escrow) PeerGone(Peer) {}
 
 // Ready: the escrow holds and releases whenever it runs.
 func (e *Escrow) Ready() error { return nil }

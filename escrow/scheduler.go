@@ -3,6 +3,8 @@ package escrow
 import (
 	"container/heap"
 	"time"
+
+	"code.foss.global/serve.zone/relay/feature"
 )
 
 // Release retry policy (project-defined, docs/decisions.md "Escrow"): a push that is refused or
@@ -45,7 +47,7 @@ type nodeState struct {
 
 	// The carrier: the connection the node's current session is bound to. node is nil while the
 	// relay carries no session of the node.
-	node       Node
+	node       feature.Node
 	conn       uint64
 	session    []byte // the session binding, raw; the apply request carries it untouched
 	controller []byte // canonical JSON of the session's controller
@@ -67,7 +69,7 @@ type nodeState struct {
 // release is one push to send: applyRuntimeNetworkDnsLeaseRenewal { session, signed } on node.
 type release struct {
 	nodeID  string
-	node    Node
+	node    feature.Node
 	epoch   uint64
 	session []byte
 	run     *heldRun
@@ -153,7 +155,7 @@ func (s *scheduler) endCustody() {
 // (another connection, or another session on the same one) is a new session: what the node
 // acknowledged before is forgotten, so the current renewal is pushed again. A run whose scope is
 // not the new session's is dropped; bound reports that.
-func (s *scheduler) bound(id string, node Node, conn uint64, session, controller []byte, namespace string, now int64) (dropped bool) {
+func (s *scheduler) bound(id string, node feature.Node, conn uint64, session, controller []byte, namespace string, now int64) (dropped bool) {
 	ns := s.state(id)
 	if ns.node != nil && ns.conn == conn && string(ns.session) == string(session) {
 		return false // the same binding again: nothing new

@@ -48,7 +48,7 @@ func newHarness(t testing.TB, opts harnessOptions) *harness {
 			if err != nil {
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Ingress: h.server}, o)
+			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "ingress", Impl: h.server}}}, o)
 		},
 	})
 	h.Eventually("the relay pulls the route table", func() bool { return h.Cloudly.Received("getClusterRouteTable") > 0 })

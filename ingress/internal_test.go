@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -130,7 +131,7 @@ func TestAnswerThatIsNoAcceptanceIsRefused(t *testing.T) {
 }
 
 // accept makes p an ingress of node through a fake Cloudly acceptance.
-func accept(t *testing.T, s *Server, up *fakeUpstream, p Peer, node string) {
+func accept(t *testing.T, s *Server, up *fakeUpstream, p feature.Peer, node string) {
 	t.Helper()
 	done := make(chan struct{})
 	s.Register(p, registration(node), func(json.RawMessage, error) { close(done) })

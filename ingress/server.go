@@ -11,22 +11,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
-
-// Peer is one downstream connection as this package sees it: the method set of relay.Peer, an
-// alias of the same interface literal, so that the two are one type.
-type Peer = interface {
-	// ID is unique per connection for the life of the process.
-	ID() uint64
-	// Call sends a request to the peer; done gets its answer or an error, exactly once.
-	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-}
-
-// Upstream is the relay's Cloudly session: the method set of relay.Upstream.
-type Upstream = interface {
-	Attached() bool
-	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-}
 
 // DefaultStatisticsTimeout bounds how long one statistics page waits for an ingress (project-
 // defined): well inside the 60 s a caller waits for the relay, so a silent ingress costs a page
@@ -56,7 +42,7 @@ type Server struct {
 	applyMu sync.Mutex                // serializes route table updates: compare, then store
 
 	mu      sync.RWMutex
-	up      Upstream               // guarded by mu: the session of the latest attach
+	up      feature.Upstream       // guarded by mu: the session of the latest attach
 	byPeer  map[uint64]*ingressCon // guarded by mu: accepted ingress connections
 	byNode  map[string]*ingressCon // guarded by mu: the newest accepted connection of each node
 	pending map[uint64]int         // guarded by mu: registrations in flight, per connection
@@ -64,7 +50,7 @@ type Server struct {
 
 // ingressCon is an accepted ingress connection. Immutable once made.
 type ingressCon struct {
-	peer Peer
+	peer feature.Peer
 	node string
 }
 
@@ -98,7 +84,7 @@ func New(opts Options) (*Server, error) {
 // and only then Cloudly, with the body untouched. A refusal by the relay changes nothing; Cloudly's
 // answer and its refusal go back untouched. reply is called exactly once; on an acceptance p is an
 // ingress connection before reply runs.
-func (s *Server) Register(p Peer, body json.RawMessage, reply func(json.RawMessage, error)) {
+func (s *Server) Register(p feature.Peer, body json.RawMessage, reply func(json.RawMessage, error)) {
 	offer, err := contracts.ReadProtocolOffer(body)
 	if err != nil {
 		s.registered("", errInvalid(err), reply, nil)
@@ -167,7 +153,7 @@ func (s *Server) registered(node string, err error, reply func(json.RawMessage, 
 // acceptLocked makes p the ingress connection of node. A newer accepted registration of the same
 // node on another connection supersedes the older one, which stops being an ingress connection
 // (one connection per node, as for Pallet nodes; the relay cannot close it from here).
-func (s *Server) acceptLocked(p Peer, node string) {
+func (s *Server) acceptLocked(p feature.Peer, node string) {
 	id := p.ID()
 	if old := s.byPeer[id]; old != nil && old.node != node && s.byNode[old.node] == old {
 		delete(s.byNode, old.node)
@@ -194,7 +180,7 @@ func (s *Server) revokeLocked(id uint64) {
 }
 
 // IsIngress reports whether Cloudly accepted the newest ingress registration on p.
-func (s *Server) IsIngress(p Peer) bool {
+func (s *Server) IsIngress(p feature.Peer) bool {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	return s.byPeer[p.ID()] != nil
@@ -202,7 +188,7 @@ func (s *Server) IsIngress(p Peer) bool {
 
 // PeerGone forgets p: it is no ingress connection any more, and a registration still in flight
 // for it will not make it one.
-func (s *Server) PeerGone(p Peer) {
+func (s *Server) PeerGone(p feature.Peer) {
 	id := p.ID()
 	s.mu.Lock()
 	delete(s.pending, id)
@@ -212,7 +198,7 @@ func (s *Server) PeerGone(p Peer) {
 
 // Attached is called after every accepted relay registration: keep the session for forwarding
 // registrations and pull the route table Cloudly holds now.
-func (s *Server) Attached(up Upstream) {
+func (s *Server) Attached(up feature.Upstream) {
 	s.mu.Lock()
 	s.up = up
 	s.mu.Unlock()

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
 // TrafficStatistics serves getClusterTrafficStatistics { fromDayUtc, toDayUtc, cursor?, limit }
@@ -68,7 +69,7 @@ func (s *Server) TrafficStatistics(body json.RawMessage, reply func(json.RawMess
 	type call struct {
 		i    int
 		node string
-		peer Peer
+		peer feature.Peer
 		sub  contracts.TrafficStatisticsRequest
 	}
 	calls := make([]call, len(avail))

@@ -5,6 +5,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
 // heldTable is the route table the relay holds, with its answers encoded once. Tables are MiB
@@ -59,7 +60,7 @@ func (s *Server) PushRouteTable(body json.RawMessage) (json.RawMessage, error) {
 
 // pull asks Cloudly for the table it holds now (getClusterRouteTable {}). A failed pull keeps the
 // table held; the next attach or push brings the news.
-func (s *Server) pull(up Upstream) {
+func (s *Server) pull(up feature.Upstream) {
 	up.Call(contracts.MethodGetClusterRouteTable, json.RawMessage(`{}`), func(resp json.RawMessage, err error) {
 		if err != nil {
 			s.metrics.tableUpdates.WithLabelValues("pull", "failed").Inc()
@@ -133,7 +134,7 @@ func hintOutcome(err error) string {
 // connection: the table held (null while Cloudly has computed none), whatever knownRevision says
 // — the ingress decides whether it is news. Any other connection is refused relay-ingress-only.
 // The answer is the bytes encoded when the table arrived; it is shared, never copied here.
-func (s *Server) RouteTable(p Peer, body json.RawMessage) (json.RawMessage, error) {
+func (s *Server) RouteTable(p feature.Peer, body json.RawMessage) (json.RawMessage, error) {
 	if !s.IsIngress(p) {
 		s.metrics.tableReads.WithLabelValues(string(contracts.RelayIngressOnly)).Inc()
 		s.log.Debug().Str("method", contracts.MethodGetClusterIngressRouteTable).Str("outcome", string(contracts.RelayIngressOnly)).Msg("route table refused")

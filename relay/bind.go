@@ -2,9 +2,9 @@ package relay
 
 import (
 	"encoding/json"
-	"sync"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -37,7 +37,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, name.Refuse("Cloudly does not dispatch to this relay"))
 		return
 	}
-	share, end, err := r.beginRegistration(p, roleNode, len(req.Body))
+	share, end, err := r.down.admit(p, roleNode, len(req.Body))
 	if err != nil {
 		outcome(nil, err)
 		return
@@ -50,7 +50,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		}
 		session, serr := contracts.ReadRegisterPalletRuntimeSessionResponse(body)
 		if serr != nil {
-			r.downLog.Warn().Str("outcome", "malformed").Msg("Cloudly accepted a node registration with an unreadable session")
+			r.down.log.Warn().Str("outcome", "malformed").Msg("Cloudly accepted a node registration with an unreadable session")
 			outcome(nil, contracts.RelayRequestInvalid.Refuse("Cloudly's registration answer carries no readable session"))
 			return
 		}
@@ -62,11 +62,10 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 	})
 }
 
-// registerVia serves a registration a feature judges and forwards (registrationRoles): the relay
-// admits it, and makes p a peer of role ro when the feature answers it accepted. A connection that
-// ended meanwhile takes no role.
-func (r *Relay) registerVia(f Feature, ro role, p *peer, req *typedsocket.Request) {
-	_, end, err := r.beginRegistration(p, ro, len(req.Body))
+// registerVia serves a registration a part judges and forwards (the method table's role): the
+// relay admits it, and makes p a peer of role ro when the part answers it accepted.
+func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *typedsocket.Request) {
+	_, end, err := r.down.admit(p, ro, len(req.Body))
 	if err != nil {
 		r.answer(req, nil, err)
 		return
@@ -74,86 +73,21 @@ func (r *Relay) registerVia(f Feature, ro role, p *peer, req *typedsocket.Reques
 	f.ServeDownstream(req.Method, p, takeBody(req), func(body json.RawMessage, err error) {
 		defer end()
 		if err == nil {
-			p.mu.Lock()
-			first := p.role == roleNone && !p.gone
-			if !p.gone {
-				p.registeredLocked(ro)
-			}
-			p.mu.Unlock()
-			if first {
-				p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
-			}
+			r.down.registered(p, ro)
 		}
 		r.answer(req, body, err)
 	})
 }
 
-// bindNode binds p to its node session. A later accepted registration of the same node on
-// another connection supersedes the old one, which is closed; a rotation on the same connection
-// only replaces the binding. Observers hear NodeBound after the binding; one that keeps p follows
-// its end through p.Context(), so a connection that ends meanwhile is never kept as a carrier.
+// bindNode binds p to its node session (downstream.bind), then tells the parts that hear it. One
+// that keeps p follows its end through p.Context(), so a connection that ends meanwhile is never
+// kept as a carrier.
 func (r *Relay) bindNode(p *peer, s contracts.RuntimeSession) error {
-	p.mu.Lock()
-	if p.gone {
-		// Cloudly answered after the connection ended: binding it would route the node to a dead
-		// connection for ever and close the node's live one as superseded.
-		p.mu.Unlock()
-		return contracts.RelayNodeNotCarried.Refuse("%s: its connection closed before the answer", s.NodeID)
+	if err := r.down.bind(p, s); err != nil {
+		return err
 	}
-	if p.session.NodeID != "" && p.session.NodeID != s.NodeID {
-		carried := p.session.NodeID
-		p.mu.Unlock()
-		return contracts.RelaySessionForeign.Refuse("this connection carries node %s; one connection carries one node", carried)
-	}
-	first := p.session.NodeID == ""
-	p.session = s
-	p.registeredLocked(roleNode)
-	old := r.nodes.bind(s.NodeID, p) // under p.mu, ordered with peerGone's unbind
-	p.mu.Unlock()
-	if first {
-		p.conn.SetReadLimit(r.cfg.MaxMessageBytes)
-	}
-	if old != nil && old != p {
-		r.downLog.Info().Str("node", s.NodeID).Str("outcome", "superseded").Msg("node registered on a newer connection")
-		go old.conn.Close(closeSuperseded, "superseded by a newer registration of this node")
-	} else if old == nil {
-		r.metrics.nodes.Inc()
-	}
-	r.downLog.Info().Str("node", s.NodeID).Str("outcome", "accepted").Msg("node registered")
-	for _, o := range r.observers {
-		o.NodeBound(p)
+	for _, w := range r.parts.nodeBound {
+		w.NodeBound(p)
 	}
 	return nil
-}
-
-// nodeTable maps node ids to the connection carrying them.
-type nodeTable struct {
-	mu   sync.Mutex
-	byID map[string]*peer // guarded by mu
-}
-
-// bind makes p the carrier of id and returns the previous carrier, if any.
-func (t *nodeTable) bind(id string, p *peer) *peer {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := t.byID[id]
-	t.byID[id] = p
-	return old
-}
-
-// unbind removes id if p still carries it.
-func (t *nodeTable) unbind(id string, p *peer) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.byID[id] != p {
-		return false
-	}
-	delete(t.byID, id)
-	return true
-}
-
-func (t *nodeTable) get(id string) *peer {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.byID[id]
 }

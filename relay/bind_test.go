@@ -176,7 +176,7 @@ func TestNodeRegistration(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{
 			Build: func(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
 				opts.Logger = zerolog.New(w)
-				return relay.New(cfg, relay.Features{Escrow: esc}, opts)
+				return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}}, opts)
 			},
 		})
 

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
 // What the relay does with its Cloudly session: the upstreamHost side of upstream.go, custody and
@@ -30,32 +31,32 @@ func (r *Relay) nextRegistration() (int64, json.RawMessage) {
 // before the configuration push that follows the acceptance, which may end custody again.
 func (r *Relay) registrationAccepted() { r.custody.resume() }
 
-// upstreamAttached tells every observer, then every node and ingress connection.
-func (r *Relay) upstreamAttached(up Upstream) {
-	for _, o := range r.observers {
-		o.Attached(up)
+// upstreamAttached tells every part that hears it, then every node and ingress connection.
+func (r *Relay) upstreamAttached(up feature.Upstream) {
+	for _, w := range r.parts.attach {
+		w.Attached(up)
 	}
 	r.announceAttached()
 }
 
 func (r *Relay) upstreamDetached() {
-	for _, o := range r.observers {
-		o.Detached()
+	for _, w := range r.parts.detach {
+		w.Detached()
 	}
 }
 
 // undispatched: Cloudly refused the relay with one of clusterRelayUndispatchedRefusals.
 func (r *Relay) undispatched(name contracts.RefusalName) { r.endCustody(name) }
 
-// endCustody: Cloudly does not dispatch to this relay. Observers drop what they hold for the
+// endCustody: Cloudly does not dispatch to this relay. Parts drop what they hold for the
 // nodes (escrow), node registrations are refused with the same name, and the upstream keeps
 // re-registering.
 func (r *Relay) endCustody(name contracts.RefusalName) {
 	if r.custody.end(name) {
-		r.upLog.Warn().Str("refusal", string(name)).Msg("custody ended: escrowed runs dropped, node registrations refused")
+		r.log.up.Warn().Str("refusal", string(name)).Msg("custody ended: escrowed runs dropped, node registrations refused")
 	}
-	for _, o := range r.observers {
-		o.CustodyEnded()
+	for _, w := range r.parts.custody {
+		w.CustodyEnded()
 	}
 }
 
@@ -68,16 +69,16 @@ func (r *Relay) pushConfig(body json.RawMessage) (json.RawMessage, error) {
 	if cfg.ClusterID != r.cfg.ClusterID {
 		return nil, contracts.RelayRequestInvalid.Refuse("config names cluster %s; this relay serves %s", cfg.ClusterID, r.cfg.ClusterID)
 	}
-	for _, o := range r.observers {
-		o.Configured(cfg)
+	for _, w := range r.parts.config {
+		w.Configured(cfg)
 	}
 	switch {
 	case cfg.Relay == nil:
 		// The operator disabled the relay: the same as hearing relay-cluster-not-enabled.
 		r.endCustody(contracts.RelayClusterNotEnabled)
 	case r.custody.resumeFrom(contracts.RelayClusterNotEnabled):
-		r.upLog.Info().Msg("relay enabled again: custody resumed")
+		r.log.up.Info().Msg("relay enabled again: custody resumed")
 	}
-	r.upLog.Info().Int("corestores", len(cfg.Corestores)).Bool("enabled", cfg.Relay != nil).Msg("relay configuration applied")
+	r.log.up.Info().Int("corestores", len(cfg.Corestores)).Bool("enabled", cfg.Relay != nil).Msg("relay configuration applied")
 	return json.RawMessage(`{}`), nil
 }

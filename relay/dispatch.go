@@ -5,40 +5,34 @@ import (
 	"fmt"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
 // The dispatch tables: which handler serves a request, by its method, for each side a request can
-// come from. They are built once, at New, from the relay's own methods and every enabled
-// feature's Methods, and only read after. A method outside them is forwarded — Cloudly's to the
-// node it names, a node's to Cloudly — unless the relay refuses it by name (fallbacks below).
+// come from. They are built once, at New, from the method table (methods.go) and every part's
+// Methods, and only read after. A method outside them is answered by its row's refusal, refused
+// when it is local-only or the relay's own, or forwarded: Cloudly's to the node it names, a
+// node's to Cloudly.
 type dispatch struct {
 	fromCloudly    map[string]cloudlyHandler
 	fromDownstream map[string]downstreamHandler
 }
 
-// cloudlyHandler serves one of Cloudly's requests; attached is true when it came on the session
-// whose registration Cloudly accepted.
-type cloudlyHandler func(req *typedsocket.Request, attached bool)
+// cloudlyHandler serves one of Cloudly's requests.
+type cloudlyHandler func(req *typedsocket.Request)
 
 // downstreamHandler serves one request of a downstream connection.
 type downstreamHandler func(p *peer, req *typedsocket.Request)
 
-// registrationRoles are the registrations a feature serves that decide what a connection carries.
-// A registration is relay-core business whoever judges and forwards it: the relay admits it
-// against the memory budget (beginRegistration) and gives the connection its role once it is
-// accepted (registerVia). The node registration is the relay's own altogether (registerNode).
-var registrationRoles = map[string]role{
-	contracts.MethodRegisterClusterIngress: roleIngress,
-}
-
-// newDispatch builds the tables. It fails on a method two parts serve, and on a Cloudly method
-// contracts does not name as served: Cloudly's request for it would be answered here instead of
-// reaching its node.
-func (r *Relay) newDispatch(parts []part) (dispatch, error) {
+// newDispatch builds the tables: the relay's own rows, then every part's methods. It fails on a
+// method two parts serve, on one the relay serves itself, on one outside the method table or not
+// served from the side a part lists it for, and on a part that lists methods of a side it does
+// not serve.
+func (r *Relay) newDispatch(list []Part) (dispatch, error) {
 	d := dispatch{
 		fromCloudly: map[string]cloudlyHandler{
-			contracts.MethodPushClusterRelayConfig: func(req *typedsocket.Request, _ bool) {
+			contracts.MethodPushClusterRelayConfig: func(req *typedsocket.Request) {
 				body, err := r.pushConfig(req.Body)
 				r.answer(req, body, err)
 			},
@@ -47,76 +41,100 @@ func (r *Relay) newDispatch(parts []part) (dispatch, error) {
 			contracts.MethodRegisterPalletRuntimeSession: r.registerNode,
 		},
 	}
-	for _, pt := range parts {
-		if pt.feature == nil {
+	check := func(name, m string, s side) error {
+		row, ok := ruleFor(m)
+		switch {
+		case !ok || row.from&s == 0:
+			return fmt.Errorf("relay: %s serves %s from %s, which the method table does not serve from there", name, m, s)
+		case row.relay:
+			return fmt.Errorf("relay: %s serves %s, which the relay serves itself", name, m)
+		}
+		return nil
+	}
+	for _, pt := range list {
+		srv, ok := pt.Impl.(feature.Server)
+		if !ok {
 			continue
 		}
-		f := pt.feature
-		fromCloudly, fromDownstream := f.Methods()
-		for _, m := range fromCloudly {
-			if !contracts.IsServedToCloudly(m) {
-				return dispatch{}, fmt.Errorf("relay: %s serves %s from Cloudly, which contracts does not name as served to Cloudly", pt.name, m)
+		cl, dn := srv.Methods()
+		cs, _ := pt.Impl.(feature.CloudlyServer)
+		ds, _ := pt.Impl.(feature.DownstreamServer)
+		if len(cl) > 0 && cs == nil || len(dn) > 0 && ds == nil {
+			return dispatch{}, fmt.Errorf("relay: %s lists methods of a side it does not serve", pt.Name)
+		}
+		for _, m := range cl {
+			if err := check(pt.Name, m, fromCloudly); err != nil {
+				return dispatch{}, err
 			}
 			if d.fromCloudly[m] != nil {
-				return dispatch{}, fmt.Errorf("relay: %s serves %s from Cloudly, which is served already", pt.name, m)
+				return dispatch{}, fmt.Errorf("relay: %s serves %s from Cloudly, which is served already", pt.Name, m)
 			}
-			d.fromCloudly[m] = func(req *typedsocket.Request, attached bool) {
-				f.ServeCloudly(req.Method, attached, takeBody(req), r.replier(req))
-			}
+			d.fromCloudly[m] = func(req *typedsocket.Request) { cs.ServeCloudly(req.Method, takeBody(req), r.replier(req)) }
 		}
-		for _, m := range fromDownstream {
-			if d.fromDownstream[m] != nil {
-				return dispatch{}, fmt.Errorf("relay: %s serves %s from downstream peers, which is served already", pt.name, m)
+		for _, m := range dn {
+			if err := check(pt.Name, m, fromDownstream); err != nil {
+				return dispatch{}, err
 			}
-			if ro, ok := registrationRoles[m]; ok {
-				d.fromDownstream[m] = func(p *peer, req *typedsocket.Request) { r.registerVia(f, ro, p, req) }
+			if d.fromDownstream[m] != nil {
+				return dispatch{}, fmt.Errorf("relay: %s serves %s from downstream peers, which is served already", pt.Name, m)
+			}
+			if ro := methodTable[m].role; ro != roleNone {
+				d.fromDownstream[m] = func(p *peer, req *typedsocket.Request) { r.registerVia(ds, ro, p, req) }
 				continue
 			}
 			d.fromDownstream[m] = func(p *peer, req *typedsocket.Request) {
-				f.ServeDownstream(req.Method, p, takeBody(req), r.replier(req))
+				ds.ServeDownstream(req.Method, p, takeBody(req), r.replier(req))
 			}
 		}
 	}
 	return d, nil
 }
 
-// replier is the reply func a feature answers req with.
-func (r *Relay) replier(req *typedsocket.Request) func(json.RawMessage, error) {
+func (s side) String() string {
+	if s == fromCloudly {
+		return "Cloudly"
+	}
+	return "downstream peers"
+}
+
+// replier is the reply func a part answers req with.
+func (r *Relay) replier(req *typedsocket.Request) feature.Reply {
 	return func(body json.RawMessage, err error) { r.answer(req, body, err) }
 }
 
-// serveCloudly dispatches one of Cloudly's requests: the table, then the refusals for methods the
-// relay serves with that part off and for local-only methods, then routing to the node it names.
-func (r *Relay) serveCloudly(req *typedsocket.Request, attached bool) {
+// serveCloudly dispatches one of Cloudly's requests: the tables, then the method table's refusal
+// for a method whose part is off, the refusal of local-only methods, then routing to the node it
+// names.
+func (r *Relay) serveCloudly(req *typedsocket.Request) {
 	if h := r.dispatch.fromCloudly[req.Method]; h != nil {
-		h(req, attached)
+		h(req)
 		return
 	}
-	switch m := req.Method; {
-	case m == contracts.MethodPushClusterVpnMembership:
-		r.answer(req, nil, contracts.RelayVPNHubOff.Refuse("this relay runs no VPN hub"))
-	case contracts.IsServedToCloudly(m):
-		r.answer(req, nil, contracts.RelayMethodUnknown.Refuse("%s (this relay has that part off)", m))
-	case contracts.IsLocalOnlyMethod(m):
-		r.answer(req, nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
+	switch row, ok := ruleFor(req.Method); {
+	case ok:
+		r.answer(req, nil, row.offRefusal(req.Method, fromCloudly))
+	case contracts.IsLocalOnlyMethod(req.Method):
+		r.answer(req, nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", req.Method))
 	default:
 		r.routeToNode(req)
 	}
 }
 
-// servePeer dispatches one request of a downstream connection: the table, then the refusals for
-// local-only methods and for the methods that are Cloudly's or the relay's own, then forwarding to
-// Cloudly.
+// servePeer dispatches one request of a downstream connection: the tables, then the method
+// table's refusal, the refusals of local-only methods and of the relay's own calls and pushes,
+// then forwarding to Cloudly.
 func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
 	if h := r.dispatch.fromDownstream[req.Method]; h != nil {
 		h(p, req)
 		return
 	}
-	switch m := req.Method; {
+	m := req.Method
+	switch row, ok := ruleFor(m); {
+	case ok:
+		r.answer(req, nil, row.offRefusal(m, fromDownstream))
 	case contracts.IsLocalOnlyMethod(m):
 		r.answer(req, nil, contracts.RelayMethodLocalOnly.Refuse("%s belongs to a controller on the node's own host", m))
-	case contracts.IsServedToCloudly(m) || contracts.IsRelayCallToCloudly(m) || m == contracts.MethodPushRelayUpstreamChanged ||
-		m == contracts.MethodRegisterClusterIngress || m == contracts.MethodGetClusterIngressRouteTable:
+	case contracts.IsRelayCallToCloudly(m) || m == contracts.MethodPushRelayUpstreamChanged:
 		r.answer(req, nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", m))
 	default:
 		r.forwardToCloudly(p, req)

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"encoding/json"
+	"errors"
 	"go/ast"
 	"go/parser"
 	"go/token"
@@ -14,6 +15,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/escrow"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/restore"
@@ -21,26 +23,41 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// What each feature is to the relay, checked when the tests build: a changed signature in a
-// feature package would otherwise make it silently stop observing or running.
+// What each part is to the relay, checked when the tests build: a changed signature in a part's
+// package would otherwise make it silently stop serving, hearing or running.
 var (
-	_ Feature   = (*escrow.Escrow)(nil)
-	_ Observer  = (*escrow.Escrow)(nil)
-	_ Component = (*escrow.Escrow)(nil)
-	_ Feature   = (*ingress.Server)(nil)
-	_ Observer  = (*ingress.Server)(nil)
-	_ Feature   = (*restore.Restore)(nil)
-	_ Observer  = (*restore.Restore)(nil)
-	_ Component = (*restore.Restore)(nil)
-	_ Feature   = (*vpnhub.Hub)(nil)
-	_ Component = (*vpnhub.Hub)(nil)
-	_ Component = (*registry.Registry)(nil)
+	_ feature.Server           = (*escrow.Escrow)(nil)
+	_ feature.CloudlyServer    = (*escrow.Escrow)(nil)
+	_ feature.DownstreamServer = (*escrow.Escrow)(nil)
+	_ feature.UpstreamUser     = (*escrow.Escrow)(nil)
+	_ feature.AttachWatcher    = (*escrow.Escrow)(nil)
+	_ feature.DetachWatcher    = (*escrow.Escrow)(nil)
+	_ feature.CustodyWatcher   = (*escrow.Escrow)(nil)
+	_ feature.NodeWatcher      = (*escrow.Escrow)(nil)
+	_ feature.Component        = (*escrow.Escrow)(nil)
 
-	_ Reporter = (*escrow.Escrow)(nil)
-	_ Reporter = (*ingress.Server)(nil)
-	_ Reporter = (*restore.Restore)(nil)
-	_ Reporter = (*vpnhub.Hub)(nil)
-	_ Reporter = (*registry.Registry)(nil)
+	_ feature.Server           = (*ingress.Server)(nil)
+	_ feature.CloudlyServer    = (*ingress.Server)(nil)
+	_ feature.DownstreamServer = (*ingress.Server)(nil)
+	_ feature.AttachWatcher    = (*ingress.Server)(nil)
+	_ feature.PeerWatcher      = (*ingress.Server)(nil)
+
+	_ feature.Server        = (*restore.Restore)(nil)
+	_ feature.CloudlyServer = (*restore.Restore)(nil)
+	_ feature.ConfigWatcher = (*restore.Restore)(nil)
+	_ feature.Component     = (*restore.Restore)(nil)
+
+	_ feature.Server        = (*vpnhub.Hub)(nil)
+	_ feature.CloudlyServer = (*vpnhub.Hub)(nil)
+	_ feature.Component     = (*vpnhub.Hub)(nil)
+
+	_ feature.Component = (*registry.Registry)(nil)
+
+	_ feature.Reporter = (*escrow.Escrow)(nil)
+	_ feature.Reporter = (*ingress.Server)(nil)
+	_ feature.Reporter = (*restore.Restore)(nil)
+	_ feature.Reporter = (*vpnhub.Hub)(nil)
+	_ feature.Reporter = (*registry.Registry)(nil)
 
 	_ http.Handler = (*registry.Registry)(nil)
 )
@@ -74,7 +91,7 @@ func everyFeature(t *testing.T) Features {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	return Features{Escrow: esc, Ingress: in, Restore: rs, Hub: hub, Registry: reg}
+	return Features{Parts: []Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub}}, Registry: reg}
 }
 
 // contractsMethods is every method name contracts spells: the value of each Method… constant.
@@ -145,18 +162,18 @@ func TestDispatch(t *testing.T) {
 
 	t.Run("a method two parts serve fails New", func(t *testing.T) {
 		f := everyFeature(t)
-		f.Restore = fakeFeature{fromDownstream: []string{contracts.MethodGetClusterIngressRouteTable}}
+		f.Parts = append(f.Parts, Part{Name: "fake", Impl: fakeFeature{fromDownstream: []string{contracts.MethodGetClusterIngressRouteTable}}})
 		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
 			t.Fatal("two features serving getClusterIngressRouteTable were accepted")
 		}
-		f.Restore = fakeFeature{fromDownstream: []string{contracts.MethodRegisterPalletRuntimeSession}}
+		f.Parts[len(f.Parts)-1] = Part{Name: "fake", Impl: fakeFeature{fromDownstream: []string{contracts.MethodRegisterPalletRuntimeSession}}}
 		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
 			t.Fatal("a feature serving the relay's own node registration was accepted")
 		}
 	})
 
 	t.Run("a Cloudly method contracts does not name as served fails New", func(t *testing.T) {
-		f := Features{Restore: fakeFeature{fromCloudly: []string{"applyRuntimeAssignment"}}}
+		f := Features{Parts: []Part{{Name: "fake", Impl: fakeFeature{fromCloudly: []string{"applyRuntimeAssignment"}}}}}
 		if _, err := New(Config{InsecurePlaintext: true}, f, Options{}); err == nil {
 			t.Fatal("a feature taking applyRuntimeAssignment from Cloudly was accepted: it would never reach its node")
 		}
@@ -167,9 +184,38 @@ func TestDispatch(t *testing.T) {
 type fakeFeature struct{ fromCloudly, fromDownstream []string }
 
 func (f fakeFeature) Methods() ([]string, []string) { return f.fromCloudly, f.fromDownstream }
-func (fakeFeature) ServeCloudly(_ string, _ bool, _ json.RawMessage, reply func(json.RawMessage, error)) {
+func (fakeFeature) ServeCloudly(_ string, _ json.RawMessage, reply feature.Reply) {
 	reply(nil, nil)
 }
-func (fakeFeature) ServeDownstream(_ string, _ Peer, _ json.RawMessage, reply func(json.RawMessage, error)) {
+func (fakeFeature) ServeDownstream(_ string, _ feature.Peer, _ json.RawMessage, reply feature.Reply) {
 	reply(nil, nil)
+}
+
+// TestMethodTable: the method table serves from Cloudly exactly the methods contracts names as
+// served to Cloudly, and refuses by its row's name a method whose part is off, from either side.
+func TestMethodTable(t *testing.T) {
+	for _, m := range contractsMethods(t) {
+		row, ok := ruleFor(m)
+		if served := contracts.IsServedToCloudly(m); served != (ok && row.from&fromCloudly != 0) {
+			t.Errorf("%s: served to Cloudly is %v in contracts, but the method table says %+v", m, served, row)
+		}
+	}
+	for _, c := range []struct {
+		method string
+		from   side
+		want   contracts.RefusalName
+	}{
+		{contracts.MethodPushClusterVpnMembership, fromCloudly, contracts.RelayVPNHubOff},
+		{contracts.MethodPushClusterVpnMembership, fromDownstream, contracts.RelayMethodUnknown},
+		{contracts.MethodPushClusterRouteTable, fromCloudly, contracts.RelayMethodUnknown},
+		{contracts.MethodRegisterClusterIngress, fromDownstream, contracts.RelayMethodUnknown},
+		{contracts.MethodRegisterClusterIngress, fromCloudly, contracts.RelayMethodUnknown},
+	} {
+		if err := methodTable[c.method].offRefusal(c.method, c.from); !errors.Is(err, c.want) {
+			t.Errorf("%s from %s with its part off: %v, want %s", c.method, c.from, err, c.want)
+		}
+	}
+	if methodTable[contracts.MethodRegisterClusterIngress].role != roleIngress || methodTable[contracts.MethodRegisterPalletRuntimeSession].role != roleNode {
+		t.Error("the registrations do not decide their connection's role")
+	}
 }

@@ -18,12 +18,15 @@
 //
 // # Where things are
 //
-//	features.go  the seams: Feature (methods a part serves), Observer (what it hears), Component
-//	             (what the relay runs); escrow, ingress, restore, the VPN hub and registry
-//	             forwarding implement them without importing this package
-//	dispatch.go  one table per side, method → handler, built at New; forwarding is the fallback
-//	upstream.go  one Cloudly session behind upstreamHost; cloudly.go is the relay's side of it,
-//	             custody.go whether Cloudly dispatches to the relay
-//	listener.go, peer.go, bind.go, route.go, streams.go  the downstream connections: upgrade and
-//	             limits, peer state and the memory budget, registrations, forwarding, streams
+//	relay.go       Relay wires the upstream, the downstream and the parts; Serve and shutdown
+//	features.go    the parts (package feature's small interfaces, each found once, at New)
+//	methods.go     the method table: per method, the side it is served from, the refusal when
+//	               its part is off, whether it decides a connection's role
+//	dispatch.go    one handler map per side, built from the table and the parts at New;
+//	               forwarding is the fallback
+//	upstream.go    one Cloudly session behind upstreamHost; cloudly.go is the relay's side of
+//	               it, custody.go whether Cloudly dispatches to the relay
+//	downstream.go  the downstream's own state: connections, the nodes they carry, the bounds on
+//	               unregistered connections and the peer memory budget; peer.go one connection
+//	bind.go, route.go, streams.go  registrations, forwarding either way, VirtualStreams
 package relay

@@ -33,9 +33,9 @@ type metrics struct {
 	streamFrames *prometheus.CounterVec // direction
 }
 
-// newMetrics makes the relay's metrics and registers them, with gauges read from r, in reg.
-func (r *Relay) newMetrics(reg prometheus.Registerer) (*metrics, error) {
-	m := &metrics{
+// newMetrics makes the relay's metrics; registerMetrics registers them.
+func newMetrics() *metrics {
+	return &metrics{
 		up: upstreamMetrics{
 			attached: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "attached",
 				Help: "1 while the relay holds an accepted registration with Cloudly."}),
@@ -66,6 +66,11 @@ func (r *Relay) newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 	}
+}
+
+// registerMetrics registers the relay's metrics, with gauges read from its parts, in reg.
+func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
+	m, budget := r.metrics, r.down.budget
 	gauge := func(subsystem, name, help string, f func() float64) prometheus.Collector {
 		return prometheus.NewGaugeFunc(prometheus.GaugeOpts{Namespace: "relay", Subsystem: subsystem, Name: name, Help: help}, f)
 	}
@@ -77,23 +82,23 @@ func (r *Relay) newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations,
 		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames,
 		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
-		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.peers.queued),
+		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.down.peers.queued),
 		gauge("downstream", "streams", "VirtualStreams bound to node connections.", func() float64 { return float64(r.streams.len()) }),
 		gauge("downstream", "budget_used_bytes", "Bytes held for downstream peers, charged to the peer memory budget.",
-			func() float64 { return float64(r.budget.Used()) }),
+			func() float64 { return float64(budget.Used()) }),
 		gauge("downstream", "budget_limit_bytes", "The peer memory budget (--peer-memory-bytes).",
-			func() float64 { return float64(r.budget.Limit()) }),
-		counter("budget_refusals_total", "Charges refused because the peer memory budget was spent.", r.budget.Refusals),
+			func() float64 { return float64(budget.Limit()) }),
+		counter("budget_refusals_total", "Charges refused because the peer memory budget was spent.", budget.Refusals),
 		counter("budget_evictions_total", "Connections closed, the heaviest that read nothing first, to bring the budget back under its limit.",
-			r.budget.Evictions),
+			budget.Evictions),
 		counter("budget_underflows_total", "Releases of bytes never charged: always 0 unless the relay's accounting is wrong.",
-			r.budget.Underflows),
+			budget.Underflows),
 	} {
 		if err := reg.Register(c); err != nil {
-			return nil, fmt.Errorf("register relay metrics: %w", err)
+			return fmt.Errorf("register relay metrics: %w", err)
 		}
 	}
-	return m, nil
+	return nil
 }
 
 // refused counts a refusal the relay itself answered; a peer's own error passed on is not one.

@@ -25,7 +25,7 @@ func TestMetricNames(t *testing.T) {
 	n := e.node("node-a")
 	n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
 	n.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`))
-	families, err := e.relay.Registry().Gather()
+	families, err := e.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -94,7 +94,7 @@ type peer struct {
 	raw    net.Conn          // set at construction: the socket under it, closed when a close overruns
 	remote string            // set at construction
 	source string            // set at construction: the remote address without its port
-	r      *Relay            // set at construction
+	d      *downstream       // set at construction
 	share  *budget.Share     // set at construction: what the relay holds for this peer
 	since  time.Time         // set at construction: when it connected
 
@@ -188,14 +188,14 @@ func (p *peer) callError(err error, method string) error {
 	return err
 }
 
-// beginRegistration admits one registration of kind (roleNode or roleIngress) of size bytes from
+// admit admits one registration of kind (roleNode or roleIngress) of size bytes from
 // p, and returns the share its request is charged to on the upstream queue and the func that ends
 // it once Cloudly has answered and its answer has been applied. An unregistered connection's
 // registrations are charged to the anonymous pool — MaxRegistrationsPerConnection in its
 // lifetime, and the pool's count and bytes in all — a registered peer's (a node rotating) to its
 // own share. One connection carries one peer: a registration of the other kind than one accepted
 // or in flight is refused.
-func (r *Relay) beginRegistration(p *peer, kind role, size int) (typedsocket.Share, func(), error) {
+func (d *downstream) admit(p *peer, kind role, size int) (typedsocket.Share, func(), error) {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	if p.role != roleNone && p.role != kind || p.pending > 0 && p.pendingRole != kind {
@@ -211,13 +211,13 @@ func (r *Relay) beginRegistration(p *peer, kind role, size int) (typedsocket.Sha
 		if p.registrations >= MaxRegistrationsPerConnection {
 			return nil, nil, contracts.RelayNodeBusy.Refuse("this connection sent %d registrations and none was accepted", p.registrations)
 		}
-		if !r.anonymous.acquire(size) {
+		if !d.anonymous.acquire(size) {
 			return nil, nil, contracts.RelayNodeBusy.Refuse("the relay has its most anonymous registrations at Cloudly already")
 		}
 		p.registrations++
 		share = nil // the pool holds it
 		end = func() {
-			r.anonymous.release(size)
+			d.anonymous.release(size)
 			p.mu.Lock()
 			p.pending--
 			p.mu.Unlock()
@@ -260,9 +260,9 @@ func (p *peer) leaveWaitingLocked() {
 	p.waiting = false
 	p.deadline.Stop()
 	p.deadline = nil // an idle registered connection holds no timer
-	p.r.waiting.Add(-1)
-	p.r.sources.leave(p.source)
-	p.r.unregisteredCosts.Release(unregisteredCost)
+	p.d.waiting.Add(-1)
+	p.d.sources.leave(p.source)
+	p.d.unregisteredCosts.Release(unregisteredCost)
 }
 
 // registered makes p a registered peer of role ro: its share and read limit grow to a

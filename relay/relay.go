@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"net/url"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -21,7 +22,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/budget"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
 // ShutdownTimeout bounds a graceful shutdown: open connections get a close handshake until then.
@@ -35,54 +36,37 @@ const (
 )
 
 // Relay is one cluster relay: the upstream Cloudly session, the downstream listener carrying the
-// cluster's nodes and ingress, and the admin listener.
+// cluster's nodes and ingress, the parts, and the admin listener. Relay wires them; each owns its
+// own state.
 type Relay struct {
-	cfg        Config         // set at construction
-	log        zerolog.Logger // set at construction: component relay
-	downLog    zerolog.Logger // set at construction: shared by every downstream connection
-	upLog      zerolog.Logger // set at construction: the Cloudly session's
-	adminLog   zerolog.Logger // set at construction: the admin listener's
-	refusalLog zerolog.Logger // set at construction: sampled, for refusals a peer can repeat at will
-	registry   *prometheus.Registry
-	metrics    *metrics
+	cfg      Config               // set at construction
+	log      logs                 // set at construction
+	registry *prometheus.Registry // set at construction: served on /metrics
+	metrics  *metrics             // set at construction
 
-	// The features, found out at New (features.go): the methods they serve are in dispatch, and
-	// the relay tells observers what happens and runs components.
-	dispatch   dispatch
-	observers  []Observer
-	components []part
-	reporters  []part                    // parts with facts for the status page
-	v2         http.Handler              // set at construction: registry forwarding under /v2/; nil: off
-	vpnHub     *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
+	up       *upstream                 // set at construction: the Cloudly session
+	down     *downstream               // set at construction: every downstream connection and its bounds
+	streams  *streamTable              // set at construction: VirtualStreams bound to node connections
+	parts    parts                     // set at construction: the enabled parts, by what each hears and does
+	dispatch dispatch                  // set at construction: which handler serves a method, per side
+	v2       http.Handler              // set at construction: registry forwarding under /v2/; nil: off
+	vpnHub   *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
+	certs    *certReloader             // set at construction: the downstream certificate; nil with --insecure-plaintext
 
-	certs   *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
-	up      *upstream     // set at construction
 	custody custody
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
 	registrations atomic.Int64
-
-	nodes   nodeTable
-	peers   peerSet
-	peerIDs atomic.Uint64
-	streams *streamTable   // set at construction
-	budget  *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
-
-	anonymous *anonymousPool // set at construction: registrations of unregistered connections
-	// unregisteredCosts holds the own cost of every unregistered connection (peer.go), at most
-	// 1/unregisteredPart of the budget; never evicted.
-	unregisteredCosts *budget.Share
-	sources           *sourceCounts // set at construction: unregistered connections per source address
+	draining      atomic.Bool // shutting down: new requests are refused, those in flight finish
 
 	downLn, adminLn net.Listener // set by Listen
-	serveCtx        context.Context
-	draining        atomic.Bool // shutting down: new requests are refused, those in flight finish
+}
 
-	// Timings of every socket; zero means the SPEC §2 defaults. Tests shorten them.
-	pingInterval, deadTimeout, callTimeout time.Duration
-
-	waiting          atomic.Int64  // downstream connections without an accepted registration
-	maxWaiting       int64         // set at construction: more are refused at the upgrade
-	registerDeadline time.Duration // set at construction: a connection registers within it or is closed
+// logs are the relay's component loggers.
+type logs struct {
+	relay   zerolog.Logger // component relay
+	up      zerolog.Logger // the Cloudly session's
+	admin   zerolog.Logger // the admin listener's
+	refusal zerolog.Logger // sampled, for refusals a peer can repeat at will
 }
 
 // Options are how a Relay is built beyond its Config. The zero value is usable.
@@ -110,36 +94,22 @@ type Options struct {
 	RegisterDeadline time.Duration
 }
 
-// New builds a relay from a completed Config (Config.Complete) and its features. It fails on a
-// TLS pair it cannot load, on features that serve one method twice, and when its metrics cannot
-// be registered.
+// New builds a relay from a completed Config (Config.Complete) and its parts. It fails on a TLS
+// pair it cannot load, on parts that serve one method twice, and when its metrics cannot be
+// registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
 	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, vpnHub: opts.VPNHub,
-		log:          log.With().Str("component", "relay").Logger(),
-		downLog:      log.With().Str("component", "downstream").Logger(),
-		upLog:        log.With().Str("component", "upstream").Logger(),
-		adminLog:     log.With().Str("component", "admin").Logger(),
-		refusalLog:   log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
-		streams:      newStreamTable(),
-		budget:       budget.New(cfg.PeerMemoryBytes),
-		sources:      &sourceCounts{max: cfg.MaxUnregisteredPerSource, n: make(map[string]int)},
-		pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout,
-		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline}
-	if r.maxWaiting <= 0 {
-		r.maxWaiting = MaxUnregistered
-	}
-	if r.registerDeadline <= 0 {
-		r.registerDeadline = RegisterDeadline
-	}
+		log: logs{
+			relay:   log.With().Str("component", "relay").Logger(),
+			up:      log.With().Str("component", "upstream").Logger(),
+			admin:   log.With().Str("component", "admin").Logger(),
+			refusal: log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
+		},
+		streams: newStreamTable()}
 	if r.registry == nil {
 		r.registry = NewRegistry()
 	}
-	if cfg.PeerMemoryBytes <= 0 { // a Config that was not completed
-		r.budget = budget.New(DefaultPeerMemoryBytes)
-	}
-	r.anonymous = &anonymousPool{share: r.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
-	r.unregisteredCosts = r.budget.NewShare(r.budget.Limit()/unregisteredPart, nil, nil)
 	if !cfg.InsecurePlaintext {
 		// Loaded here, not in Serve, so that an unusable pair is a configuration error (exit 2
 		// naming the flag) before anything binds.
@@ -149,40 +119,32 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 		}
 		r.certs = certs
 	}
-	r.nodes.byID = make(map[string]*peer)
-	r.peers.byID = make(map[uint64]*peer)
-
-	parts := partsOf(feats)
-	d, err := r.newDispatch(parts)
+	list := feats.withRegistry()
+	d, err := r.newDispatch(list)
 	if err != nil {
 		return nil, err
 	}
 	r.dispatch = d
-	for _, pt := range parts {
-		if pt.observer != nil {
-			r.observers = append(r.observers, pt.observer)
-		}
-		if pt.component != nil {
-			r.components = append(r.components, pt)
-		}
-		if pt.reporter != nil {
-			r.reporters = append(r.reporters, pt)
-		}
-	}
-
+	r.metrics = newMetrics()
+	t := timings{pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout}
+	r.down = newDownstream(downstreamConfig{
+		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
+		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, timings: t,
+	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{
+		serve: r.servePeer, serveStream: r.serveNodeStream, gone: r.peerGone, dropped: r.countDropped,
+	})
+	r.up = newUpstream(r, upstreamConfig{
+		url: cfg.CloudlyURL, tokenFile: cfg.CloudlyTokenFile, roots: opts.CloudlyRoots, allowHTTP: cfg.InsecurePlaintext,
+		readLimit: cfg.MaxMessageBytes, timings: t,
+	}, log, &r.metrics.up)
 	var reg prometheus.Registerer = r.registry
 	if opts.Registerer != nil {
 		reg = opts.Registerer
 	}
-	m, err := r.newMetrics(reg)
-	if err != nil {
+	if err := r.registerMetrics(reg); err != nil {
 		return nil, err
 	}
-	r.metrics = m
-	r.up = newUpstream(r, upstreamConfig{
-		url: cfg.CloudlyURL, tokenFile: cfg.CloudlyTokenFile, roots: opts.CloudlyRoots, allowHTTP: cfg.InsecurePlaintext,
-		readLimit: cfg.MaxMessageBytes, pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout,
-	}, log, &m.up)
+	r.parts = sortParts(list, r.up)
 	return r, nil
 }
 
@@ -196,11 +158,8 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// Registry is the relay's metrics registry; features register their own metrics in it.
-func (r *Relay) Registry() *prometheus.Registry { return r.registry }
-
-// Upstream is the Cloudly session as features see it.
-func (r *Relay) Upstream() Upstream { return r.up }
+// Upstream is the Cloudly session as parts see it.
+func (r *Relay) Upstream() feature.Upstream { return r.up }
 
 // Listen binds the downstream and admin listeners.
 func (r *Relay) Listen() error {
@@ -228,16 +187,16 @@ func (r *Relay) listenPort() int { return r.downLn.Addr().(*net.TCPAddr).Port }
 func (r *Relay) Serve(ctx context.Context) error {
 	serveCtx, cancelServe := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelServe()
-	r.serveCtx = serveCtx
+	r.down.ctx = serveCtx
 
 	// SPEC §15: idle 60 s, headers 10 s on both servers; /v2/ sets its own progress deadlines.
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
-		ErrorLog: newStdLogger(r.downLog),
+		ErrorLog: newStdLogger(r.down.log),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, rawConnKey{}, c)
 		}}
 	admin := &http.Server{Handler: capRequests(r.adminHandler(), maxAdminRequests), ReadHeaderTimeout: headerTimeout,
-		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.adminLog)}
+		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.log.admin)}
 	downLn := r.downLn
 	if r.certs != nil {
 		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
@@ -252,28 +211,28 @@ func (r *Relay) Serve(ctx context.Context) error {
 	// connections and the Cloudly session.
 	compCtx, stopComponents := context.WithCancel(serveCtx)
 	defer stopComponents()
-	for _, c := range r.components {
+	for _, c := range r.parts.components {
 		g.Go(func() error {
-			if err := c.component.Run(compCtx); err != nil {
+			if err := c.v.Run(compCtx); err != nil {
 				return fmt.Errorf("%s: %w", c.name, err)
 			}
 			return nil
 		})
 	}
 	g.Go(func() error { r.sweepStreams(gctx); return nil })
-	r.log.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
+	r.log.relay.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
 		Str("cloudly", redactURL(r.cfg.CloudlyURL)).Msg("relay serving")
 
 	<-gctx.Done()
-	r.log.Info().Msg("relay shutting down")
+	r.log.relay.Info().Msg("relay shutting down")
 	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
 	begin := time.Now()
-	step := func(what string) { r.log.Debug().Dur("latency", time.Since(begin)).Msg("shutdown: " + what) }
+	step := func(what string) { r.log.relay.Debug().Dur("latency", time.Since(begin)).Msg("shutdown: " + what) }
 	down.Shutdown(deadline)
 	step("listener closed")
 	r.drain(ShutdownTimeout / 2)
-	r.peers.closeAll(deadline)
+	r.down.peers.closeAll(deadline)
 	step("downstream connections closed")
 	r.up.close(deadline)
 	step("Cloudly session closed")
@@ -293,6 +252,37 @@ func (r *Relay) Run(ctx context.Context) error {
 	return r.Serve(ctx)
 }
 
+// serveDownstream serves the downstream listener: /v2/ to registry forwarding, a WebSocket
+// upgrade on every other path. Any other plain HTTP request is answered and its connection
+// closed, so that an anonymous client holds no idle keep-alive connection outside every
+// WebSocket bound.
+func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
+	if req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/") {
+		if r.v2 == nil {
+			w.Header().Set("Connection", "close")
+			http.Error(w, "registry forwarding is off on this relay", http.StatusNotFound)
+			return
+		}
+		r.v2.ServeHTTP(w, req)
+		return
+	}
+	if !isWebSocketUpgrade(req) {
+		w.Header().Set("Connection", "close")
+		w.Header().Set("Upgrade", "websocket")
+		http.Error(w, "this endpoint serves TypedRequest over WebSocket", http.StatusUpgradeRequired)
+		return
+	}
+	r.down.accept(w, req)
+}
+
+// peerGone: a downstream connection ended. The parts hear it, and its streams end.
+func (r *Relay) peerGone(p *peer) {
+	for _, w := range r.parts.peerGone {
+		w.PeerGone(p)
+	}
+	r.streams.peerGone(p, time.Now())
+}
+
 // drain refuses new requests, tells every node and ingress connection the relay is detaching
 // (pushRelayUpstreamChanged { attached: false }), and waits, at most max, for their answers and
 // for every request in flight in either direction to be answered. A peer's requests sent before
@@ -303,10 +293,7 @@ func (r *Relay) drain(max time.Duration) {
 	deadline := time.Now().Add(max)
 	var acks sync.WaitGroup
 	body := json.RawMessage(`{"attached":false}`)
-	for _, p := range r.peers.snapshot() {
-		if p.roleIs(roleNone) {
-			continue
-		}
+	for _, p := range r.down.carried() {
 		acks.Add(1)
 		p.Call(contracts.MethodPushRelayUpstreamChanged, body, func(json.RawMessage, error) { acks.Done() })
 	}
@@ -316,19 +303,15 @@ func (r *Relay) drain(max time.Duration) {
 	case <-acked:
 	case <-time.After(time.Until(deadline)):
 	}
-	r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told, drain")
+	r.log.relay.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: peers told, drain")
 	for time.Now().Before(deadline) {
-		busy := r.up.inflight()
-		for _, p := range r.peers.snapshot() {
-			busy += p.conn.Inflight()
-		}
-		if busy == 0 {
-			r.log.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: nothing in flight")
+		if r.up.inflight()+r.down.inflight() == 0 {
+			r.log.relay.Debug().Dur("latency", max-time.Until(deadline)).Msg("shutdown: nothing in flight")
 			return
 		}
 		time.Sleep(10 * time.Millisecond)
 	}
-	r.log.Warn().Msg("shutdown: requests still in flight after the drain time")
+	r.log.relay.Warn().Msg("shutdown: requests still in flight after the drain time")
 }
 
 // capRequests serves at most n requests at once; more are answered 503 at once.
@@ -386,8 +369,8 @@ func (r *Relay) ready() error {
 	if !r.up.Attached() {
 		return errors.New("upstream detached")
 	}
-	for _, c := range r.components {
-		if err := c.component.Ready(); err != nil {
+	for _, c := range r.parts.components {
+		if err := c.v.Ready(); err != nil {
 			return fmt.Errorf("%s: %w", c.name, err)
 		}
 	}

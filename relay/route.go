@@ -75,7 +75,7 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.refuseCloudly(req, "", contracts.RelayRequestInvalid.Refuse("%s names no node (session.nodeId or nodeId)", req.Method))
 		return
 	}
-	p := r.nodes.get(node)
+	p := r.down.nodes.get(node)
 	if r.draining.Load() {
 		p = nil // the relay is shutting down: its nodes are about to be carried by no one
 	}
@@ -111,7 +111,7 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 // is the one peer whose misrouted requests an operator must be able to see. Sampled, so that a
 // burst cannot flood the log.
 func (r *Relay) refuseCloudly(req *typedsocket.Request, node string, err error) {
-	r.refusalLog.Info().Str("method", req.Method).Str("node", node).
+	r.log.refusal.Info().Str("method", req.Method).Str("node", node).
 		Str("outcome", contracts.RefusalLabel(err)).Msg("refused a Cloudly request")
 	r.answer(req, nil, err)
 }
@@ -138,7 +138,7 @@ func (r *Relay) forwarded(direction string, err error) {
 
 // logForward logs a forwarded request at debug level: method, node, size, outcome, never a body.
 func (r *Relay) logForward(method, node string, size int, err error, start time.Time) {
-	ev := r.downLog.Debug()
+	ev := r.down.log.Debug()
 	if !ev.Enabled() {
 		return
 	}
@@ -155,10 +155,7 @@ func (r *Relay) logForward(method, node string, size int, err error, start time.
 // it learns the state from its next request.
 func (r *Relay) announceAttached() {
 	body := json.RawMessage(`{"attached":true}`)
-	for _, p := range r.peers.snapshot() {
-		if p.roleIs(roleNone) {
-			continue
-		}
+	for _, p := range r.down.carried() {
 		p.Call(contracts.MethodPushRelayUpstreamChanged, body, func(_ json.RawMessage, err error) {
 			if err != nil && errors.Is(err, contracts.RelayNodeBusy) {
 				r.metrics.dropped.WithLabelValues("upstream-changed-queue-full").Inc()

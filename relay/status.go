@@ -87,8 +87,8 @@ func (r *Relay) status() Status {
 		Build: statusBuild{Version: r.cfg.BuildVersion, InterfacesVersion: contracts.InterfacesVersion,
 			MinimumPeerVersion: contracts.MinimumPeerVersion, ClusterID: r.cfg.ClusterID, NodeID: r.cfg.NodeID},
 		Cloudly: statusCloudly{Custody: "held", URL: redactURL(r.cfg.CloudlyURL)},
-		Downstream: statusDownstream{Unregistered: r.waiting.Load(), Streams: r.streams.len(),
-			BudgetUsedBytes: r.budget.Used(), BudgetLimitBytes: r.budget.Limit(), BudgetEvictions: r.budget.Evictions(),
+		Downstream: statusDownstream{Unregistered: r.down.waiting.Load(), Streams: r.streams.len(),
+			BudgetUsedBytes: r.down.budget.Used(), BudgetLimitBytes: r.down.budget.Limit(), BudgetEvictions: r.down.budget.Evictions(),
 			UpstreamQueued: r.up.queueLen()},
 	}
 	if s := r.up.state.Load(); s != nil {
@@ -97,7 +97,7 @@ func (r *Relay) status() Status {
 	if name := r.custody.endedBy(); name != "" {
 		st.Cloudly.Custody = string(name)
 	}
-	peers := r.peers.snapshot()
+	peers := r.down.peers.snapshot()
 	st.Downstream.Connections = len(peers)
 	var nodes []statusNode
 	for _, p := range peers {
@@ -113,20 +113,20 @@ func (r *Relay) status() Status {
 		return cmp.Or(cmp.Compare(b.RequestsToCloudly+b.RequestsToNode, a.RequestsToCloudly+a.RequestsToNode), strings.Compare(a.Node, b.Node))
 	})
 	st.Nodes.Busiest = nodes[:min(len(nodes), statusNodeRows)]
-	for _, c := range r.components {
+	for _, c := range r.parts.components {
 		ready := "ready"
-		if err := c.component.Ready(); err != nil {
+		if err := c.v.Ready(); err != nil {
 			ready = err.Error()
 		}
 		st.Parts = append(st.Parts, statusPart{Name: c.name, Ready: ready})
 	}
-	for _, p := range r.reporters {
+	for _, p := range r.parts.reporters {
 		i := slices.IndexFunc(st.Parts, func(s statusPart) bool { return s.Name == p.name })
 		if i < 0 {
 			st.Parts = append(st.Parts, statusPart{Name: p.name, Ready: "ready"})
 			i = len(st.Parts) - 1
 		}
-		st.Parts[i].Status = p.reporter.Status()
+		st.Parts[i].Status = p.v.Status()
 	}
 	return st
 }

@@ -137,7 +137,7 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 				hub.Close()
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Escrow: esc, Ingress: in, Restore: rs, Hub: hub, Registry: reg}, o)
+			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub}}, Registry: reg}, o)
 		},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/backoff"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
@@ -32,9 +33,8 @@ const (
 // upstreamHost is what an upstream needs of the relay: the narrow seam between one Cloudly
 // session and everything else. The relay implements it.
 type upstreamHost interface {
-	// serveCloudly serves one of Cloudly's requests, on the socket's read loop; attached is true
-	// when the socket's registration was accepted.
-	serveCloudly(req *typedsocket.Request, attached bool)
+	// serveCloudly serves one of Cloudly's requests, on the socket's read loop.
+	serveCloudly(req *typedsocket.Request)
 	// serveCloudlyStream forwards one of Cloudly's stream frames; c is the socket it came on.
 	serveCloudlyStream(c *typedsocket.Conn, f *typedsocket.StreamFrame)
 	// nextRegistration is the registerClusterRelay body to send next. registrationSequence counts
@@ -44,7 +44,7 @@ type upstreamHost interface {
 	// before Cloudly's next message is served.
 	registrationAccepted()
 	// upstreamAttached runs once the session is attached, upstreamDetached once it is lost.
-	upstreamAttached(up Upstream)
+	upstreamAttached(up feature.Upstream)
 	upstreamDetached()
 	// undispatched: Cloudly refused the relay with one of the three undispatched refusals.
 	undispatched(name contracts.RefusalName)
@@ -59,8 +59,7 @@ type upstreamConfig struct {
 	roots     *x509.CertPool // Cloudly's certificate roots; nil: the system's
 	allowHTTP bool           // --insecure-plaintext: an http origin is canonical too
 	readLimit int64          // --max-message-bytes
-	// Timings of the socket; zero means the SPEC §2 defaults.
-	pingInterval, deadTimeout, callTimeout time.Duration
+	timings   timings        // the socket's; zero means the SPEC §2 defaults
 }
 
 // upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
@@ -274,9 +273,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 	}
 	s := &socket{raw: raw}
 	s.conn = typedsocket.New(ws, typedsocket.Options{
-		Handler: typedsocket.HandlerFunc(func(_ *typedsocket.Conn, req *typedsocket.Request) {
-			u.host.serveCloudly(req, s.accepted.Load())
-		}),
+		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, req *typedsocket.Request) { u.host.serveCloudly(req) }),
 		Streams:       typedsocket.StreamHandlerFunc(u.host.serveCloudlyStream),
 		Dropped:       u.host.countDropped,
 		ReadLimit:     u.cfg.readLimit,
@@ -285,9 +282,9 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 		MaxInflight:   upstreamMaxInflight,
 		BusyError:     contracts.RelayNodeBusy.Refuse("the relay has too many Cloudly requests in flight"),
 		Logger:        u.log,
-		PingInterval:  u.cfg.pingInterval,
-		DeadTimeout:   u.cfg.deadTimeout,
-		CallTimeout:   u.cfg.callTimeout,
+		PingInterval:  u.cfg.timings.pingInterval,
+		DeadTimeout:   u.cfg.timings.deadTimeout,
+		CallTimeout:   u.cfg.timings.callTimeout,
 		Cork:          raw,
 		Pongs:         pongs,
 	})

@@ -12,6 +12,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/escrow"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
@@ -91,7 +92,7 @@ func TestAttach(t *testing.T) {
 		}
 		var mu sync.Mutex
 		var answers []error
-		e := relaytest.Start(t, relaytest.Options{Features: relay.Features{Escrow: esc}, Cloudly: func(c *sim.Cloudly) {
+		e := relaytest.Start(t, relaytest.Options{Features: relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}}, Cloudly: func(c *sim.Cloudly) {
 			// A clearing hold: refused by shape at worst, never as not from Cloudly.
 			c.CallAfterAccepting(contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals, json.RawMessage(`{}`), func(rep typedsocket.Reply) {
 				mu.Lock()
@@ -160,7 +161,7 @@ func TestAttach(t *testing.T) {
 func TestCustody(t *testing.T) {
 	t.Run("an undispatched refusal ends custody", func(t *testing.T) {
 		esc := &recordingEscrow{}
-		e := start(t, relay.Features{Escrow: esc})
+		e := start(t, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}})
 		e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
 		e.cloudly.Drop()
 		e.eventually("custody ended", func() bool { return esc.custodyEnded() > 0 })
@@ -179,7 +180,7 @@ func TestCustody(t *testing.T) {
 
 	t.Run("another refusal keeps custody", func(t *testing.T) {
 		esc := &recordingEscrow{}
-		e := start(t, relay.Features{Escrow: esc})
+		e := start(t, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}})
 		e.cloudly.SetRegistrationRefusal(&contracts.Refusal{Name: "relay-unverified", Reason: "could not verify the relay"})
 		e.cloudly.Drop()
 		e.eventually("refused again", func() bool { return len(e.cloudly.Sequences()) >= 3 })
@@ -194,7 +195,7 @@ func TestCustody(t *testing.T) {
 
 	t.Run("the configuration push: relay null ends custody, a relay block resumes it", func(t *testing.T) {
 		esc := &recordingEscrow{}
-		e := start(t, relay.Features{Escrow: esc})
+		e := start(t, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}})
 		ctx := ctx5(t)
 		push := func(relayBlock any, cluster string) error {
 			_, err := e.cloudly.Call(ctx, contracts.MethodPushClusterRelayConfig, mustJSON(map[string]any{
@@ -240,6 +241,7 @@ func TestCustody(t *testing.T) {
 
 // recordingEscrow is a port fake: an escrow feature that records what the relay tells it.
 type recordingEscrow struct {
+	up       feature.Upstream // set by UseUpstream
 	mu       sync.Mutex
 	ended    int
 	attached []bool
@@ -251,27 +253,27 @@ func (r *recordingEscrow) Methods() (fromCloudly, fromDownstream []string) {
 	hold := []string{contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals}
 	return hold, hold
 }
-func (r *recordingEscrow) ServeCloudly(_ string, attached bool, _ json.RawMessage, reply func(json.RawMessage, error)) {
-	if !attached {
+func (r *recordingEscrow) UseUpstream(up feature.Upstream) { r.up = up }
+func (r *recordingEscrow) ServeCloudly(_ string, _ json.RawMessage, reply feature.Reply) {
+	if !r.up.Attached() {
 		reply(nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session"))
 		return
 	}
 	reply(json.RawMessage(`{"held":0}`), nil)
 }
-func (r *recordingEscrow) ServeDownstream(_ string, _ relay.Peer, _ json.RawMessage, reply func(json.RawMessage, error)) {
+func (r *recordingEscrow) ServeDownstream(_ string, _ feature.Peer, _ json.RawMessage, reply feature.Reply) {
 	reply(nil, contracts.EscrowCloudlyOnly.Refuse("not from the attached Cloudly session"))
 }
-func (r *recordingEscrow) Attached(relay.Upstream)                 { r.record(&r.attached, true) }
-func (r *recordingEscrow) Detached()                               { r.record(&r.attached, false) }
-func (r *recordingEscrow) CustodyEnded()                           { r.mu.Lock(); r.ended++; r.mu.Unlock() }
-func (r *recordingEscrow) Configured(contracts.ClusterRelayConfig) {}
-func (r *recordingEscrow) NodeBound(n relay.Node) {
+func (r *recordingEscrow) Attached(feature.Upstream) { r.record(&r.attached, true) }
+func (r *recordingEscrow) Detached()                 { r.record(&r.attached, false) }
+func (r *recordingEscrow) CustodyEnded()             { r.mu.Lock(); r.ended++; r.mu.Unlock() }
+func (r *recordingEscrow) NodeBound(n feature.Node) {
 	r.mu.Lock()
 	r.bound = append(r.bound, n.Session().NodeID)
 	r.mu.Unlock()
 }
-func (r *recordingEscrow) PeerGone(p relay.Peer) {
-	if n, ok := p.(relay.Node); ok && n.Session().NodeID != "" {
+func (r *recordingEscrow) PeerGone(p feature.Peer) {
+	if n, ok := p.(feature.Node); ok && n.Session().NodeID != "" {
 		r.mu.Lock()
 		r.gone = append(r.gone, n.Session().NodeID)
 		r.mu.Unlock()

@@ -110,7 +110,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 				return nil, err
 			}
 			t.Cleanup(func() { h.restore.Close() })
-			return relay.New(cfg, relay.Features{Restore: h.restore}, ro)
+			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "restore", Impl: h.restore}}}, ro)
 		},
 	})
 	h.Eventually("the relay applies the configuration push", func() bool { return h.restore.Carried("node-a") })

@@ -5,17 +5,12 @@ import (
 	"errors"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
-// The hub as the relay sees it: relay.Feature (pushClusterVpnMembership) and relay.Component
-// (Run, Ready). The relay finds these by their method sets; this package does not import it. The
-// hub's endpoint (Endpoint) is configuration the relay is given, not a call it makes.
-
-// Peer is the relay's alias of the same name: a downstream connection. The hub serves none.
-type Peer = interface {
-	ID() uint64
-	Call(method string, body json.RawMessage, done func(json.RawMessage, error))
-}
+// The hub as the relay sees it (package feature): it serves pushClusterVpnMembership from Cloudly
+// and runs beside the relay. The hub's endpoint (Endpoint) is configuration the relay is given,
+// not a call it makes.
 
 // Methods: pushClusterVpnMembership, from Cloudly only.
 func (h *Hub) Methods() (fromCloudly, fromDownstream []string) {
@@ -23,13 +18,8 @@ func (h *Hub) Methods() (fromCloudly, fromDownstream []string) {
 }
 
 // ServeCloudly serves pushClusterVpnMembership (PushMembership).
-func (h *Hub) ServeCloudly(_ string, _ bool, body json.RawMessage, reply func(json.RawMessage, error)) {
+func (h *Hub) ServeCloudly(_ string, body json.RawMessage, reply feature.Reply) {
 	reply(h.PushMembership(body))
-}
-
-// ServeDownstream: the hub serves nothing to downstream peers.
-func (h *Hub) ServeDownstream(method string, _ Peer, _ json.RawMessage, reply func(json.RawMessage, error)) {
-	reply(nil, contracts.RelayMethodUnknown.Refuse("%s is not served to this connection", method))
 }
 
 // Ready is an error once Run has stopped the hub.

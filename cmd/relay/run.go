@@ -78,12 +78,10 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 	if err != nil {
 		return nil, nil, err
 	}
-	feats.Restore = rs
 	in, err := ingress.New(ingress.Options{Logger: log, Registerer: opts.Registerer})
 	if err != nil {
 		return nil, nil, err
 	}
-	feats.Ingress = in
 	if cfg.RegistryUpstream != "" {
 		roots, err := caPool(cfg.RegistryCAFile, "registry-ca-file")
 		if err != nil {
@@ -105,14 +103,15 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 	if err != nil {
 		return nil, nil, err
 	}
-	feats.Escrow = esc
+	// The order the parts hear each event in, and are listed on the status page.
+	feats.Parts = []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}}
 	var hub *vpnhub.Hub
 	if cfg.HubListen != "" {
 		var err error
 		if hub, err = buildHub(cfg, log, opts.Registerer, devHubAddress); err != nil {
 			return nil, nil, err
 		}
-		feats.Hub = hub
+		feats.Parts = append(feats.Parts, relay.Part{Name: "vpnhub", Impl: hub})
 		ep := hub.Endpoint()
 		opts.VPNHub = &ep // what the registration reports: the hub is bound, its endpoint final
 	}

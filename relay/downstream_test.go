@@ -238,7 +238,7 @@ func TestUnregisteredConnections(t *testing.T) {
 						if err != nil {
 							return nil, err
 						}
-						return relay.New(cfg, relay.Features{Ingress: in}, o)
+						return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "ingress", Impl: in}}}, o)
 					},
 				})
 				control.Designate("node-a", "bearer-ingress-a")

@@ -1,0 +1,122 @@
+// Package feature is the seam between the relay core and its optional parts (escrow, ingress,
+// restore, vpnhub, platform): the ports a part is handed — Peer, Node, Upstream — and the small
+// interfaces a part implements to serve methods, hear events, run beside the relay and report to
+// the status page. A part implements only what it cares about; the relay finds out which, one
+// interface at a time, when it is built, and never asks again.
+//
+// It imports only the standard library and contracts, so every part imports it and none imports
+// the relay or another part; cmd/relay wires them together.
+//
+// Replies: every Reply is called exactly once, from any goroutine, and must not block. An error
+// given to a Reply is sent to the caller as is: a *contracts.Refusal travels as
+// "<name>: <reason>", a *contracts.ProtocolRefusal as the protocol refusal, and an error a Peer or
+// Upstream call returned (the remote peer's own error) untouched.
+package feature
+
+import (
+	"context"
+	"encoding/json"
+
+	"code.foss.global/serve.zone/relay/contracts"
+)
+
+// Reply answers one request: its body, or an error.
+type Reply = func(body json.RawMessage, err error)
+
+// Peer is one downstream connection.
+//
+//   - ID is unique per connection for the life of the process.
+//   - Call sends a request to the peer, never blocking; done gets its answer body or an error:
+//     the peer's own error, or a refusal (relay-node-busy when its send queue is full,
+//     relay-node-not-carried when the connection is gone, relay-call-timeout).
+type Peer interface {
+	ID() uint64
+	Call(method string, body json.RawMessage, done Reply)
+}
+
+// Node is a downstream connection bound to a node session. Session is the binding Cloudly
+// answered the node's latest accepted registration with; Context ends when the connection does.
+type Node interface {
+	Peer
+	Session() contracts.RuntimeSession
+	Context() context.Context
+}
+
+// Upstream is the relay's Cloudly session.
+//
+//   - Attached reports whether the relay has an accepted registration with Cloudly now; a request
+//     Cloudly sends right after accepting one already sees true.
+//   - Call sends a request to Cloudly; done gets Cloudly's answer or error untouched, or a
+//     refusal (relay-upstream-detached, relay-upstream-busy, relay-call-timeout).
+type Upstream interface {
+	Attached() bool
+	Call(method string, body json.RawMessage, done Reply)
+}
+
+// Serving. A part lists what it serves once (Methods, read when the relay is built) and serves it
+// on the caller's read loop: it must not block (start a goroutine for slow work, as restore
+// does). The relay's method table (relay/methods.go) says what happens to a method no part
+// serves.
+
+// Server lists the methods a part serves: fromCloudly are methods Cloudly calls on the relay,
+// fromDownstream methods a node or the ingress calls on it. A part that lists methods from a side
+// implements that side's serving interface.
+type Server interface {
+	Methods() (fromCloudly, fromDownstream []string)
+}
+
+// CloudlyServer serves Cloudly's requests for the methods it lists.
+type CloudlyServer interface {
+	ServeCloudly(method string, body json.RawMessage, reply Reply)
+}
+
+// DownstreamServer serves a downstream peer's requests for the methods it lists.
+type DownstreamServer interface {
+	ServeDownstream(method string, p Peer, body json.RawMessage, reply Reply)
+}
+
+// Events. Each is short, never blocks, and is never called with a relay lock held.
+
+// UpstreamUser is handed the relay's Cloudly session once, when the relay is built, before
+// anything runs.
+type UpstreamUser interface{ UseUpstream(up Upstream) }
+
+// AttachWatcher hears that Cloudly accepted the relay's registration.
+type AttachWatcher interface{ Attached(up Upstream) }
+
+// DetachWatcher hears that the attached session was lost (or closed for shutdown).
+type DetachWatcher interface{ Detached() }
+
+// CustodyWatcher hears that Cloudly named an undispatched refusal (SPEC §4.4) or pushed
+// relay: null: it no longer dispatches to this relay.
+type CustodyWatcher interface{ CustodyEnded() }
+
+// ConfigWatcher hears Cloudly's relay configuration push (SPEC §4.1); the newest replaces the
+// rest.
+type ConfigWatcher interface {
+	Configured(cfg contracts.ClusterRelayConfig)
+}
+
+// NodeWatcher hears that a connection was bound, or bound again (a rotation), to a node session.
+// The connection's end is n.Context()'s: a part that keeps n follows it (context.AfterFunc).
+type NodeWatcher interface{ NodeBound(n Node) }
+
+// PeerWatcher hears that a downstream connection ended, whatever it carried.
+type PeerWatcher interface{ PeerGone(p Peer) }
+
+// Running and reporting.
+
+// Component is a part the relay runs beside itself. The relay starts Run and stops it (ends its
+// ctx) after the downstream connections and the Cloudly session are closed; a Run that fails
+// before then stops the relay with its error. Ready says why the part cannot serve now (nil: it
+// can); /readyz reports it.
+type Component interface {
+	Run(ctx context.Context) error
+	Ready() error
+}
+
+// Reporter is a part with facts for the operator's status page (/status, /status.json): Status
+// returns a value encoding/json can marshal — counts, states, times, and at most 100 rows of any
+// list — built from counters the part keeps anyway, cheap enough to build on every page load. It
+// never holds a secret or a body: no bearer, JWT, grant, key, route table or request body.
+type Reporter interface{ Status() any }
