@@ -62,7 +62,7 @@ func IsIsolatedRestoreMethod(m string) bool {
 func IsServedToCloudly(m string) bool {
 	switch m {
 	case MethodPushClusterRelayConfig, MethodPushClusterVpnMembership, MethodHoldRuntimeNetworkDnsLeaseRenewals,
-		MethodPushClusterRouteTable, MethodGetClusterTrafficStatistics:
+		MethodPushClusterRouteTable, MethodGetClusterTrafficStatistics, MethodPushCorestoreCredential:
 		return true
 	}
 	return IsIsolatedRestoreMethod(m)
