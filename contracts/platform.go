@@ -34,7 +34,7 @@ const MaxCorestoreClosureBytes = 256 << 20
 // Corestore platform HTTP (project-defined, SPEC §17). Paths are under the node's Corestore
 // origin; <id> is a backupId, path-escaped.
 const (
-	CorestoreDesiredStatePath = "/platform/desired-state"      // PUT { capabilities, providerConfigs, bindings }
+	CorestoreDesiredStatePath = "/platform/desired-state"       // PUT { capabilities, providerConfigs, bindings }
 	CorestoreReadyBackupsPath = "/platform/backups?state=ready" // GET { backups: [{ backupId, serviceId, descriptor }] }
 	CorestoreBackupsPrefix    = "/platform/backups/"            // + <id>/closure (GET), <id>/delivered (POST)
 	CorestoreWantedPath       = "/platform/restores?state=wanted"
