@@ -49,6 +49,7 @@ var layers = map[string]layer{
 	"escrow":                     {floor: parts, own: []string{"contracts", "feature", "internal/tally"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"ingress":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"restore":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"platform":                   {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"corestore":                  {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":                   {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":                     {floor: parts, own: []string{"contracts", "feature", "internal/tally", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},

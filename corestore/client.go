@@ -49,6 +49,9 @@ type Options struct {
 	MaxResponseBytes int64
 	// MaxConnsPerOrigin bounds the connections open to one Corestore.
 	MaxConnsPerOrigin int
+	// StallTimeout bounds how long a platform closure may stand still at Corestore's end
+	// (platform.go); it replaces Timeout for closures, which take as long as they move.
+	StallTimeout time.Duration
 }
 
 // Client calls node Corestores. It is safe for concurrent use.
@@ -72,6 +75,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.MaxConnsPerOrigin <= 0 {
 		opts.MaxConnsPerOrigin = DefaultMaxConnsPerOrigin
+	}
+	if opts.StallTimeout <= 0 {
+		opts.StallTimeout = DefaultStallTimeout
 	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {

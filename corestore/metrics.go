@@ -19,7 +19,7 @@ type metrics struct {
 func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	m := &metrics{
 		requests: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "corestore", Name: "requests_total",
-			Help: "Calls to node Corestores by operation and outcome: answered, refused, oversized, unreachable."}, []string{"op", "outcome"}),
+			Help: "Calls to node Corestores by operation and outcome: answered, refused, oversized, unreachable, aborted."}, []string{"op", "outcome"}),
 		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{Namespace: "relay", Subsystem: "corestore", Name: "request_duration_seconds",
 			Help:    "Time from sending a control to Corestore to the end of its answer, by operation.",
 			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30}}, []string{"op"}),
@@ -41,7 +41,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) observe(op, outcome string, sent, received int, d time.Duration) {
 	switch op {
-	case contracts.CorestoreOpPrepare, contracts.CorestoreOpWrite, contracts.CorestoreOpStatus, contracts.CorestoreOpExecute, contracts.CorestoreOpCleanup:
+	case contracts.CorestoreOpPrepare, contracts.CorestoreOpWrite, contracts.CorestoreOpStatus, contracts.CorestoreOpExecute, contracts.CorestoreOpCleanup,
+		OpDesiredState, OpReadyBackups, OpBackupGet, OpDelivered, OpWanted, OpRestorePut:
 	default:
 		op = contracts.RefusalLabelOther // label values are a fixed set
 	}

@@ -46,6 +46,7 @@ var methodTable = map[string]rule{
 	contracts.MethodGetIsolatedRestoreProgressOnNode:   {from: fromCloudly},
 	contracts.MethodExecuteIsolatedRestoreOnNode:       {from: fromCloudly},
 	contracts.MethodCleanupIsolatedRestoreOnNode:       {from: fromCloudly},
+	contracts.MethodPushCorestoreCredential:            {from: fromCloudly}, // the platform agent's
 }
 
 // ruleFor is m's row, and whether it has one.

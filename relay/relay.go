@@ -137,6 +137,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 		url: cfg.CloudlyURL, tokenFile: cfg.CloudlyTokenFile, roots: opts.CloudlyRoots, allowHTTP: cfg.InsecurePlaintext,
 		readLimit: cfg.MaxMessageBytes, timings: t,
 	}, log, &r.metrics.up)
+	r.up.local = newLocalStreams(r.down.budget)
 	var reg prometheus.Registerer = r.registry
 	if opts.Registerer != nil {
 		reg = opts.Registerer

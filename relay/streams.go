@@ -215,8 +215,12 @@ func (r *Relay) serveNodeStream(p *peer, f *typedsocket.StreamFrame) {
 	r.metrics.streamFrames.WithLabelValues("to-cloudly").Inc()
 }
 
-// serveCloudlyStream forwards Cloudly's stream frame down to the stream's node.
+// serveCloudlyStream forwards Cloudly's stream frame down to the stream's node, or hands it to the
+// part holding the stream when the relay itself is its other end (localstreams.go).
 func (r *Relay) serveCloudlyStream(c *typedsocket.Conn, f *typedsocket.StreamFrame) {
+	if r.up.local.deliver(c, f) {
+		return // the part counts its own frames
+	}
 	p, err := r.streams.route(f.StreamID, nil, f.Closing, time.Now())
 	if err == nil {
 		if err = p.conn.SendFrame(f.Frame); err != nil {

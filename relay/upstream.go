@@ -69,6 +69,8 @@ type upstream struct {
 	cfg  upstreamConfig   // set at construction
 	log  zerolog.Logger   // set at construction
 	m    *upstreamMetrics // set at construction
+	// local is the streams parts hold on the socket (localstreams.go); set by New.
+	local *localStreams
 
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.

@@ -74,7 +74,11 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 		opts.Registerer = opts.Registry
 	}
 	var feats relay.Features
-	rs, err := buildRestore(cfg, log, opts.Registerer)
+	cs, err := buildCorestore(cfg, log, opts.Registerer)
+	if err != nil {
+		return nil, nil, err
+	}
+	rs, err := buildRestore(cs, log, opts.Registerer)
 	if err != nil {
 		return nil, nil, err
 	}
@@ -103,8 +107,13 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 	if err != nil {
 		return nil, nil, err
 	}
+	pf, err := buildPlatform(cs, log, opts.Registerer)
+	if err != nil {
+		return nil, nil, err
+	}
 	// The order the parts hear each event in, and are listed on the status page.
-	feats.Parts = []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}}
+	feats.Parts = []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs},
+		{Name: "platform", Impl: pf}}
 	var hub *vpnhub.Hub
 	if cfg.HubListen != "" {
 		var err error
