@@ -88,6 +88,9 @@ func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.
 	if rerr := rd.err(); rerr != nil {
 		return rd.total, rerr
 	}
+	if err != nil {
+		rd.fail(err) // Cloudly's chunks still waiting are answered with it (drain)
+	}
 	return rd.total, err
 }
 
@@ -279,17 +282,22 @@ func (r *reader) next() error {
 	return nil
 }
 
-// drain releases the charges of chunks still queued when the restore ends; none is queued after.
+// drain releases the charges of chunks still queued when the restore ends, answering each with
+// why it ended, so that a writer waiting for one hears it; none is queued after.
 func (r *reader) drain() {
 	r.mu.Lock()
-	defer r.mu.Unlock()
 	r.closed = true
-	for {
-		select {
-		case q := <-r.chunks:
-			r.share.Release(q.size)
-		default:
-			return
+	var left []queuedChunk
+	for len(r.chunks) > 0 {
+		left = append(left, <-r.chunks)
+	}
+	failure, st := r.failure, r.st
+	r.mu.Unlock()
+	for _, q := range left {
+		r.share.Release(q.size)
+		if st != nil {
+			st.Send(contracts.AppendStreamAnswer(nil, contracts.StreamAnswer{StreamID: st.ID(), CycleID: q.f.Request.CycleID,
+				Purpose: "feedback", Refusal: asRefusal(failure)}))
 		}
 	}
 }

@@ -50,7 +50,8 @@ type Cloudly struct {
 	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
 	afterAccept []afterCall   // guarded by mu: sent right after every accepted registration
 
-	streams *streams // set at construction: VirtualStreams on the relay's socket
+	streams  *streams         // set at construction: VirtualStreams on the relay's socket
+	platform *PlatformCloudly // set at construction: the platform agent's side (platformcloudly.go)
 
 	registrations atomic.Int64 // accepted relay registrations
 	slowness      atomic.Int64 // nanoseconds added before every answer
@@ -90,6 +91,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		attachedSig: make(chan struct{}),
 		streams:     newStreams(),
 	}
+	c.platform = newPlatformCloudly(c)
 	c.srv = &http.Server{Handler: http.HandlerFunc(c.accept), ReadHeaderTimeout: 5 * time.Second}
 	go c.srv.Serve(ln)
 	return c, nil
@@ -440,6 +442,10 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		c.streams.receiveImage(req.Body, answer)
 	case contracts.MethodGetClusterRouteTable:
 		answer(json.RawMessage(`{"table":null}`), nil) // none computed yet, until ServeIngress says otherwise
+	case contracts.MethodGetClusterPlatformDesiredState, contracts.MethodBeginSecretRecipientEnrollment,
+		contracts.MethodCompleteSecretRecipientEnrollment, contracts.MethodBackupServiceDatabaseClosure,
+		contracts.MethodRestoreServiceDatabaseClosure:
+		c.platform.serve(conn, req.Method, req.Body, answer)
 	default:
 		answer(c.fromNode(req.Body))
 	}

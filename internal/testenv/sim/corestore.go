@@ -45,6 +45,8 @@ type Corestore struct {
 	opts CorestoreOptions // set at construction
 	srv  *httptest.Server // set at construction
 	log  zerolog.Logger   // set at construction
+	// platform is the platform side (platformcorestore.go); set at construction.
+	platform *PlatformCorestore
 
 	mu       sync.Mutex
 	restores map[string]*staging                 // guarded by mu: by restoreId, at most maxStagings
@@ -104,7 +106,7 @@ func NewCorestore(opts CorestoreOptions) *Corestore {
 	if opts.Now == nil {
 		opts.Now = time.Now
 	}
-	c := &Corestore{opts: opts, restores: make(map[string]*staging),
+	c := &Corestore{opts: opts, restores: make(map[string]*staging), platform: newPlatformCorestore(),
 		log: opts.Log.With().Str("component", "sim-corestore").Str("node", opts.NodeName).Logger()}
 	c.srv = httptest.NewUnstartedServer(http.HandlerFunc(c.serve))
 	c.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
@@ -227,6 +229,10 @@ func refuse(status int, format string, args ...any) *corestoreError {
 }
 
 func (c *Corestore) serve(w http.ResponseWriter, r *http.Request) {
+	if strings.HasPrefix(r.URL.Path, "/platform/") {
+		c.servePlatform(w, r)
+		return
+	}
 	op, ok := strings.CutPrefix(r.URL.Path, contracts.CorestoreIsolatedRestorePathPrefix)
 	if r.Method != http.MethodPost || !ok {
 		c.answer(w, "", nil, refuse(http.StatusNotFound, "not-found: no such isolated-restore operation"))

@@ -36,6 +36,7 @@ type streams struct {
 	waiters   map[string]chan []byte   // guarded by mu: streamId → gets the bytes once closed
 	closed    map[string]*inbound      // guarded by mu: streams closed before anyone waited
 	tap       func(frame []byte)       // guarded by mu: sees every stream frame as it arrived, when set
+	sinks     map[string]streamSink    // guarded by mu: streams a side of its own takes whole (the platform's)
 	lastSweep time.Time                // guarded by mu
 
 	completed atomic.Int64 // streams received whole
@@ -53,7 +54,7 @@ type inbound struct {
 const streamLinger = typedsocket.DefaultCallTimeout
 
 func newStreams() *streams {
-	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string]*inbound),
+	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string]*inbound), sinks: make(map[string]streamSink),
 		waiters: make(map[string]chan []byte), closed: make(map[string]*inbound), lastSweep: time.Now()}
 }
 
@@ -111,14 +112,33 @@ type streamFrame struct {
 	Response *streamCycle `json:"response"`
 }
 
-// serve takes one stream frame from the connection: an answer to a chunk this side sent, or a
-// chunk of a stream the other side sends, which it answers.
+// streamSink takes every frame of one stream, on the read loop; it must not block.
+type streamSink func(c *typedsocket.Conn, frame []byte)
+
+func (s *streams) setSink(id string, f streamSink) {
+	s.mu.Lock()
+	s.sinks[id] = f
+	s.mu.Unlock()
+}
+
+func (s *streams) dropSink(id string) {
+	s.mu.Lock()
+	delete(s.sinks, id)
+	s.mu.Unlock()
+}
+
+// serve takes one stream frame from the connection: a frame of a stream a sink takes, an answer
+// to a chunk this side sent, or a chunk of a stream the other side sends, which it answers.
 func (s *streams) serve(c *typedsocket.Conn, f *typedsocket.StreamFrame) {
 	s.mu.Lock()
-	tap := s.tap
+	tap, sink := s.tap, s.sinks[f.StreamID]
 	s.mu.Unlock()
 	if tap != nil {
 		tap(f.Frame)
+	}
+	if sink != nil {
+		sink(c, f.Frame)
+		return
 	}
 	var fr streamFrame
 	if json.Unmarshal(f.Frame, &fr) != nil {

@@ -1,0 +1,152 @@
+package platform_test
+
+import (
+	"context"
+	"encoding/json"
+	"strings"
+	"testing"
+	"time"
+
+	"go.uber.org/goleak"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/corestore"
+	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/platform"
+	"code.foss.global/serve.zone/relay/relay"
+)
+
+func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// Secrets the harness hands out; no log line, status page or metric may show one.
+const (
+	credentialA = "corestore-credential-node-a-0123456789abcdef"
+	credentialB = "corestore-credential-node-b-fedcba9876543210"
+)
+
+// harnessOptions shape a harness.
+type harnessOptions struct {
+	platform  platform.Options // ListInterval, StateInterval, … (Logger and Registerer are the relay's)
+	stall     time.Duration    // the Corestore client's stall bound (0: its default)
+	noOrigins bool             // the configuration push names no Corestore
+}
+
+// harness is a relay built as cmd/relay builds it — the corestore client as the agent's port —
+// attached to the sim Cloudly, whose configuration push names two sim Corestores (plain HTTP, as
+// with --insecure-plaintext): node-a and node-b, each accepting only its own credential.
+type harness struct {
+	*relaytest.Env
+	a, b     *sim.Corestore
+	platform *platform.Platform
+}
+
+func newHarness(t *testing.T, o harnessOptions) *harness {
+	t.Helper()
+	h := &harness{}
+	logs := &relaytest.Buffer{}
+	t.Cleanup(func() {
+		if h.Env != nil {
+			h.assertNoSecretShown()
+		}
+	})
+	h.a = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-a", Plaintext: true})
+	t.Cleanup(h.a.Close)
+	h.b = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-b", Plaintext: true})
+	t.Cleanup(h.b.Close)
+	h.a.Platform().SetBearer(credentialA)
+	h.b.Platform().SetBearer(credentialB)
+	h.Env = relaytest.Start(t, relaytest.Options{
+		Logs: logs,
+		Cloudly: func(c *sim.Cloudly) {
+			if !o.noOrigins {
+				c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: h.a.Origin()}, {NodeID: "node-b", Origin: h.b.Origin()}})
+			}
+			c.Platform().SetCredential("node-a", credentialA)
+			c.Platform().SetCredential("node-b", credentialB)
+			c.Platform().SetDesiredState(json.RawMessage(desired))
+		},
+		Build: func(cfg relay.Config, ro relay.Options) (*relay.Relay, error) {
+			cs, err := corestore.New(corestore.Options{Logger: ro.Logger, Registerer: ro.Registry, AllowHTTP: cfg.InsecurePlaintext, StallTimeout: o.stall})
+			if err != nil {
+				return nil, err
+			}
+			t.Cleanup(cs.Close)
+			po := o.platform
+			po.Logger, po.Registerer = ro.Logger, ro.Registry
+			if h.platform, err = platform.New(cs, po); err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { h.platform.Close() })
+			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "platform", Impl: h.platform}}}, ro)
+		},
+	})
+	return h
+}
+
+// desired is Cloudly's desired state: two bindings for node-a, one for node-b, one for a node
+// without a Corestore; inner members in shapes the relay must not touch.
+const desired = `{"capabilities":{"corestore-inventory":true,"big":123456789012345678901234567890},` +
+	`"providerConfigs":[{"provider":"s3","secretRef":"sr-1","ratio":1.50}],"bindings":[` +
+	`{"nodeId":"node-a","binding":{"serviceId":"svc-1","dbname":"app-db-marker","x":1e2}},` +
+	`{"nodeId":"node-b","binding":{"serviceId":"svc-2","dbname":"other"}},` +
+	`{"nodeId":"node-z","binding":{"serviceId":"svc-9"}},` +
+	`{"nodeId":"node-a","binding":"second"}]}`
+
+// status is the agent's status as /status.json would show it.
+func (h *harness) status() platform.Status { return h.platform.Status().(platform.Status) }
+
+func (h *harness) node(id string) platform.StatusNode {
+	for _, n := range h.status().Nodes {
+		if n.Node == id {
+			return n
+		}
+	}
+	return platform.StatusNode{}
+}
+
+// waitFor polls cond until it holds or d passes.
+func (h *harness) waitFor(d time.Duration, what string, cond func() bool) {
+	h.T.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), d)
+	defer cancel()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			h.T.Fatalf("timed out waiting: %s", what)
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
+
+// assertNoSecretShown: no credential, no enrollment secret, no descriptor, no binding reaches a
+// log line, the status page or a metric.
+func (h *harness) assertNoSecretShown() {
+	h.T.Helper()
+	logs := h.Logs.String()
+	st, _ := json.Marshal(h.platform.Status())
+	metrics := h.metricsText()
+	for _, s := range []string{credentialA, credentialB, "secretRef", "sr-1", "svc-1", "app-db-marker", h.a.Origin(), h.b.Origin()} {
+		if strings.Contains(logs, s) && s != h.a.Origin() && s != h.b.Origin() {
+			h.T.Errorf("a log line shows %.16s…", s)
+		}
+		if strings.Contains(string(st), s) {
+			h.T.Errorf("the status shows %.16s…", s)
+		}
+		if strings.Contains(metrics, s) {
+			h.T.Errorf("a metric shows %.16s…", s)
+		}
+	}
+}
+
+func (h *harness) metricsText() string {
+	mfs, err := h.Registry.Gather()
+	if err != nil {
+		h.T.Fatal(err)
+	}
+	var b strings.Builder
+	for _, mf := range mfs {
+		b.WriteString(mf.String())
+	}
+	return b.String()
+}
