@@ -37,7 +37,8 @@ type PlatformCorestore struct {
 	delivered  int64                       // guarded by mu
 	settled    int64                       // guarded by mu
 	violations []string                    // guarded by mu: what the relay did wrong
-	stall      *ClosureStall               // guarded by mu: holds the next closure served or taken
+	stallOut   *ClosureStall               // guarded by mu: holds the next backup closure served
+	stallIn    *ClosureStall               // guarded by mu: holds the next restore closure taken
 	refill     func(p *PlatformCorestore)  // guarded by mu: called after a delivery or settlement
 }
 
@@ -119,10 +120,17 @@ func (p *PlatformCorestore) WantRestore(backupID, serviceID string) {
 	p.restores[backupID] = &PlatformRestore{ServiceID: serviceID}
 }
 
-// StallNext holds the next closure served or taken (see ClosureStall).
-func (p *PlatformCorestore) StallNext(s *ClosureStall) {
+// StallNextBackup holds the next backup closure served (see ClosureStall).
+func (p *PlatformCorestore) StallNextBackup(s *ClosureStall) {
 	p.mu.Lock()
-	p.stall = s
+	p.stallOut = s
+	p.mu.Unlock()
+}
+
+// StallNextRestore holds the next restore closure taken.
+func (p *PlatformCorestore) StallNextRestore(s *ClosureStall) {
+	p.mu.Lock()
+	p.stallIn = s
 	p.mu.Unlock()
 }
 
@@ -281,7 +289,7 @@ func (c *Corestore) serveBackup(w http.ResponseWriter, r *http.Request, rest str
 	if b != nil {
 		copyB = *b
 	}
-	stall := p.stall
+	stall := p.stallOut
 	p.mu.Unlock()
 	switch {
 	case b == nil:
@@ -311,7 +319,7 @@ func (c *Corestore) serveBackup(w http.ResponseWriter, r *http.Request, rest str
 		src := ClosureReader(id, copyB.Size)
 		if stall != nil {
 			p.mu.Lock()
-			p.stall = nil
+			p.stallOut = nil
 			p.mu.Unlock()
 			io.CopyN(w, src, stall.Bytes)
 			w.(http.Flusher).Flush()
@@ -343,9 +351,9 @@ func (c *Corestore) takeRestore(w http.ResponseWriter, r *http.Request, id strin
 	}
 	p.mu.Lock()
 	x := p.restores[id]
-	stall := p.stall
+	stall := p.stallIn
 	if stall != nil {
-		p.stall = nil
+		p.stallIn = nil
 	}
 	if x != nil {
 		x.Attempts++

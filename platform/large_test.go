@@ -1,0 +1,194 @@
+package platform_test
+
+import (
+	"runtime"
+	"runtime/metrics"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/platform"
+)
+
+// largeClosure is the size of the large tests' closures: 200 MiB, 16 MiB under the race detector.
+func largeClosure() int64 {
+	if raceEnabled {
+		return 16 << 20
+	}
+	return 200 << 20
+}
+
+// heapWatch samples the live heap (what the last GC left) until stopped and keeps the largest.
+type heapWatch struct {
+	peak atomic.Int64
+	stop chan struct{}
+	done chan struct{}
+}
+
+func liveHeap() int64 {
+	s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}}
+	metrics.Read(s)
+	return int64(s[0].Value.Uint64())
+}
+
+func watchHeap() *heapWatch {
+	w := &heapWatch{stop: make(chan struct{}), done: make(chan struct{})}
+	go func() {
+		defer close(w.done)
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for {
+			select {
+			case <-w.stop:
+				return
+			case <-t.C:
+				if v := liveHeap(); v > w.peak.Load() {
+					w.peak.Store(v)
+				}
+			}
+		}
+	}()
+	return w
+}
+
+func (w *heapWatch) end() int64 {
+	close(w.stop)
+	<-w.done
+	return w.peak.Load()
+}
+
+// TestLargeClosuresKeepTheHeapFlat: a 200 MiB backup and a 200 MiB restore at once, each byte
+// checked at the far end, while the live heap of the whole process — relay, Cloudly and Corestore
+// stand-ins together — never grows by more than a bound that has nothing to do with the closure's
+// size: bytes in flight are a chunk or two per closure, charged to the peer memory budget.
+func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
+	size := largeClosure()
+	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: 100 * time.Millisecond}})
+	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	runtime.GC()
+	base := liveHeap()
+	w := watchHeap()
+	start := time.Now()
+	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: size})
+	h.b.Platform().WantRestore("bk-in", "svc-2")
+	h.a.Platform().AddBackup("bk-out", sim.PlatformClosure{ServiceID: "svc-1", Size: size})
+	h.waitFor(5*time.Minute, "both closures carried", func() bool { return h.a.Platform().Delivered() == 1 && h.b.Platform().Settled() == 1 })
+	elapsed := time.Since(start)
+	peak := w.end()
+	rc, _ := h.Cloudly.Platform().Received("bk-out")
+	if rc.Bytes != size || rc.Sum != sim.ClosureDigest("bk-out", size) {
+		t.Fatalf("backup arrived as %d bytes", rc.Bytes)
+	}
+	if r, _ := h.b.Platform().Restore("bk-in"); r.Bytes != size || r.Sum != sim.ClosureDigest("bk-in", size) {
+		t.Fatalf("restore arrived as %d bytes", r.Bytes)
+	}
+	const bound = 48 << 20
+	t.Logf("2 × %d MiB in %s; live heap %d KiB at the start, peak %d KiB", size>>20, elapsed.Round(time.Millisecond), base>>10, peak>>10)
+	if peak-base > bound {
+		t.Fatalf("the live heap grew by %d MiB carrying 2 × %d MiB: closures are being held", (peak-base)>>20, size>>20)
+	}
+	if got := h.Metric("relay_platform_closure_bytes_total", "direction", "to-cloudly"); got != float64(size) {
+		t.Fatalf("bytes to Cloudly %v", got)
+	}
+	if got := h.Metric("relay_downstream_budget_used_bytes"); got != 0 {
+		t.Fatalf("the budget holds %v bytes after the closures ended", got)
+	}
+}
+
+// TestClosureOverTheLimit: a closure of 256 MiB + 1 byte is aborted and refused
+// relay-request-invalid to the side that sent it — a Corestore that announces it is never read,
+// one that does not is cut at the limit with the stream to Cloudly aborted; a Cloudly that sends
+// it gets relay-request-invalid on the chunk that passes the limit, and Corestore settles nothing.
+func TestClosureOverTheLimit(t *testing.T) {
+	if raceEnabled {
+		t.Skip("256 MiB through the race detector takes minutes; TestLargeClosuresKeepTheHeapFlat covers the streams there")
+	}
+	const over = contracts.MaxCorestoreClosureBytes + 1
+	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: time.Hour}})
+	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+
+	h.a.Platform().AddBackup("bk-announced", sim.PlatformClosure{ServiceID: "svc-1", Size: over})
+	h.a.Platform().AddBackup("bk-chunked", sim.PlatformClosure{ServiceID: "svc-1", Size: over, NoLength: true})
+	h.Cloudly.Platform().ServeRestore("bk-huge", sim.RestoreSource{Size: over})
+	h.b.Platform().WantRestore("bk-huge", "svc-2")
+	h.Cloudly.SetAvailable(false) // a new attach lists at once
+	h.waitFor(5*time.Second, "detached", func() bool { return !h.Relay.Upstream().Attached() })
+	h.Cloudly.SetAvailable(true)
+
+	h.waitFor(2*time.Minute, "three refusals", func() bool {
+		return h.Metric("relay_platform_backups_total", "outcome", "relay-request-invalid") == 2 &&
+			h.Metric("relay_platform_restores_total", "outcome", "relay-request-invalid") == 1
+	})
+	if _, ok := h.Cloudly.Platform().Received("bk-announced"); ok {
+		t.Fatal("a closure announced over the limit was streamed to Cloudly")
+	}
+	rc, _ := h.Cloudly.Platform().Received("bk-chunked")
+	if rc.Complete || !rc.Aborted || rc.Bytes > contracts.MaxCorestoreClosureBytes {
+		t.Fatalf("the unannounced closure reached Cloudly as %+v", rc)
+	}
+	served, _ := h.Cloudly.Platform().Served("bk-huge")
+	if !strings.HasPrefix(served.Refusal, string(contracts.RelayRequestInvalid)+": ") || served.Complete {
+		t.Fatalf("Cloudly's restore stream ended as %+v", served)
+	}
+	if r, _ := h.b.Platform().Restore("bk-huge"); r.Settled {
+		t.Fatal("Corestore settled a restore over the limit")
+	}
+	if h.a.Platform().Delivered() != 0 {
+		t.Fatal("a backup over the limit was marked delivered")
+	}
+}
+
+// TestCorestoreStallsMidClosure: a Corestore that stops sending a backup, and one that stops
+// taking a restore, midway: the relay cuts each after the stall bound (restore-node-unreachable),
+// aborts the stream to Cloudly, and the other node's work goes on meanwhile.
+func TestCorestoreStallsMidClosure(t *testing.T) {
+	h := newHarness(t, harnessOptions{stall: 500 * time.Millisecond, platform: platform.Options{ListInterval: time.Hour}})
+	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	out, in := sim.NewClosureStall(1<<20), sim.NewClosureStall(1<<20)
+	defer out.Release()
+	defer in.Release()
+	h.a.Platform().StallNextBackup(out)
+	h.a.Platform().AddBackup("bk-stall", sim.PlatformClosure{ServiceID: "svc-1", Size: 8 << 20})
+	h.b.Platform().AddBackup("bk-free", sim.PlatformClosure{ServiceID: "svc-2", Size: 4 << 20})
+	h.Cloudly.SetAvailable(false)
+	h.waitFor(5*time.Second, "detached", func() bool { return !h.Relay.Upstream().Attached() })
+	h.Cloudly.SetAvailable(true)
+
+	select {
+	case <-out.Reached:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the backup never reached the stall")
+	}
+	h.waitFor(15*time.Second, "node-b's backup delivered while node-a's stands still", func() bool { return h.b.Platform().Delivered() == 1 })
+	h.waitFor(15*time.Second, "the stalled backup cut", func() bool {
+		return h.Metric("relay_platform_backups_total", "outcome", "restore-node-unreachable") == 1
+	})
+	if rc, _ := h.Cloudly.Platform().Received("bk-stall"); rc.Complete || rc.Accepted {
+		t.Fatalf("the stalled closure reached Cloudly as %+v", rc)
+	}
+
+	h.a.Platform().StallNextRestore(in)
+	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 8 << 20})
+	h.a.Platform().WantRestore("bk-in", "svc-1")
+	h.Cloudly.SetAvailable(false)
+	h.waitFor(5*time.Second, "detached", func() bool { return !h.Relay.Upstream().Attached() })
+	h.Cloudly.SetAvailable(true)
+	select {
+	case <-in.Reached:
+	case <-time.After(15 * time.Second):
+		t.Fatal("the restore never reached the stall")
+	}
+	h.waitFor(15*time.Second, "the stalled restore cut", func() bool {
+		return h.Metric("relay_platform_restores_total", "outcome", "restore-node-unreachable") == 1
+	})
+	if r, _ := h.a.Platform().Restore("bk-in"); r.Settled {
+		t.Fatal("a restore cut short settled")
+	}
+	h.waitFor(15*time.Second, "Cloudly's writer told", func() bool {
+		s, _ := h.Cloudly.Platform().Served("bk-in")
+		return s.Refusal != "" || !s.Complete && s.Bytes > 0
+	})
+}
