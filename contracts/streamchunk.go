@@ -4,6 +4,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"errors"
+	"slices"
 	"strconv"
 )
 
@@ -52,55 +53,109 @@ type StreamFrameBody struct {
 // ErrStreamFrame is a stream frame one end cannot read.
 var ErrStreamFrame = errors.New("stream frame is not readable")
 
-// ReadStreamFrameBody reads a ##VirtualStream## frame's request, response and error members.
+// ReadStreamFrameBody reads a ##VirtualStream## frame's request, response and error members, in
+// one pass over the frame (a chunk frame is mostly its chunk). A member it reads may not appear
+// twice; other members are ignored.
 func ReadStreamFrameBody(frame []byte) (StreamFrameBody, error) {
-	var req, resp, errv []byte
-	if ReadTolerant(frame, Opt("request", &req), Opt("response", &resp), Opt("error", &errv)) != nil {
+	var f StreamFrameBody
+	var seen [2]uint16
+	var top uint8
+	inner := func(outer, key, value []byte) error {
+		k, c := 0, &f.Request
+		if string(outer) == "response" {
+			k, c = 1, &f.Response
+		}
+		bit := cycleMemberBit(key)
+		if bit == 0 {
+			return nil
+		}
+		if seen[k]&bit != 0 {
+			return ErrStreamFrame
+		}
+		seen[k] |= bit
+		str := func() string {
+			s, _ := ReadString(value)
+			return s
+		}
+		switch string(key) {
+		case "streamId":
+			c.StreamID = str()
+		case "cycleId":
+			c.CycleID = str()
+		case "cycle":
+			c.Cycle = str()
+		case "mainPurpose":
+			c.MainPurpose = str()
+		case "next":
+			c.Next, _ = ReadBool(value)
+		case "backpressure":
+			c.Backpressure, _ = ReadBool(value)
+		case "keepAlive":
+			c.KeepAlive, c.HasKeepAlive = ReadBool(value)
+		case "chunkData":
+			c.ChunkData = value
+		}
+		return nil
+	}
+	err := ForEachMemberWithin(frame, []string{"request", "response"}, inner, func(key, value []byte) error {
+		var bit uint8
+		switch string(key) {
+		case "request":
+			bit, f.RequestRaw, f.Request.Present = 1, value, KindOf(value) == KindObject
+		case "response":
+			bit, f.Response.Present = 2, KindOf(value) == KindObject
+		case "error":
+			bit = 4
+			if KindOf(value) == KindObject {
+				f.ErrorText = "error"
+				var text []byte
+				if ReadTolerant(value, Opt("text", &text)) == nil && text != nil {
+					if s, err := ReadString(text); err == nil && s != "" {
+						f.ErrorText = s
+					}
+				}
+			}
+		default:
+			return nil
+		}
+		if top&bit != 0 {
+			return ErrStreamFrame
+		}
+		top |= bit
+		return nil
+	})
+	if err != nil {
 		return StreamFrameBody{}, ErrStreamFrame
 	}
-	var f StreamFrameBody
-	var err error
-	if f.Request, err = readStreamCycle(req); err != nil {
-		return StreamFrameBody{}, err
+	if !f.Request.Present {
+		f.Request = StreamCycle{}
 	}
-	if f.Response, err = readStreamCycle(resp); err != nil {
-		return StreamFrameBody{}, err
-	}
-	f.RequestRaw = req
-	if KindOf(errv) == KindObject {
-		var text []byte
-		f.ErrorText = "error"
-		if ReadTolerant(errv, Opt("text", &text)) == nil && text != nil {
-			if s, err := ReadString(text); err == nil && s != "" {
-				f.ErrorText = s
-			}
-		}
+	if !f.Response.Present {
+		f.Response = StreamCycle{}
 	}
 	return f, nil
 }
 
-func readStreamCycle(raw []byte) (StreamCycle, error) {
-	if raw == nil || KindOf(raw) != KindObject {
-		return StreamCycle{}, nil
+func cycleMemberBit(key []byte) uint16 {
+	switch string(key) {
+	case "streamId":
+		return 1
+	case "cycleId":
+		return 2
+	case "cycle":
+		return 4
+	case "mainPurpose":
+		return 8
+	case "next":
+		return 16
+	case "backpressure":
+		return 32
+	case "keepAlive":
+		return 64
+	case "chunkData":
+		return 128
 	}
-	var id, cycleID, cycle, purpose, next, bp, alive, chunk []byte
-	if ReadTolerant(raw, Opt("streamId", &id), Opt("cycleId", &cycleID), Opt("cycle", &cycle), Opt("mainPurpose", &purpose),
-		Opt("next", &next), Opt("backpressure", &bp), Opt("keepAlive", &alive), Opt("chunkData", &chunk)) != nil {
-		return StreamCycle{}, ErrStreamFrame
-	}
-	c := StreamCycle{Present: true, ChunkData: chunk}
-	str := func(v []byte) string {
-		if v == nil {
-			return ""
-		}
-		s, _ := ReadString(v)
-		return s
-	}
-	c.StreamID, c.CycleID, c.Cycle, c.MainPurpose = str(id), str(cycleID), str(cycle), str(purpose)
-	c.Next, _ = ReadBool(next)
-	c.Backpressure, _ = ReadBool(bp)
-	c.KeepAlive, c.HasKeepAlive = ReadBool(alive)
-	return c, nil
+	return 0
 }
 
 // ErrChunkData is chunk data in none of the library's encodings.
@@ -154,30 +209,54 @@ func cutPrefix(s, prefix string) (string, bool) {
 	return s, false
 }
 
-// appendByteArray reads [104,101,…]: each element an integer 0 to 255 written plainly.
+// appendByteArray reads [104,101,…]: each element an integer 0 to 255 written plainly (no sign,
+// fraction, exponent or leading zero), whitespace allowed around the commas. It is the decoder of
+// every chunk a Node.js writer sends: one pass, no allocation beyond dst's growth.
 func appendByteArray(dst, b []byte) ([]byte, bool, error) {
 	if len(b) < 2 || b[0] != '[' || b[len(b)-1] != ']' {
 		return dst, false, ErrChunkData
 	}
-	start := len(dst)
+	start, end := len(dst), len(b)-1
+	out := slices.Grow(dst, end/2)
+	out = out[:cap(out)]
+	w := start
 	i := skipSpace(b, 1)
-	if i == len(b)-1 {
+	if i == end {
 		return dst, false, nil
 	}
 	for {
-		v, j, ok := readByteValue(b, i)
-		if !ok {
+		if i >= end || b[i] < '0' || b[i] > '9' {
 			return dst[:start], false, ErrChunkData
 		}
-		dst = append(dst, v)
-		i = skipSpace(b, j)
+		v := uint(b[i] - '0')
+		i++
+		if v != 0 {
+			for k := 0; k < 2 && i < end && b[i] >= '0' && b[i] <= '9'; k++ {
+				v = v*10 + uint(b[i]-'0')
+				i++
+			}
+		}
+		if v > 255 || i < end && b[i] >= '0' && b[i] <= '9' {
+			return dst[:start], false, ErrChunkData
+		}
+		if w == len(out) {
+			out = append(out, 0)
+			out = out[:cap(out)]
+		}
+		out[w] = byte(v)
+		w++
+		if i < end && b[i] != ',' {
+			i = skipSpace(b, i)
+		}
 		switch {
-		case i == len(b)-1:
-			return dst, false, nil
+		case i == end:
+			return out[:w], false, nil
 		case b[i] != ',':
 			return dst[:start], false, ErrChunkData
 		}
-		i = skipSpace(b, i+1)
+		if i++; i < end && (b[i] < '0' || b[i] > '9') {
+			i = skipSpace(b, i)
+		}
 	}
 }
 
@@ -217,25 +296,34 @@ func appendIndexedBytes(dst, raw []byte) ([]byte, bool, error) {
 	return dst, false, nil
 }
 
-// byteDecimal is each byte's decimal text.
-var byteDecimal = func() (t [256]string) {
+// byteText is each byte's decimal text, padded to 4 bytes, and byteLen its length.
+var byteText, byteLen = func() (t [256][4]byte, n [256]uint8) {
 	for i := range t {
-		t[i] = strconv.Itoa(i)
+		s := strconv.Itoa(i)
+		copy(t[i][:], s)
+		n[i] = uint8(len(s))
 	}
-	return t
+	return t, n
 }()
 
 // AppendBufferChunk appends data as JSON.stringify writes a Node.js Buffer:
 // {"type":"Buffer","data":[…]}.
 func AppendBufferChunk(b, data []byte) []byte {
 	b = append(b, `{"type":"Buffer","data":[`...)
+	out := slices.Grow(b, 4*len(data)+2)
+	out = out[:cap(out)]
+	w := len(b)
 	for i, c := range data {
 		if i > 0 {
-			b = append(b, ',')
+			out[w] = ','
+			w++
 		}
-		b = append(b, byteDecimal[c]...)
+		t := &byteText[c]
+		out[w], out[w+1], out[w+2] = t[0], t[1], t[2]
+		w += int(byteLen[c])
 	}
-	return append(b, "]}"...)
+	out[w], out[w+1] = ']', '}'
+	return out[:w+2]
 }
 
 // MaxBufferChunkLen is the longest AppendBufferChunk text of n bytes.
