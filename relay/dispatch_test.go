@@ -17,6 +17,7 @@ import (
 	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ingress"
+	"code.foss.global/serve.zone/relay/platform"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/restore"
 	"code.foss.global/serve.zone/relay/vpnhub"
@@ -91,7 +92,13 @@ func everyFeature(t *testing.T) Features {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { reg.Close() })
-	return Features{Parts: []Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub}}, Registry: reg}
+	pf, err := platform.New(nil, platform.Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { pf.Close() })
+	return Features{Parts: []Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub},
+		{Name: "platform", Impl: pf}}, Registry: reg}
 }
 
 // contractsMethods is every method name contracts spells: the value of each Method… constant.

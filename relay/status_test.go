@@ -5,6 +5,7 @@ import (
 	"encoding/base64"
 	"encoding/json"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -19,6 +20,7 @@ import (
 	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/platform"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/restore"
@@ -100,10 +102,12 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 		grant         = "grant-status-secret-0123456789"
 		tableSecret   = "-----BEGIN PRIVATE KEY----- route-table-status-secret"
 		origin        = "https://corestore-origin-status-secret.example"
+		credential    = "corestore-credential-status-secret"
 	)
 	var (
 		control *sim.IngressControl
 		rs      *restore.Restore
+		pf      *platform.Platform
 		hub     *vpnhub.Hub
 		hubKey  vpnkey.Pair
 	)
@@ -112,6 +116,8 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 		Cloudly: func(c *sim.Cloudly) {
 			control = sim.ServeIngress(c)
 			c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: origin}})
+			c.Platform().SetCredential("node-a", credential)
+			c.Platform().SetDesiredState(json.RawMessage(`{"capabilities":{},"providerConfigs":{"key":"` + credential + `"},"bindings":[]}`))
 		},
 		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
 			esc, err := escrow.New(escrow.Options{Logger: o.Logger, Registerer: o.Registry})
@@ -131,13 +137,18 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 			if hub, err = vpnhub.Listen(vpnhub.Config{Listen: "127.0.0.1:0", Key: hubKey}, vpnhub.Options{Logger: o.Logger, Registerer: o.Registry}); err != nil {
 				return nil, err
 			}
+			if pf, err = platform.New(quietCorestore{}, platform.Options{Logger: o.Logger, Registerer: o.Registry}); err != nil {
+				return nil, err
+			}
+			t.Cleanup(func() { pf.Close() })
 			reg, err := registry.New(registry.Options{Upstream: "https://registry.example", CacheDir: t.TempDir(), CacheMaxBytes: 1 << 20,
 				Logger: o.Logger, Registerer: o.Registry})
 			if err != nil {
 				hub.Close()
 				return nil, err
 			}
-			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub}}, Registry: reg}, o)
+			return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs}, {Name: "vpnhub", Impl: hub},
+				{Name: "platform", Impl: pf}}, Registry: reg}, o)
 		},
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -190,6 +201,12 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 	}
 	defer members[0].Close()
 
+	// platform: enrolled, node-a's credential pushed and its desired state handed over.
+	e.Eventually("node-a's desired state handed over", func() bool {
+		st := pf.Status().(platform.Status)
+		return st.Enrolled && len(st.Nodes) == 1 && st.Nodes[0].Credential && st.Nodes[0].Handed == 1
+	})
+
 	code, doc := statusGet(t, e, "/status.json")
 	if code != 200 {
 		t.Fatalf("/status.json: %d", code)
@@ -224,8 +241,16 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 			Cache      string
 			LimitBytes int64
 		}
+		plat struct {
+			Enrolled bool
+			Nodes    []struct {
+				Node       string
+				Credential bool
+				Handed     int64
+			}
+		}
 	)
-	for name, v := range map[string]any{"escrow": &esc, "ingress": &ing, "restore": &rst, "vpnhub": &vpn, "registry": &reg} {
+	for name, v := range map[string]any{"escrow": &esc, "ingress": &ing, "restore": &rst, "vpnhub": &vpn, "registry": &reg, "platform": &plat} {
 		if len(parts[name]) == 0 {
 			t.Fatalf("/status.json has no status for %s:\n%s", name, doc)
 		}
@@ -248,12 +273,15 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 	if reg.Cache != "on" || reg.LimitBytes != 1<<20 {
 		t.Fatalf("registry: %s", parts["registry"])
 	}
+	if !plat.Enrolled || len(plat.Nodes) != 1 || plat.Nodes[0].Node != "node-a" || !plat.Nodes[0].Credential || plat.Nodes[0].Handed != 1 {
+		t.Fatalf("platform: %s", parts["platform"])
+	}
 
 	code, page := statusGet(t, e, "/status")
 	if code != 200 {
 		t.Fatalf("/status: %d", code)
 	}
-	for _, want := range []string{"<h2>escrow ", "<h2>ingress ", "<h2>restore ", "<h2>vpnhub ", "<h2>registry ",
+	for _, want := range []string{"<h2>escrow ", "<h2>ingress ", "<h2>restore ", "<h2>vpnhub ", "<h2>registry ", "<h2>platform ", "<th>handed</th>", "<th>delivered</th>", "<th>settled</th>",
 		"<th>renewals</th><td>23</td>", "<th>revision</th><td>9</td>", "<th>inflight</th><td>1</td>",
 		"<th>sessions</th><td>1</td>", "<th>cache</th><td>on</td>", "<td>node-a</td>"} {
 		if !strings.Contains(page, want) {
@@ -262,7 +290,7 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 	}
 
 	secrets := []string{"bearer-node-a", ingressBearer, e.Cloudly.Token, "sim-signature", grant, tableSecret,
-		"route-table-status-secret", origin, "corestore-origin-status-secret"}
+		"route-table-status-secret", origin, "corestore-origin-status-secret", credential}
 	for _, k := range [][32]byte{hubKey.Private(), hubKey.Public, members[0].Key.Private(), members[0].Key.Public,
 		members[1].Key.Private(), members[1].Key.Public} {
 		secrets = append(secrets, contracts.EncodeKey32(k), base64.StdEncoding.EncodeToString(k[:]), contracts.ShortKey(k))
@@ -272,6 +300,28 @@ func TestStatusPageShowsEveryPart(t *testing.T) {
 			t.Errorf("the status page shows a secret (%.12s…)", s)
 		}
 	}
+}
+
+// quietCorestore is a platform Corestore port that takes every desired state and lists nothing.
+type quietCorestore struct{}
+
+func (quietCorestore) PutDesiredState(context.Context, string, contracts.Secret, []byte) error {
+	return nil
+}
+func (quietCorestore) ReadyBackups(context.Context, string, contracts.Secret) ([]byte, error) {
+	return []byte(`{"backups":[]}`), nil
+}
+func (quietCorestore) WantedRestores(context.Context, string, contracts.Secret) ([]byte, error) {
+	return []byte(`{"restores":[]}`), nil
+}
+func (quietCorestore) MarkDelivered(context.Context, string, contracts.Secret, string) error {
+	return nil
+}
+func (quietCorestore) OpenBackupClosure(context.Context, string, contracts.Secret, string) (io.ReadCloser, error) {
+	return nil, contracts.RestoreNodeRefused.Refuse("none")
+}
+func (quietCorestore) PutRestoreClosure(context.Context, string, contracts.Secret, string, []byte, io.Reader) error {
+	return contracts.RestoreNodeRefused.Refuse("none")
 }
 
 // waitingCorestore is a Corestore port that answers only when its context ends or release is
