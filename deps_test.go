@@ -173,7 +173,7 @@ func TestLogFieldsAreDocumented(t *testing.T) {
 		t.Fatal(err)
 	}
 	seen := 0
-	for _, dir := range []string{"relay", "escrow", "ingress", "restore", "corestore", "registry", "vpnhub", "vpnhub/client", "vpnhub/vpnkey", "internal/typedsocket", "cmd/relay"} {
+	for _, dir := range []string{"relay", "escrow", "ingress", "restore", "platform", "corestore", "registry", "vpnhub", "vpnhub/client", "vpnhub/vpnkey", "internal/typedsocket", "cmd/relay"} {
 		files, _ := filepath.Glob(filepath.Join(dir, "*.go"))
 		for _, f := range files {
 			if strings.HasSuffix(f, "_test.go") {

@@ -69,7 +69,9 @@ func (c *fakeCorestore) WantedRestores(context.Context, string, contracts.Secret
 	return []byte(`{"restores":[]}`), nil
 }
 
-func (c *fakeCorestore) MarkDelivered(context.Context, string, contracts.Secret, string) error { return nil }
+func (c *fakeCorestore) MarkDelivered(context.Context, string, contracts.Secret, string) error {
+	return nil
+}
 
 func (c *fakeCorestore) OpenBackupClosure(context.Context, string, contracts.Secret, string) (io.ReadCloser, error) {
 	return nil, contracts.RestoreNodeRefused.Refuse("none")
