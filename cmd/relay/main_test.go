@@ -86,14 +86,16 @@ func TestDevRunsAndSummarizes(t *testing.T) {
 	}
 	lines := strings.Split(strings.TrimSpace(out), "\n")
 	summary := lines[len(lines)-1]
-	m := regexp.MustCompile(`^nodes=(\d+) requests=(\d+) vpnPackets=(\d+) escrowReleased=(\d+) routeTables=(\d+) restores=(\d+) streams=(\d+) outages=(\d+) recoveries=(\d+)$`).FindStringSubmatch(summary)
+	m := regexp.MustCompile(`^nodes=(\d+) requests=(\d+) vpnPackets=(\d+) escrowReleased=(\d+) routeTables=(\d+) restores=(\d+) streams=(\d+) outages=(\d+) recoveries=(\d+)` +
+		` platformStates=(\d+) backups=(\d+) platformRestores=(\d+)$`).FindStringSubmatch(summary)
 	if m == nil {
 		t.Fatalf("last line is not the summary: %q", summary)
 	}
 	if m[1] != "5" {
 		t.Fatalf("summary %q: want 5 nodes", summary)
 	}
-	for i, name := range []string{"requests", "vpnPackets", "escrowReleased", "routeTables", "restores", "streams", "outages", "recoveries"} {
+	for i, name := range []string{"requests", "vpnPackets", "escrowReleased", "routeTables", "restores", "streams", "outages", "recoveries",
+		"platformStates", "backups", "platformRestores"} {
 		if m[i+2] == "0" {
 			t.Errorf("summary %q: %s is 0; every part of the scenario must have run", summary, name)
 		}

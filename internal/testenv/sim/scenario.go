@@ -30,12 +30,18 @@ type Counts struct {
 	Streams        int64 // VirtualStreams received whole, both directions
 	Outages        int64 // times Cloudly went away
 	Recoveries     int64 // outages after which the relay re-attached and every node registered again
+	// The platform agent's, as the first node's Corestore saw them.
+	PlatformStates   int64 // desired states it took
+	Backups          int64 // backups Cloudly accepted, and the relay said so
+	PlatformRestores int64 // database restores it took whole
 }
 
 // Summary is the one line `relay dev` ends with.
 func (c Counts) Summary() string {
-	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d outages=%d recoveries=%d",
-		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores, c.Streams, c.Outages, c.Recoveries)
+	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d outages=%d recoveries=%d"+
+		" platformStates=%d backups=%d platformRestores=%d",
+		c.Nodes, c.Requests, c.VPNPackets, c.EscrowReleased, c.RouteTables, c.Restores, c.Streams, c.Outages, c.Recoveries,
+		c.PlatformStates, c.Backups, c.PlatformRestores)
 }
 
 // Timing is the scenario's cycle: traffic while the relay is attached, a Cloudly outage, the
@@ -112,9 +118,43 @@ func NewScenario(n int, cloudly *Cloudly, log zerolog.Logger) (*Scenario, error)
 	s.corestore = NewCorestore(CorestoreOptions{ClusterID: cloudly.ClusterID, NodeName: scenarioNodeName,
 		Authority: auth.PublicKey(), Plaintext: true, Log: log})
 	cloudly.SetCorestores([]contracts.CorestoreOrigin{{NodeID: nodeName(0), Origin: s.corestore.Origin()}})
+	s.preparePlatform()
 	s.ingress = ServeIngress(cloudly)
 	s.ingress.Designate(nodeName(0), scenarioIngressBearer)
 	return s, nil
+}
+
+// The platform agent's part of the scenario: the first node's Corestore has a binding in Cloudly's
+// desired state, always one 512 KiB backup ready and one restore wanted (four ids, reused), and
+// Cloudly pushes its credential after every enrollment.
+const (
+	scenarioCorestoreCredential = "sim-corestore-credential-node-000"
+	scenarioClosureBytes        = 512 << 10
+	scenarioClosureIDs          = 4
+)
+
+func (s *Scenario) preparePlatform() {
+	pc, cl := s.corestore.Platform(), s.Cloudly.Platform()
+	pc.SetBearer(scenarioCorestoreCredential)
+	cl.SetCredential(nodeName(0), scenarioCorestoreCredential)
+	cl.SetDesiredState(json.RawMessage(`{"capabilities":{"corestore-inventory":true},"providerConfigs":[],"bindings":[` +
+		`{"nodeId":"` + nodeName(0) + `","binding":{"serviceId":"svc-sim","engine":"postgres"}}]}`))
+	for i := range scenarioClosureIDs {
+		cl.ServeRestore(fmt.Sprintf("sim-restore-%d", i), RestoreSource{Size: scenarioClosureBytes})
+	}
+	var backups, restores atomic.Int64
+	pc.AddBackup("sim-backup-0", PlatformClosure{ServiceID: "svc-sim", Size: scenarioClosureBytes})
+	pc.WantRestore("sim-restore-0", "svc-sim")
+	pc.Refill(func(p *PlatformCorestore) {
+		if d := p.Delivered(); d > backups.Load() {
+			backups.Store(d)
+			p.AddBackup(fmt.Sprintf("sim-backup-%d", d%scenarioClosureIDs), PlatformClosure{ServiceID: "svc-sim", Size: scenarioClosureBytes})
+		}
+		if n := p.Settled(); n > restores.Load() {
+			restores.Store(n)
+			p.WantRestore(fmt.Sprintf("sim-restore-%d", n%scenarioClosureIDs), "svc-sim")
+		}
+	})
 }
 
 // Close stops the Corestore.
@@ -129,6 +169,9 @@ func (s *Scenario) Snapshot() Counts {
 	if in := s.in.Load(); in != nil {
 		c.RouteTables = in.TablesReceived()
 	}
+	pc := s.corestore.Platform()
+	c.PlatformStates, _ = pc.DesiredStates()
+	c.Backups, c.PlatformRestores = pc.Delivered(), pc.Settled()
 	if s.vpnJoined.Load() {
 		for _, n := range s.vpn {
 			c.VPNPackets += n.Received()
