@@ -160,43 +160,69 @@ func (w *writer) cycle() string {
 }
 
 // write streams body to its end, then the closing chunk, each chunk answered before the next;
-// it returns the closure bytes sent. errAnsweredEarly means Cloudly answered the call first.
+// it returns the closure bytes read. While Cloudly reads one chunk, the next is read from
+// Corestore and encoded (one raw buffer, two frames), so the relay's own work overlaps the
+// wire's round trip without a second chunk in flight. errAnsweredEarly means Cloudly answered the
+// call first.
 func (w *writer) write(body io.Reader, buf []byte, answered <-chan callResult) (int64, error) {
+	type chunk struct {
+		frame   []byte
+		cycle   string
+		n       int
+		closing bool
+	}
 	var frames [2][]byte
-	var sent int64
+	var read int64
+	eof := false
+	next := func(k int) (chunk, error) {
+		c := w.cycle()
+		if !eof {
+			m, rerr := io.ReadFull(body, buf)
+			eof = rerr == io.EOF || rerr == io.ErrUnexpectedEOF
+			if rerr != nil && !eof {
+				return chunk{}, rerr
+			}
+			if read += int64(m); read > contracts.MaxCorestoreClosureBytes {
+				return chunk{}, contracts.RelayRequestInvalid.Refuse("the closure is over the Corestore closure limit of %d bytes", contracts.MaxCorestoreClosureBytes)
+			}
+			if m > 0 {
+				frames[k%2] = contracts.AppendChunkFrame(frames[k%2][:0], w.st.ID(), c, buf[:m], true, false)
+				return chunk{frame: frames[k%2], cycle: c, n: m}, nil
+			}
+		}
+		frames[k%2] = contracts.AppendChunkFrame(frames[k%2][:0], w.st.ID(), c, nil, false, true)
+		return chunk{frame: frames[k%2], cycle: c, closing: true}, nil
+	}
 	ka := time.NewTicker(keepAliveEvery)
 	defer ka.Stop()
+	cur, err := next(0)
 	for k := 0; ; k++ {
-		m, rerr := io.ReadFull(body, buf)
-		last := rerr == io.EOF || rerr == io.ErrUnexpectedEOF
-		if rerr != nil && !last {
-			return sent, rerr
+		if err != nil {
+			return read, err
 		}
-		if sent += int64(m); sent > contracts.MaxCorestoreClosureBytes {
-			return sent, contracts.RelayRequestInvalid.Refuse("the closure is over the Corestore closure limit of %d bytes", contracts.MaxCorestoreClosureBytes)
+		if err := w.st.Send(cur.frame); err != nil {
+			return read, err
 		}
-		if m > 0 {
-			c := w.cycle()
-			frames[k%2] = contracts.AppendChunkFrame(frames[k%2][:0], w.st.ID(), c, buf[:m], true, false)
-			if err := w.send(frames[k%2], c, false, ka, answered); err != nil {
-				return sent, err
-			}
-			w.n.p.metrics.bytes.WithLabelValues("to-cloudly").Add(float64(m))
+		var ahead chunk
+		var aheadErr error
+		if !cur.closing {
+			ahead, aheadErr = next(k + 1) // while Cloudly reads cur
 		}
-		if last {
-			c := w.cycle()
-			return sent, w.send(contracts.AppendChunkFrame(nil, w.st.ID(), c, nil, false, true), c, true, ka, answered)
+		if err := w.await(cur.cycle, cur.closing, ka, answered); err != nil {
+			return read, err
 		}
+		w.n.p.metrics.bytes.WithLabelValues("to-cloudly").Add(float64(cur.n))
+		if cur.closing {
+			return read, nil
+		}
+		cur, err = ahead, aheadErr
 	}
 }
 
-// send sends one frame and waits for its answer, asking again while Cloudly says backpressure
-// and keeping the stream alive meanwhile. The call's own answer ends the wait too: for the
-// closing chunk, that is the end of the closure; before it, Cloudly gave up early.
-func (w *writer) send(frame []byte, cycle string, closing bool, ka *time.Ticker, answered <-chan callResult) error {
-	if err := w.st.Send(frame); err != nil {
-		return err
-	}
+// await waits for the answer to the frame sent under cycle, asking again while Cloudly says
+// backpressure and keeping the stream alive meanwhile. The call's own answer ends the wait too:
+// for the closing chunk, that is the end of the closure; before it, Cloudly gave up early.
+func (w *writer) await(cycle string, closing bool, ka *time.Ticker, answered <-chan callResult) error {
 	idle := time.NewTimer(w.n.p.opts.StreamIdle)
 	defer idle.Stop()
 	var again <-chan time.Time
