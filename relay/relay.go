@@ -32,6 +32,7 @@ const ShutdownTimeout = 5 * time.Second
 const (
 	headerTimeout    = 10 * time.Second
 	idleTimeout      = 60 * time.Second
+	maxHeaderBytes   = 16 << 10
 	maxAdminRequests = 16 // served at once on the admin listener; more are answered 503
 )
 
@@ -92,6 +93,9 @@ type Options struct {
 	// (MaxUnregistered, RegisterDeadline). Tests lower them.
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
+	// MaxConnections caps the downstream connections open at once; zero: RLIMIT_NOFILE less a
+	// reserve of 256 descriptors (none where the limit cannot be read).
+	MaxConnections int
 }
 
 // New builds a relay from a completed Config (Config.Complete) and its parts. It fails on a TLS
@@ -129,7 +133,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	t := timings{pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout}
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
-		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, timings: t,
+		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
 	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{
 		serve: r.servePeer, serveStream: r.serveNodeStream, gone: r.peerGone, dropped: r.countDropped,
 	})
@@ -189,15 +193,16 @@ func (r *Relay) Serve(ctx context.Context) error {
 	defer cancelServe()
 	r.down.ctx = serveCtx
 
-	// SPEC §15: idle 60 s, headers 10 s on both servers; /v2/ sets its own progress deadlines.
+	// SPEC §15: idle 60 s, headers 10 s and 16 KiB on both servers; /v2/ sets its own progress
+	// deadlines; every downstream connection is admitted (admission.go) before TLS.
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
-		ErrorLog: newStdLogger(r.down.log),
+		MaxHeaderBytes: maxHeaderBytes, ErrorLog: newStdLogger(r.down.log),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, rawConnKey{}, c)
 		}}
 	admin := &http.Server{Handler: capRequests(r.adminHandler(), maxAdminRequests), ReadHeaderTimeout: headerTimeout,
-		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.log.admin)}
-	downLn := r.downLn
+		IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes, ErrorLog: newStdLogger(r.log.admin)}
+	var downLn net.Listener = listener{Listener: r.downLn, a: r.down.adm}
 	if r.certs != nil {
 		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
 			NextProtos: []string{"http/1.1"}})

@@ -45,6 +45,7 @@ type Options struct {
 	// Bounds on unregistered downstream connections; zero: the relay's defaults.
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
+	MaxConnections   int // zero: the relay's default (RLIMIT_NOFILE less its reserve)
 	Configure        func(*relay.Config)
 	Quiet            bool               // log nothing (benchmarks): debug logging costs per request
 	Cloudly          func(*sim.Cloudly) // runs before the relay dials
@@ -108,7 +109,7 @@ func Start(t testing.TB, o Options) *Env {
 		}
 	}
 	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
-		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline})
+		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections})
 	if err != nil {
 		t.Fatal(err)
 	}
