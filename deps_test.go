@@ -58,7 +58,7 @@ var layers = map[string]layer{
 	"internal/testenv":           {floor: harness},
 	"internal/testenv/sim":       {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"interop":                    {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
-	"internal/testenv/relaytest": {floor: harness2, own: []string{"relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"internal/testenv/relaytest": {floor: harness2, own: []string{"contracts", "relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"faults":                     {floor: harness2, testsOnly: true},
 	"cmd/relay":                  {floor: top},
 }

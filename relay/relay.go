@@ -45,14 +45,14 @@ type Relay struct {
 	registry *prometheus.Registry // set at construction: served on /metrics
 	metrics  *metrics             // set at construction
 
-	up       *upstream                 // set at construction: the Cloudly session
-	down     *downstream               // set at construction: every downstream connection and its bounds
-	streams  *streamTable              // set at construction: VirtualStreams bound to node connections
-	parts    parts                     // set at construction: the enabled parts, by what each hears and does
-	dispatch dispatch                  // set at construction: which handler serves a method, per side
-	v2       http.Handler              // set at construction: registry forwarding under /v2/; nil: off
-	vpnHub   *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
-	certs    *certReloader             // set at construction: the downstream certificate; nil with --insecure-plaintext
+	up        *upstream     // set at construction: the Cloudly session
+	down      *downstream   // set at construction: every downstream connection and its bounds
+	streams   *streamTable  // set at construction: VirtualStreams bound to node connections
+	parts     parts         // set at construction: the enabled parts, by what each hears and does
+	dispatch  dispatch      // set at construction: which handler serves a method, per side
+	v2        http.Handler  // set at construction: registry forwarding under /v2/; nil: off
+	hubReport *hubReporter  // set at construction: registerClusterVpnHub after each accepted registration
+	certs     *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
 
 	custody custody
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
@@ -82,8 +82,8 @@ type Options struct {
 	// CloudlyRoots verify Cloudly's certificate (--cloudly-ca-file, loaded by the caller); nil:
 	// the system's roots.
 	CloudlyRoots *x509.CertPool
-	// VPNHub is what registerClusterRelay reports as relay.vpnHub: the bound hub's endpoint; nil
-	// when the hub is off (reported as null).
+	// VPNHub is the bound hub's endpoint, which registerClusterVpnHub reports after each accepted
+	// registration (SPEC §4 step 2); nil when the hub is off (nothing is reported).
 	VPNHub *contracts.VPNHubEndpoint
 
 	PingInterval time.Duration
@@ -103,7 +103,7 @@ type Options struct {
 // registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, vpnHub: opts.VPNHub,
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry,
 		log: logs{
 			relay:   log.With().Str("component", "relay").Logger(),
 			up:      log.With().Str("component", "upstream").Logger(),
@@ -130,6 +130,9 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	}
 	r.dispatch = d
 	r.metrics = newMetrics()
+	if r.hubReport, err = newHubReporter(cfg.ClusterID, opts.VPNHub, r.log.up, r.metrics.up.hubReports); err != nil {
+		return nil, err
+	}
 	t := timings{pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout}
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
