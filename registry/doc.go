@@ -23,6 +23,9 @@
 // a broken transfer, never a complete wrong one. The cache is bounded (LRU, cache.go); a
 // directory that cannot be written is served around, uncached and counted.
 //
+// A caller that takes its answer slower than 64 KiB/s, judged on the time the relay spends writing
+// to it over 30 s windows, is cut (progress.go), and with it goes a forward's upstream connection.
+//
 // It never caches tags, partial answers or anything but sha256, never serves a stored byte to a
 // caller the upstream did not answer with a 2xx for that very request, never follows a redirect
 // off the upstream's origin to plain http or to an address that is not public (redirect.go), and

@@ -39,6 +39,10 @@ var (
 	errDisk           = errors.New("cache disk error")
 )
 
+// errSlowReader ends the writes to a caller cut for reading slower than the minimum read rate
+// (progress.go); it reaches the log, never the caller.
+var errSlowReader = errors.New("caller read slower than the minimum read rate")
+
 // ErrUpstreamURL is New's answer to an upstream URL it will not use. The URL is never quoted: it
 // might carry a password.
 var ErrUpstreamURL = errors.New("registry upstream must be an http(s) URL without credentials, query or fragment")

@@ -21,6 +21,7 @@ type metrics struct {
 	cacheBytes       prometheus.Gauge
 	cacheObjects     prometheus.Gauge
 	fillsInFlight    prometheus.Gauge
+	slowReadersCut   prometheus.Counter
 
 	// The same counts again, summed over their labels, kept beside the Prometheus counters for
 	// the status page (Status), which never reads Prometheus back.
@@ -106,6 +107,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cacheBytes:    gauge("cache_bytes", "Bytes of stored objects."),
 		cacheObjects:  gauge("cache_objects", "Stored objects."),
 		fillsInFlight: gauge("cache_fills_in_flight", "Fetches into the cache in progress."),
+		slowReadersCut: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "slow_readers_cut_total",
+			Help: "Callers cut for taking their answer slower than the minimum read rate over a window."}),
 	}
 	// Every label value is one of a fixed set, and each starts at zero so that a rate is defined
 	// before the first event.
@@ -142,7 +145,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
-		m.bypass, m.fillFailures, m.redirectsRefused, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
+		m.bypass, m.fillFailures, m.redirectsRefused, m.cacheBytes, m.cacheObjects, m.fillsInFlight,
+		m.slowReadersCut}
 }
 
 // fillFailureReason is the metric label of a fill's error.

@@ -29,6 +29,11 @@ const (
 	// DefaultMaxUpstreamConns caps the connections to one upstream (or storage) host: many
 	// nodes pull at once, but never with a connection each without bound.
 	DefaultMaxUpstreamConns = 256
+	// DefaultMinReadRate and DefaultReadRateWindow (SPEC §15, "/v2/ fairness"): a caller that
+	// takes its answer slower than this many bytes a second, judged over windows of this much
+	// time spent writing to it, is cut (progress.go).
+	DefaultMinReadRate    = 64 << 10
+	DefaultReadRateWindow = 30 * time.Second
 )
 
 // Options configure New.
@@ -55,6 +60,12 @@ type Options struct {
 	// MaxUpstreamConns caps the connections per upstream host; 0: DefaultMaxUpstreamConns.
 	MaxUpstreamConns int
 
+	// MinReadRate (bytes per second) and ReadRateWindow: a caller that takes its answer more
+	// slowly, over a window of the time spent writing to it, is cut (progress.go); 0:
+	// DefaultMinReadRate, DefaultReadRateWindow.
+	MinReadRate    int64
+	ReadRateWindow time.Duration
+
 	// publicAddr decides which addresses a redirect off the upstream's origin may reach; nil:
 	// publicAddr. Tests set it (export_test.go) to stand loopback storage in for public storage.
 	publicAddr func(netip.Addr) bool
@@ -75,6 +86,7 @@ type Registry struct {
 	stallTimeout     time.Duration  // set at construction
 	authorizeTimeout time.Duration  // set at construction
 	progressTimeout  time.Duration  // set at construction
+	readRate         readRate       // set at construction
 
 	ctx     context.Context         // set at construction: the life of fills; ends at Close
 	cancel  context.CancelCauseFunc // set at construction
@@ -117,6 +129,13 @@ func New(opts Options) (*Registry, error) {
 	conns := opts.MaxUpstreamConns
 	if conns <= 0 {
 		conns = DefaultMaxUpstreamConns
+	}
+	r.readRate = readRate{min: opts.MinReadRate, window: opts.ReadRateWindow, cut: m.slowReadersCut.Inc}
+	if r.readRate.min <= 0 {
+		r.readRate.min = DefaultMinReadRate
+	}
+	if r.readRate.window <= 0 {
+		r.readRate.window = DefaultReadRateWindow
 	}
 	public := opts.publicAddr
 	if public == nil {
@@ -193,7 +212,7 @@ type exchange struct {
 // must complete within the progress timeout (progress.go).
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
-	x := &exchange{w: newCallerWriter(w, r.progressTimeout), req: req, source: sourceUpstream}
+	x := &exchange{w: newCallerWriter(w, r.progressTimeout, r.readRate), req: req, source: sourceUpstream}
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = &callerBody{ReadCloser: req.Body, rc: x.w.rc, timeout: r.progressTimeout}
 	}
@@ -219,6 +238,10 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	}()
 	r.serve(x, parsed)
+	if x.w.cut { // cut for reading slowly: break the answer off, whatever its framing
+		x.err = errSlowReader
+		panic(http.ErrAbortHandler)
+	}
 	served = true
 }
 
