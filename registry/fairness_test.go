@@ -3,15 +3,21 @@ package registry_test
 import (
 	"bufio"
 	"bytes"
+	"context"
 	"crypto/rand"
 	"errors"
+	"fmt"
 	"io"
 	"net"
 	"net/http"
+	"strconv"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/google/go-containerregistry/pkg/v1/remote"
 
 	"code.foss.global/serve.zone/relay/registry"
 )
@@ -150,10 +156,159 @@ func (s *slowReader) close() {
 	<-s.exited
 }
 
+// refusedCount counts the readers whose answer came and was not a 200.
+func refusedCount(rs []*slowReader) int {
+	n := 0
+	for _, s := range rs {
+		if st, ok := s.answered(); ok && st != http.StatusOK {
+			n++
+		}
+	}
+	return n
+}
+
+// getFrom GETs path from the loopback address source within ctx and reports the answer's status
+// and the digest of its body.
+func getFrom(ctx context.Context, e *relayEnv, source, path, token string) (int, string, http.Header, error) {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+path, nil)
+	req.Header.Set("Authorization", "Bearer "+token)
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: dialerFrom(source).DialContext}
+	defer tr.CloseIdleConnections()
+	resp, err := (&http.Client{Transport: tr}).Do(req)
+	if err != nil {
+		return 0, "", nil, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	return resp.StatusCode, sha256Of(body), resp.Header, err
+}
+
+func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
+	const perSource, total, readers = 8, 16, 20
+	up := newTestUpstream(t, testUsers)
+	e := startRelay(t, up.URL(), "", func(o *registry.Options) {
+		o.MaxFetchesPerSource, o.MaxFetches = perSource, total
+		o.MaxAuthorizationsPerSource, o.MaxAuthorizations = 2, 4
+		o.MaxUpstreamConns = total + 4 // exactly the slots: none of them waits on the transport
+		o.SlotWait = 300 * time.Millisecond
+		o.ReadRateWindow = time.Hour // nobody is cut for reading slowly here (TestReadRate)
+	})
+	big := pushBlob(t, up, "team/app", 32<<20) // far beyond every socket buffer on the way
+	hitPath, hitDigest, _, tok := cachedLayer(t, up, e, 64<<10)
+	honest := pushImage(t, up, "team/app", 64<<10, 2) // pulled through the relay later, uncached
+	bobTok := up.tokenFor(t, "bob", "bob-secret-pw")
+
+	// 20 slow readers from 127.0.0.1, each a GET with a query: never cached, always forwarded.
+	slowA := make([]*slowReader, readers)
+	for i := range slowA {
+		slowA[i] = startSlowReader(t, e, "127.0.0.1", fmt.Sprintf("/v2/team/app/blobs/%s?n=%d", big, i), tok)
+	}
+	e.Eventually("every slow reader holds an upstream request or was refused", func() bool {
+		return up.inflight.Load()+int64(refusedCount(slowA)) == readers
+	})
+
+	// Meanwhile bob, from 127.0.0.2, pulls an image nobody has cached and reads a stored layer
+	// (a hit: an authorization HEAD, then the file). Neither may wait on the slow readers.
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	pulled, hit := make(chan error, 1), make(chan error, 1)
+	go func() {
+		pulled <- pullImage(t, e, newClientFrom(t, "127.0.0.2", "bob", "bob-secret-pw", remote.WithContext(ctx)), "team/app", honest)
+	}()
+	heads := up.heads.Load()
+	go func() {
+		status, digest, _, err := getFrom(ctx, e, "127.0.0.2", hitPath, bobTok)
+		if err == nil && (status != http.StatusOK || digest != hitDigest) {
+			err = fmt.Errorf("status %d, digest %s", status, digest)
+		}
+		hit <- err
+	}()
+	if err := <-pulled; err != nil {
+		t.Errorf("an honest pull from another address, while one address's slow readers held the upstream: %v", err)
+	}
+	if err := <-hit; err != nil {
+		t.Errorf("a cache hit from another address, while one address's slow readers held the upstream: %v", err)
+	}
+	if t.Failed() {
+		t.FailNow()
+	}
+	if got := up.heads.Load() - heads; got < 1 {
+		t.Fatalf("the hit was served without an authorization HEAD (%d)", got)
+	}
+
+	// The slow address had its 8 fetches; the rest waited SlotWait and were refused, 503 with
+	// Retry-After and a named reason.
+	e.Eventually("every slow reader answered", func() bool {
+		for _, s := range slowA {
+			if _, ok := s.answered(); !ok {
+				return false
+			}
+		}
+		return true
+	})
+	served := 0
+	for _, s := range slowA {
+		switch {
+		case s.status == http.StatusOK:
+			served++
+		case s.status != http.StatusServiceUnavailable || !strings.Contains(s.body, "registry-upstream-busy"):
+			t.Errorf("a slow reader beyond its address's slots: %d %q", s.status, s.body)
+		default:
+			if n, err := strconv.Atoi(s.retryAfter); err != nil || n < 1 {
+				t.Errorf("a refused wait's Retry-After is %q", s.retryAfter)
+			}
+		}
+	}
+	if served != perSource {
+		t.Fatalf("%d slow readers from one address were served, want %d", served, perSource)
+	}
+	e.settle()
+	e.Eventually("only the slow readers hold fetch slots", func() bool {
+		return e.Metric("relay_registry_slots_in_use", "pool", "fetch") == perSource && up.inflight.Load() == perSource
+	})
+	if got := e.Metric("relay_registry_slot_waits_refused_total", "pool", "fetch", "limit", "source"); got != readers-perSource {
+		t.Fatalf("refused fetch waits at the source limit = %v, want %d", got, readers-perSource)
+	}
+
+	// A second slow address takes the remaining fetch slots: every one is held. A miss now waits
+	// its bounded wait and is refused, but a hit still gets its authorization at once.
+	slowC := make([]*slowReader, perSource)
+	for i := range slowC {
+		slowC[i] = startSlowReader(t, e, "127.0.0.3", fmt.Sprintf("/v2/team/app/blobs/%s?c=%d", big, i), tok)
+	}
+	e.Eventually("every fetch slot is held by a slow reader", func() bool {
+		return e.Metric("relay_registry_slots_in_use", "pool", "fetch") == total && up.inflight.Load() == total
+	})
+	heads = up.heads.Load()
+	status, digest, _, err := getFrom(ctx, e, "127.0.0.2", hitPath, bobTok)
+	if err != nil || status != http.StatusOK || digest != hitDigest || up.heads.Load() != heads+1 {
+		t.Fatalf("a cache hit while every fetch slot is held: %d %v, HEADs +%d", status, err, up.heads.Load()-heads)
+	}
+	status, _, hdr, err := getFrom(ctx, e, "127.0.0.2", "/v2/team/app/blobs/"+big+"?miss", bobTok)
+	if err != nil || status != http.StatusServiceUnavailable || hdr.Get("Retry-After") == "" {
+		t.Fatalf("a miss while every fetch slot is held: %d %v, Retry-After %q", status, err, hdr.Get("Retry-After"))
+	}
+	if got := e.Metric("relay_registry_slot_waits_refused_total", "pool", "fetch", "limit", "total"); got != 1 {
+		t.Fatalf("refused fetch waits at the total limit = %v, want 1", got)
+	}
+	if got := e.Metric("relay_registry_slot_waits_refused_total", "pool", "authorize", "limit", "total") +
+		e.Metric("relay_registry_slot_waits_refused_total", "pool", "authorize", "limit", "source"); got != 0 {
+		t.Fatalf("%v authorization waits refused", got)
+	}
+
+	for _, s := range append(slowA, slowC...) {
+		s.close()
+	}
+	e.Eventually("every slot is released once the slow readers leave", func() bool {
+		return e.Metric("relay_registry_slots_in_use", "pool", "fetch") == 0 &&
+			e.Metric("relay_registry_slots_in_use", "pool", "authorize") == 0 && up.inflight.Load() == 0
+	})
+}
+
 // TestReadRate: a caller is judged by how fast it takes what the relay has for it, never by how
 // fast the upstream sends.
 func TestReadRate(t *testing.T) {
-	t.Run("a caller reading slower than the minimum rate is cut", func(t *testing.T) {
+	t.Run("a caller reading slower than the minimum rate is cut and its slot released", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		// A 1 s window at 1 MiB/s stands in for 30 s at 64 KiB/s: a window's due (1 MiB) is
 		// beyond what one write moves (256 KiB), as 1.875 MiB is, so the cut comes as it ends.
@@ -163,7 +318,9 @@ func TestReadRate(t *testing.T) {
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		s := startSlowReader(t, e, "127.0.0.1", "/v2/team/app/blobs/"+big+"?slow", tok)
 		e.Eventually("the slow reader is cut", func() bool { return e.Metric("relay_registry_slow_readers_cut_total") == 1 })
-		e.Eventually("the cut caller's upstream request is released", func() bool { return up.inflight.Load() == 0 })
+		e.Eventually("the cut caller's slot and upstream request are released", func() bool {
+			return e.Metric("relay_registry_slots_in_use", "pool", "fetch") == 0 && up.inflight.Load() == 0
+		})
 		s.readFast()
 		var end slowEnd
 		select {

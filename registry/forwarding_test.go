@@ -575,7 +575,9 @@ func TestCallerLifetime(t *testing.T) {
 func TestUpstreamTransport(t *testing.T) {
 	// Finding 5 (issue 15): the registry transport had no per-host connection cap, so callers
 	// the upstream answers slowly each held an upstream connection of their own, without bound.
-	t.Run("finding 5: at most MaxUpstreamConns connections per host", func(t *testing.T) {
+	// Since issue 23 the fetch slots bound them first (the cap is never below the slots: see the
+	// next test), and a caller beyond them waits for one.
+	t.Run("finding 5: at most MaxFetches upstream requests at once", func(t *testing.T) {
 		const limit, callers = 2, 6
 		var open, peak atomic.Int64
 		release := make(chan struct{})
@@ -595,7 +597,7 @@ func TestUpstreamTransport(t *testing.T) {
 		}
 		up.Start()
 		t.Cleanup(up.Close)
-		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxUpstreamConns = limit })
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxFetches, o.MaxFetchesPerSource = limit, limit })
 		errs := make(chan error, callers)
 		for i := range callers {
 			go func() {
@@ -607,7 +609,7 @@ func TestUpstreamTransport(t *testing.T) {
 			}()
 		}
 		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
-		time.Sleep(200 * time.Millisecond) // room for any connection beyond the cap to open
+		time.Sleep(200 * time.Millisecond) // room for any connection beyond the limit to open
 		close(release)
 		for range callers {
 			if err := <-errs; err != nil {
@@ -617,5 +619,20 @@ func TestUpstreamTransport(t *testing.T) {
 		if got := peak.Load(); got != limit {
 			t.Fatalf("the upstream saw %d connections at once, want %d", got, limit)
 		}
+	})
+	// A per-host cap below the slots would make a request that holds its slot wait for a
+	// connection, where no metric and no bounded wait sees it.
+	t.Run("a connection cap below the slots is refused", func(t *testing.T) {
+		_, err := registry.New(registry.Options{Upstream: "https://registry.example", MaxUpstreamConns: 10,
+			MaxFetches: 8, MaxAuthorizations: 4})
+		if err == nil || !strings.Contains(err.Error(), "MaxUpstreamConns") {
+			t.Fatalf("New with a cap of 10 for 12 slots: %v", err)
+		}
+		reg, err := registry.New(registry.Options{Upstream: "https://registry.example", MaxUpstreamConns: 12,
+			MaxFetches: 8, MaxAuthorizations: 4})
+		if err != nil {
+			t.Fatalf("New with a cap of 12 for 12 slots: %v", err)
+		}
+		reg.Close()
 	})
 }
