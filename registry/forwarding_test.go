@@ -358,10 +358,17 @@ func TestCacheBound(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
 		img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
-		if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
-			t.Fatal(err)
+		tok := up.tokenFor(t, "alice", "alice-secret-pw")
+		// One layer at a time, each published before the next: a fill's caller has its last byte
+		// before the fill is synced and published, and two fills still reserving 512 KiB would
+		// leave the next no room to evict for (too-large, not an eviction).
+		for _, d := range layerDigests(t, img) {
+			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+d.String(), tok, nil)
+			if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != d.String() {
+				t.Fatalf("GET %s: %v %v", d, resp.StatusCode, err)
+			}
+			e.settle()
 		}
-		e.settle()
 		if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 			t.Fatalf("evictions = %v, want some", got)
 		}
