@@ -38,6 +38,9 @@ var layers = map[string]struct{ own, third []string }{
 	"internal/relaytest":   {own: []string{"relay", "internal/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"interop":              {own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
 	"internal/sim":         {own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+
+	// tests only: runs etcd and kube-apiserver, talks to them with client-go
+	"internal/testenv/kubeapi": {third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 }
 
 // TestDependencyDirection fails when a package imports what its layer does not allow: contracts
