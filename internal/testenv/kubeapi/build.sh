@@ -6,8 +6,15 @@
 # Each binary is built into a temporary directory beside the cache and renamed into place, so an
 # interrupted build never leaves a half-written binary behind.
 #
-# Measured on the 2-core development machine (shared with other work), from an empty build
-# cache: MEASUREMENTS_PLACEHOLDER
+# Measured on a 2-core machine shared with other builds and tests (load average 6-8), module
+# downloads included: from empty module and build caches, etcd in 188 s and kube-apiserver in
+# 756 s (16 min wall in all, at nice 19); with the machine's existing build cache, 82 s and
+# 522 s (10 min).
+# It adds 826 MB to the module cache (157 MB of it the downloaded zips) and about 2.9 GB to the
+# build cache (go clean -cache reclaims it); peak RSS 2.3 GB. The binaries: kube-apiserver
+# 119 MB, etcd 27 MB. A run with both cached takes 0.2 s. Started by the Go harness, etcd
+# is ready in under 0.1 s and kube-apiserver 2.6-4.7 s later (under that load), at about
+# 285 MB RSS (etcd 41 MB).
 set -euo pipefail
 
 export GOTOOLCHAIN=local
