@@ -38,9 +38,10 @@ func TestPoolRefusesAndEvictsTheHeaviestStalledShare(t *testing.T) {
 		return s
 	}
 	// Bytes waiting on a peer's own socket make it the victim, the most first; bytes behind Cloudly
-	// (its share holds them, its socket does not) make no one a victim, nor does a peer that reads.
+	// (its share holds them, its socket does not) make no one a victim, nor does a peer that reads
+	// what it is sent (little waits on its socket, 8 KiB here, under Small).
 	light, heavy := share("light-stalled", 10<<10, true), share("heavy-stalled", 300<<10, true)
-	reading, behindCloudly := share("heavy-reading", 400<<10, false), share("behind-cloudly", 0, true)
+	reading, behindCloudly := share("heavy-reading", 8<<10, false), share("behind-cloudly", 0, true)
 	light.Charge(10 << 10)
 	heavy.Charge(300 << 10)
 	reading.Charge(300 << 10)
@@ -60,6 +61,30 @@ func TestPoolRefusesAndEvictsTheHeaviestStalledShare(t *testing.T) {
 	}
 	if b.Used() != 0 || b.Underflows() != 0 || b.Evictions() != 2 {
 		t.Fatalf("pool %d, underflows %d, evictions %d", b.Used(), b.Underflows(), b.Evictions())
+	}
+}
+
+// TestEvictionNeedsNoStallPastSmall: while no peer has read nothing long enough to count as
+// stalled, the one with the most bytes waiting on its own socket, past Small, goes first.
+func TestEvictionNeedsNoStallPastSmall(t *testing.T) {
+	b := New(1 << 20) // small 16 KiB
+	var evicted []string
+	share := func(name string, own int64) *Share {
+		var s *Share
+		s = b.NewShare(1<<30, func() (int64, bool) { return own, false }, func() {
+			evicted = append(evicted, name)
+			s.Release(int(s.Used()))
+		})
+		return s
+	}
+	piling, reading := share("piling-up", 600<<10), share("reading", 12<<10)
+	piling.Charge(600 << 10)
+	reading.Charge(280 << 10)
+	if !reading.Charge(32<<10) || len(evicted) != 1 || evicted[0] != "piling-up" {
+		t.Fatalf("evicted %v: want the share with more than Small waiting on its own socket", evicted)
+	}
+	if reading.Charge(700<<10) || len(evicted) != 1 {
+		t.Fatalf("evicted %v: a share with less than Small on its own socket was evicted", evicted)
 	}
 }
 
