@@ -14,6 +14,7 @@ import (
 const (
 	MethodRegisterCloudlyClientSession = "registerCloudlyClientSession" // relay → Cloudly (seed)
 	MethodRegisterClusterRelay         = "registerClusterRelay"         // relay → Cloudly (seed)
+	MethodRegisterClusterVpnHub        = "registerClusterVpnHub"        // relay → Cloudly (project)
 	MethodPushClusterRelayConfig       = "pushClusterRelayConfig"       // Cloudly → relay (project)
 	MethodPushRelayUpstreamChanged     = "pushRelayUpstreamChanged"     // relay → downstream (project)
 )
@@ -170,22 +171,24 @@ func ClusterRelayCertificateDomainName(r ClusterRelay) string {
 	return host
 }
 
-// VPNHubEndpoint is the project-defined relay.vpnHub member: where the relay's VPN hub listens and
-// its static Noise public key (32 bytes, base64url without padding).
+// VPNHubEndpoint is what the relay's VPN hub bound and the static Noise public key it answers
+// with (32 bytes, base64url without padding): what the relay reports with registerClusterVpnHub.
+// It is no wire shape of its own (ClusterVpnHubReport is).
 type VPNHubEndpoint struct {
-	Address        string `json:"address"`
-	QUICPort       int    `json:"quicPort"`
-	NoisePublicKey string `json:"noisePublicKey"`
+	Address        string
+	QUICPort       int
+	NoisePublicKey string
 }
 
-// ClusterRelayRegistration is IRegisterClusterRelayRequest.relay. Version is the relay build, a
-// different fact from the protocol offer's interfacesVersion.
+// ClusterRelayRegistration is IRegisterClusterRelayRequest.relay: the seed's four members and no
+// other (SPEC §4 step 2, changed 2026-12-01: the seed's validators are exact-key, so any member it
+// does not spell gets the whole registration refused). Version is the relay build, a different
+// fact from the protocol offer's interfacesVersion.
 type ClusterRelayRegistration struct {
-	Version       string          `json:"version"`
-	NodeID        string          `json:"nodeId"`
-	ListenAddress string          `json:"listenAddress"`
-	ListenPort    int             `json:"listenPort"`
-	VPNHub        *VPNHubEndpoint `json:"vpnHub"`
+	Version       string `json:"version"`
+	NodeID        string `json:"nodeId"`
+	ListenAddress string `json:"listenAddress"`
+	ListenPort    int    `json:"listenPort"`
 }
 
 // RegisterClusterRelayRequest is IRegisterClusterRelayRequest.
@@ -195,8 +198,8 @@ type RegisterClusterRelayRequest struct {
 	RegistrationSequence int64                    `json:"registrationSequence"`
 }
 
-// ValidateRegisterClusterRelayRequest is validateRegisterClusterRelayRequest: shape only, one
-// reason per violation. path defaults to "cluster relay registration".
+// ValidateRegisterClusterRelayRequest is validateRegisterClusterRelayRequest: exact-key at every
+// level, shape only, one reason per violation. path defaults to "cluster relay registration".
 func ValidateRegisterClusterRelayRequest(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster relay registration"
@@ -214,9 +217,9 @@ func ValidateRegisterClusterRelayRequest(raw []byte, path string) []string {
 }
 
 func validateRelayBlock(raw []byte, path string) []string {
-	var version, nodeID, address, port, hub []byte
+	var version, nodeID, address, port []byte
 	if ReadExact(raw, Req("version", &version), Req("nodeId", &nodeID), Req("listenAddress", &address),
-		Req("listenPort", &port), Req("vpnHub", &hub)) != nil {
+		Req("listenPort", &port)) != nil {
 		return []string{path + " must use its exact schema"}
 	}
 	var reasons []string
@@ -232,28 +235,87 @@ func validateRelayBlock(raw []byte, path string) []string {
 	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" listenPort must be a port from 1 to 65535")
 	}
-	if !IsNull(hub) {
-		reasons = append(reasons, validateVPNHubEndpoint(hub, path+" vpnHub")...)
-	}
 	return reasons
 }
 
-func validateVPNHubEndpoint(raw []byte, path string) []string {
-	var address, port, key []byte
-	if ReadExact(raw, Req("address", &address), Req("quicPort", &port), Req("noisePublicKey", &key)) != nil {
-		return []string{path + " must be null or use its exact schema"}
+// RuntimeNetworkVpnHub is the seed's data.IRuntimeNetworkVpnHub { clusterId, address, quicPort }:
+// one cluster's hub as its relay bound it (CONTRACTS §6.3).
+type RuntimeNetworkVpnHub struct {
+	ClusterID string
+	Address   string // an IPv4 literal
+	QUICPort  int
+}
+
+// ClusterVpnHubReport is registerClusterVpnHub's request { hub, noisePublicKey } (project-defined,
+// SPEC §4 step 2; the seeds name no report method, OQ-4): the hub exactly as the seed spells it,
+// beside the hub's static Noise public key, which nodes' credentials name. The relay sends it in a
+// call of its own after each accepted registration while its hub is on, so that a Cloudly that does
+// not know the call refuses only it, never the registration. Cloudly answers {}; the relay reads
+// nothing of the answer.
+type ClusterVpnHubReport struct {
+	Hub            RuntimeNetworkVpnHub
+	NoisePublicKey [32]byte
+}
+
+// EncodeRegisterClusterVpnHubRequest writes { hub: { clusterId, address, quicPort }, noisePublicKey }
+// with the key in base64url without padding. A public key is no secret.
+func EncodeRegisterClusterVpnHubRequest(r ClusterVpnHubReport) []byte {
+	b := AppendString([]byte(`{"hub":{"clusterId":`), r.Hub.ClusterID)
+	b = AppendString(append(b, `,"address":`...), r.Hub.Address)
+	b = strconv.AppendInt(append(b, `,"quicPort":`...), int64(r.Hub.QUICPort), 10)
+	b = AppendString(append(b, `},"noisePublicKey":`...), EncodeKey32(r.NoisePublicKey))
+	return append(b, '}')
+}
+
+// ReadRegisterClusterVpnHubRequest reads registerClusterVpnHub's request exactly: the relay is its
+// only writer (relay-minted), and hub is the seed's IRuntimeNetworkVpnHub, read exactly as a seed
+// validator would. It is what a Cloudly (the simulator) reads of the relay's report.
+func ReadRegisterClusterVpnHubRequest(raw []byte) (ClusterVpnHubReport, error) {
+	const path = "cluster vpn hub report"
+	var hub, key []byte
+	if ReadExact(raw, Req("hub", &hub), Req("noisePublicKey", &key)) != nil {
+		return ClusterVpnHubReport{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
+	h, reasons := readRuntimeNetworkVpnHub(hub, path+" hub")
+	var r ClusterVpnHubReport
+	if s, err := ReadString(key); err != nil {
+		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
+	} else if r.NoisePublicKey, err = DecodeKey32(s); err != nil {
+		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
+	}
+	if len(reasons) > 0 {
+		return ClusterVpnHubReport{}, &InvalidError{reasons}
+	}
+	r.Hub = h
+	return r, nil
+}
+
+// readRuntimeNetworkVpnHub reads IRuntimeNetworkVpnHub exactly: clusterId a canonical identifier,
+// address a unicast IPv4 literal that is neither loopback nor link-local, quicPort a UDP port.
+// Whether the address lies inside vpn.hubPrefix is Cloudly's to judge (its address plan).
+func readRuntimeNetworkVpnHub(raw []byte, path string) (RuntimeNetworkVpnHub, []string) {
+	var clusterID, address, port []byte
+	if ReadExact(raw, Req("clusterId", &clusterID), Req("address", &address), Req("quicPort", &port)) != nil {
+		return RuntimeNetworkVpnHub{}, []string{path + " must use its exact schema"}
+	}
+	var h RuntimeNetworkVpnHub
 	var reasons []string
+	if s, err := ReadString(clusterID); err != nil || !IsCanonicalID(s) {
+		reasons = append(reasons, path+" clusterId must be a canonical identifier")
+	} else {
+		h.ClusterID = s
+	}
 	if s, err := ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
 		reasons = append(reasons, path+" address must be a unicast IPv4 literal that is neither loopback nor link-local")
+	} else {
+		h.Address = s
 	}
 	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" quicPort must be a port from 1 to 65535")
+	} else {
+		h.QUICPort = int(n)
 	}
-	if s, err := ReadString(key); err != nil || !IsKey32(s) {
-		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
-	}
-	return reasons
+	return h, reasons
 }
 
 // IsKey32 reports whether s is 32 bytes in canonical base64url without padding (43 characters,

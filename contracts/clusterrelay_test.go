@@ -64,9 +64,8 @@ func TestValidateClusterRelayAndCertificateName(t *testing.T) {
 
 func validRegistration() RegisterClusterRelayRequest {
 	return RegisterClusterRelayRequest{
-		Protocol: RelayOffer,
-		Relay: ClusterRelayRegistration{Version: "4.0.0", NodeID: "node-a", ListenAddress: "192.0.2.17", ListenPort: 8443,
-			VPNHub: &VPNHubEndpoint{Address: "192.0.2.1", QUICPort: 51820, NoisePublicKey: EncodeKey32([32]byte{1, 2, 3})}},
+		Protocol:             RelayOffer,
+		Relay:                ClusterRelayRegistration{Version: "4.0.0", NodeID: "node-a", ListenAddress: "192.0.2.17", ListenPort: 8443},
 		RegistrationSequence: 0,
 	}
 }
@@ -76,11 +75,10 @@ func TestValidateRegisterClusterRelayRequest(t *testing.T) {
 	if r := ValidateRegisterClusterRelayRequest(good, ""); len(r) != 0 {
 		t.Fatalf("valid registration refused: %q\n%s", r, good)
 	}
-	noHub := validRegistration()
-	noHub.Relay.VPNHub = nil
-	b, _ := json.Marshal(noHub)
-	if !strings.Contains(string(b), `"vpnHub":null`) || len(ValidateRegisterClusterRelayRequest(b, "")) != 0 {
-		t.Fatalf("registration without hub: %s", b)
+	// The seed's example, exactly (SPEC §4 step 2): the encoding is its four relay members.
+	const seed = `{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"4.0.0","nodeId":"node-a","listenAddress":"192.0.2.17","listenPort":8443},"registrationSequence":0}`
+	if string(good) != seed {
+		t.Fatalf("registration encodes as\n%s\nwant\n%s", good, seed)
 	}
 	bad := validRegistration()
 	bad.Relay.ListenAddress = "127.0.0.1"
@@ -88,22 +86,61 @@ func TestValidateRegisterClusterRelayRequest(t *testing.T) {
 	bad.Relay.Version = "v4"
 	bad.Relay.ListenPort = 0
 	bad.RegistrationSequence = -1
-	bad.Relay.VPNHub.NoisePublicKey = "short"
-	b, _ = json.Marshal(bad)
+	b, _ := json.Marshal(bad)
 	want := []string{
 		"cluster relay registration relay version must be a release version",
 		"cluster relay registration relay nodeId must be a cluster node id",
 		"cluster relay registration relay listenAddress must be a unicast IPv4 literal that is neither loopback nor link-local",
 		"cluster relay registration relay listenPort must be a port from 1 to 65535",
-		"cluster relay registration relay vpnHub noisePublicKey must be a 32-byte key in base64url without padding",
 		"cluster relay registration registrationSequence must be a non-negative safe integer",
 	}
 	if r := ValidateRegisterClusterRelayRequest(b, ""); !slices.Equal(r, want) {
 		t.Fatalf("reasons:\n got %q\nwant %q", r, want)
 	}
-	withSchema := strings.Replace(string(good), `{"protocol"`, `{"schemaVersion":1,"protocol"`, 1)
-	if r := ValidateRegisterClusterRelayRequest([]byte(withSchema), ""); !slices.Equal(r, []string{"cluster relay registration must use its exact schema"}) {
-		t.Fatalf("schemaVersion accepted: %q", r)
+	// Exact-key at every level, as the seed's validator: a member it does not spell refuses the
+	// whole registration, the project's old vpnHub guess above all (null or not).
+	for _, c := range []struct{ body, want string }{
+		{strings.Replace(seed, `{"protocol"`, `{"schemaVersion":1,"protocol"`, 1), "cluster relay registration must use its exact schema"},
+		{strings.Replace(seed, `"listenPort":8443}`, `"listenPort":8443,"vpnHub":null}`, 1), "cluster relay registration relay must use its exact schema"},
+		{strings.Replace(seed, `"listenPort":8443}`, `"listenPort":8443,"vpnHub":{"address":"192.0.2.1","quicPort":4433,"noisePublicKey":"AQID"}}`, 1),
+			"cluster relay registration relay must use its exact schema"},
+		{strings.Replace(seed, `,"listenPort":8443`, ``, 1), "cluster relay registration relay must use its exact schema"},
+		{strings.Replace(seed, `"registrationSequence":0}`, `"registrationSequence":0,"vpnHub":null}`, 1), "cluster relay registration must use its exact schema"},
+	} {
+		if r := ValidateRegisterClusterRelayRequest([]byte(c.body), ""); !slices.Equal(r, []string{c.want}) {
+			t.Errorf("%s\nreasons %q, want %q", c.body, r, c.want)
+		}
+	}
+}
+
+func TestRegisterClusterVpnHubRequest(t *testing.T) {
+	key := [32]byte{1, 2, 3}
+	r := ClusterVpnHubReport{Hub: RuntimeNetworkVpnHub{ClusterID: "cluster-a", Address: "192.0.2.1", QUICPort: 4433}, NoisePublicKey: key}
+	b := EncodeRegisterClusterVpnHubRequest(r)
+	want := `{"hub":{"clusterId":"cluster-a","address":"192.0.2.1","quicPort":4433},"noisePublicKey":"` + EncodeKey32(key) + `"}`
+	if string(b) != want {
+		t.Fatalf("encoded\n%s\nwant\n%s", b, want)
+	}
+	got, err := ReadRegisterClusterVpnHubRequest(b)
+	if err != nil || got != r {
+		t.Fatalf("read back %+v, %v", got, err)
+	}
+	for _, c := range []struct{ body, want string }{
+		{strings.Replace(want, `"quicPort":4433}`, `"quicPort":4433,"noisePublicKey":"x"}`, 1), "cluster vpn hub report hub must use its exact schema"},
+		{strings.Replace(want, `{"hub"`, `{"x":1,"hub"`, 1), "cluster vpn hub report must use its exact schema"},
+		{strings.Replace(want, `"192.0.2.1"`, `"127.0.0.1"`, 1), "cluster vpn hub report hub address must be a unicast IPv4 literal that is neither loopback nor link-local"},
+		{strings.Replace(want, `4433`, `0`, 1), "cluster vpn hub report hub quicPort must be a port from 1 to 65535"},
+		{strings.Replace(want, `"cluster-a"`, `"-a"`, 1), "cluster vpn hub report hub clusterId must be a canonical identifier"},
+		{strings.Replace(want, EncodeKey32(key), EncodeKey32(key)+"=", 1), "cluster vpn hub report noisePublicKey must be a 32-byte key in base64url without padding"},
+	} {
+		_, err := ReadRegisterClusterVpnHubRequest([]byte(c.body))
+		var inv *InvalidError
+		if !errors.As(err, &inv) || !slices.Equal(inv.Reasons, []string{c.want}) {
+			t.Errorf("%s\nerr %v, want %q", c.body, err, c.want)
+		}
+	}
+	if !IsRelayCallToCloudly(MethodRegisterClusterVpnHub) {
+		t.Error("registerClusterVpnHub is the relay's own call to Cloudly: a node must never send it through the relay")
 	}
 }
 

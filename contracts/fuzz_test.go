@@ -138,8 +138,9 @@ func FuzzRelayReaders(f *testing.F) {
 		`{"session":{"nodeId":"node-a","controller":{"kind":"cloudly"},"runtimeNamespace":"rt-1"},"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}}`,
 		`{"session":{"nodeId":"-b"},"nodeId":"c"}`, `{"nodeId":"n"}`, `{"session":"x"}`, `{"session":{"nodeId":7}}`,
 		`{"config":{"clusterId":"c","relay":{"origin":"https://r.example"},"corestores":[{"nodeId":"n","origin":"https://c.example:7443"}]}}`,
-		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"1.0.0","nodeId":"n","listenAddress":"192.0.2.1","listenPort":1,"vpnHub":null},"registrationSequence":0}`,
+		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"1.0.0","nodeId":"n","listenAddress":"192.0.2.1","listenPort":1},"registrationSequence":0}`,
 		`{"session":{"nodeId":"a","nodeId":"b"}}`,
+		`{"hub":{"clusterId":"c","address":"192.0.2.1","quicPort":4433},"noisePublicKey":"AQIDAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"}`,
 		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"origin":"https://relay.example:8443","x":1}`,
 		`{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"origin":"http://127.0.0.1:9"}`,
 		`{"config":{"clusterId":"c","relay":null,"corestores":null,"x":[1]}}`,
@@ -182,6 +183,13 @@ func FuzzRelayReaders(f *testing.F) {
 			}
 		}
 		_ = ValidateRegisterClusterRelayRequest(body, "")
+		// The hub report is read exactly: what it accepts encodes back to the same value.
+		if r, err := ReadRegisterClusterVpnHubRequest(body); err == nil {
+			again, err := ReadRegisterClusterVpnHubRequest(EncodeRegisterClusterVpnHubRequest(r))
+			if err != nil || again != r {
+				t.Fatalf("hub report %+v does not survive its encoding: %+v %v", r, again, err)
+			}
+		}
 	})
 }
 

@@ -70,12 +70,12 @@ func IsServedToCloudly(m string) bool {
 
 // IsRelayCallToCloudly reports whether m is one of the methods the relay calls on Cloudly for
 // itself (SPEC §5: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable and the
-// seed's five relay → Cloudly rows). Cloudly answers them on the relay's socket as the relay's
+// seed's five relay → Cloudly rows; and the project-defined registerClusterVpnHub, SPEC §4). Cloudly answers them on the relay's socket as the relay's
 // own, so they are never forwarded for a downstream peer: a node could otherwise read the route
-// table with its keys, re-register the relay, or act for the cluster.
+// table with its keys, re-register the relay or its hub, or act for the cluster.
 func IsRelayCallToCloudly(m string) bool {
 	switch m {
-	case MethodRegisterCloudlyClientSession, MethodRegisterClusterRelay, MethodGetClusterRouteTable,
+	case MethodRegisterCloudlyClientSession, MethodRegisterClusterRelay, MethodRegisterClusterVpnHub, MethodGetClusterRouteTable,
 		MethodGetClusterPlatformDesiredState, MethodBackupServiceDatabaseClosure, MethodRestoreServiceDatabaseClosure,
 		MethodBeginSecretRecipientEnrollment, MethodCompleteSecretRecipientEnrollment:
 		return true

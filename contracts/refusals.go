@@ -241,6 +241,12 @@ var relayRefusals = [...]RefusalName{
 // RelayRefusals lists the project-defined relay refusal names.
 func RelayRefusals() [13]RefusalName { return relayRefusals }
 
+// TypedRequestNoMethodText is the error text the published TypedRequest library
+// (@api.global/typedrequest 3.3.0) answers a request with when its router has no handler for the
+// method: what a real peer that does not know a method says, in place of relay-method-unknown.
+// It names no refusal, so it is matched whole.
+const TypedRequestNoMethodText = "There is no available method for this call on the server side"
+
 // Project-defined VPN hub refusals (SPEC §7): the reason phrase of the QUIC application close
 // (error code 1) starts with one of them.
 const (

@@ -31,7 +31,8 @@ type Share interface {
 // for the stream reach the part's StreamReader, never a node; the part's frames go up whole.
 type Streams interface {
 	// OpenStream opens a stream under a fresh id on the attached socket: for a body the relay
-	// sends that carries the stream's marker. Its frames are charged to share until written.
+	// sends that carries the stream's marker. Its frames are charged to share, which must come
+	// from the same relay's Memory.NewShare, until written.
 	OpenStream(share Share, r StreamReader) (Stream, error)
 	// AcceptStream takes the stream id that Cloudly named (a marker in its answer). Call it in
 	// the done of the call whose answer names the stream: an Upstream call's done runs on the

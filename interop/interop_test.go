@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io/fs"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -99,6 +100,7 @@ func trackInputs(dir string) {
 // "register" are the ones every later check uses.
 type suite struct {
 	viaRelay bool
+	hubErr   error // why the relay runs without its hub (no address to bind); nil: the hub is on
 	cloudly  *interop.Cloudly
 	relay    *interop.Relay // nil in direct mode
 	nodes    *interop.Nodes
@@ -121,9 +123,15 @@ func runSuite(t *testing.T, dir, bin string, viaRelay bool) {
 	}
 	t.Cleanup(s.cloudly.Close)
 	if viaRelay {
-		s.relay, err = interop.StartRelay(ctx, interop.RelayConfig{
-			Bin: bin, CloudlyURL: s.cloudly.URL, ClusterID: clusterID, Token: token, WorkDir: t.TempDir(),
-		})
+		// The hub on, so that the relay reports it (registerClusterVpnHub) to a Cloudly that has no
+		// such method.
+		rc := interop.RelayConfig{Bin: bin, CloudlyURL: s.cloudly.URL, ClusterID: clusterID, Token: token, WorkDir: t.TempDir()}
+		if a, err := interop.HubAddress(); err != nil {
+			s.hubErr = err
+		} else {
+			rc.HubListen = netip.AddrPortFrom(a, 0).String()
+		}
+		s.relay, err = interop.StartRelay(ctx, rc)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -146,6 +154,7 @@ func runSuite(t *testing.T, dir, bin string, viaRelay bool) {
 	})
 
 	t.Run("attach", s.attach)
+	t.Run("hub-report-unknown-method", s.hubReport)
 	t.Run("register", s.register)
 	t.Run("calls", s.calls)
 	t.Run("errors", s.errors)
@@ -192,6 +201,66 @@ func (s *suite) attach(t *testing.T) {
 				st.RelayRegistrations, st.ConfigPushes, ready, st.Violations)
 		}
 		time.Sleep(100 * time.Millisecond)
+	}
+}
+
+// hubReport: the relay reports its hub with registerClusterVpnHub (project-defined) after the
+// accepted registration, and this Cloudly serves no such method: the library answers with its own
+// "no available method", the answer a real Cloudly without the method gives. The relay counts and
+// shows the outcome, logs it once, and stays attached on its one registration; "register" then
+// carries every node through it and "alive" checks nothing re-attached since.
+func (s *suite) hubReport(t *testing.T) {
+	if !s.viaRelay {
+		t.Skip("direct: there is no relay to report a hub")
+	}
+	if s.hubErr != nil {
+		if os.Getenv(requireEnv) == "1" {
+			t.Fatalf("%v (%s=1: the suite must run)", s.hubErr, requireEnv)
+		}
+		t.Skipf("skipped: %v", s.hubErr)
+	}
+	const series = `relay_upstream_hub_reports_total{outcome="unknown-method"}`
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := s.cloudly.Status(ctxFor(t, 10*time.Second))
+		if err != nil {
+			t.Fatal(err)
+		}
+		n, _, err := s.relay.Sample(series)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Routed[contracts.MethodRegisterClusterVpnHub] >= 1 && n >= 1 {
+			if st.Routed[contracts.MethodRegisterClusterVpnHub] != 1 || n != 1 || st.Received[contracts.MethodRegisterClusterVpnHub] != 0 {
+				t.Fatalf("Cloudly routed %d hub reports (served %d), the relay counts %v unknown-method: want one report, answered by the library",
+					st.Routed[contracts.MethodRegisterClusterVpnHub], st.Received[contracts.MethodRegisterClusterVpnHub], n)
+			}
+			if st.RelayRegistrations != 1 || !reflect.DeepEqual(st.Sequences, []int64{0}) || len(st.Violations) > 0 {
+				t.Fatalf("after the hub report: relay registrations %d (sequences %v), violations %q", st.RelayRegistrations, st.Sequences, st.Violations)
+			}
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no hub report outcome after 30 s: Cloudly routed %v, the relay counts %s = %v", st.Routed, series, n)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if err := s.relay.Ready(); err != nil {
+		t.Fatalf("the relay is not ready after Cloudly did not know its hub report: %v", err)
+	}
+	hr, err := s.relay.HubReport()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if hr.Outcome != "unknown-method" || hr.Sequence != 0 || hr.At.IsZero() {
+		t.Fatalf("/status.json cloudly.hubReport = %+v, want unknown-method after registration 0", hr)
+	}
+	log := s.relay.Log()
+	if got := strings.Count(log, "Cloudly did not take the VPN hub report"); got != 1 || !strings.Contains(log, `"outcome":"unknown-method"`) {
+		t.Fatalf("the hub report's outcome was logged %d times, want once, naming unknown-method:\n%s", got, last(log, 4<<10))
+	}
+	if strings.Contains(log, noHandler) {
+		t.Fatal("the relay logged the library's error text; it logs refusal names only")
 	}
 }
 
@@ -505,6 +574,9 @@ func (s *suite) alive(t *testing.T) {
 	}
 	if s.viaRelay && (cs.RelayRegistrations != 1 || len(cs.Sequences) != 1) {
 		t.Errorf("the relay registered %d times (sequences %v): it re-attached, so its socket to Cloudly was lost", cs.RelayRegistrations, cs.Sequences)
+	}
+	if s.viaRelay && s.hubErr == nil && cs.Routed[contracts.MethodRegisterClusterVpnHub] != 1 {
+		t.Errorf("Cloudly saw %d hub reports: the relay reports once per accepted registration", cs.Routed[contracts.MethodRegisterClusterVpnHub])
 	}
 	if len(cs.Violations) > 0 || cs.Unhandled > 0 {
 		t.Errorf("Cloudly saw violations %q and %d unhandled rejections", cs.Violations, cs.Unhandled)

@@ -111,7 +111,8 @@ func StartCloudly(ctx context.Context, dir string, cfg CloudlyConfig) (*Cloudly,
 type CloudlyStatus struct {
 	Sockets            []SocketStatus `json:"sockets"`
 	Nodes              []string       `json:"nodes"`
-	Received           map[string]int `json:"received"`
+	Received           map[string]int `json:"received"` // requests per method the router serves
+	Routed             map[string]int `json:"routed"`   // frames per method handed to the router, served or not
 	Violations         []string       `json:"violations"`
 	Sequences          []int64        `json:"sequences"`
 	RelayRegistrations int            `json:"relayRegistrations"`

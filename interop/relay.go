@@ -8,7 +8,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"net/netip"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -16,6 +18,8 @@ import (
 	"strings"
 	"syscall"
 	"time"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // BinEnv names a relay binary to run instead of building one from this tree (the lead points
@@ -61,7 +65,10 @@ type RelayConfig struct {
 	CloudlyURL string // ws:// URL of Cloudly
 	ClusterID  string // --cluster-id; must be what Cloudly's configuration push names
 	Token      string // the machine JWT Cloudly accepts, written to a file in WorkDir
-	WorkDir    string // where the token file goes
+	WorkDir    string // where the token file (and the hub's key file) go
+	// HubListen is --hub-listen, IPv4:port ("": the hub is off). The relay reports the hub to
+	// Cloudly with registerClusterVpnHub after it attaches; HubAddress finds an address to bind.
+	HubListen string
 }
 
 // StartRelay runs `relay run` against cfg.CloudlyURL and waits until it serves.
@@ -70,12 +77,16 @@ func StartRelay(ctx context.Context, cfg RelayConfig) (*Relay, error) {
 	if err := os.WriteFile(token, []byte(cfg.Token), 0o600); err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(cfg.Bin, "run",
+	args := []string{"run",
 		"--cluster-id", cfg.ClusterID, "--node-id", "relay-node",
 		"--cloudly-url", cfg.CloudlyURL, "--cloudly-token-file", token,
 		"--advertise-address", "192.0.2.10", "--insecure-plaintext",
 		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0",
-		"--log-format", "json", "--log-level", "info")
+		"--log-format", "json", "--log-level", "info"}
+	if cfg.HubListen != "" {
+		args = append(args, "--hub-listen", cfg.HubListen, "--hub-key-file", filepath.Join(cfg.WorkDir, "hub.key"))
+	}
+	cmd := exec.Command(cfg.Bin, args...)
 	dieWithParent(cmd)
 	r := &Relay{cmd: cmd, log: NewTail(256 << 10), exited: make(chan struct{})}
 	stderr, err := cmd.StderrPipe()
@@ -185,6 +196,85 @@ func (r *Relay) Metrics() (map[string]float64, error) {
 		}
 	}
 	return m, nil
+}
+
+// Sample reads one series of the relay's /metrics by its exact text, labels included
+// (`relay_upstream_hub_reports_total{outcome="accepted"}`); ok is false when it is not there.
+func (r *Relay) Sample(series string) (value float64, ok bool, err error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + r.Admin + "/metrics")
+	if err != nil {
+		return 0, false, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, false, err
+	}
+	for _, line := range bytes.Split(body, []byte("\n")) {
+		if v, found := bytes.CutPrefix(line, []byte(series+" ")); found {
+			f, err := strconv.ParseFloat(string(bytes.TrimSpace(v)), 64)
+			return f, err == nil, err
+		}
+	}
+	return 0, false, nil
+}
+
+// HubReport is the relay's newest VPN hub report as /status.json shows it (cloudly.hubReport);
+// Outcome is "" when it shows none.
+type HubReport struct {
+	Outcome  string    `json:"outcome"`
+	At       time.Time `json:"at"`
+	Sequence int64     `json:"sequence"`
+}
+
+// HubReport reads /status.json's cloudly.hubReport.
+func (r *Relay) HubReport() (HubReport, error) {
+	c := http.Client{Timeout: 5 * time.Second}
+	resp, err := c.Get("http://" + r.Admin + "/status.json")
+	if err != nil {
+		return HubReport{}, err
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Cloudly struct {
+			HubReport *HubReport `json:"hubReport"`
+		} `json:"cloudly"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		return HubReport{}, fmt.Errorf("/status.json: %w", err)
+	}
+	if st.Cloudly.HubReport == nil {
+		return HubReport{}, nil
+	}
+	return *st.Cloudly.HubReport, nil
+}
+
+// HubAddress is an address of this host the relay's hub can bind for the suite: the first IPv4
+// address of an interface that is up that --hub-listen accepts (unicast, neither loopback nor
+// link-local). The hub is never dialled in the suite; it only has to bind, so that the relay
+// reports it.
+func HubAddress() (netip.Addr, error) {
+	ifaces, err := net.Interfaces()
+	if err != nil {
+		return netip.Addr{}, err
+	}
+	for _, ifc := range ifaces {
+		if ifc.Flags&net.FlagUp == 0 || ifc.Flags&net.FlagLoopback != 0 {
+			continue
+		}
+		addrs, err := ifc.Addrs()
+		if err != nil {
+			continue
+		}
+		for _, a := range addrs {
+			p, err := netip.ParsePrefix(a.String())
+			if err == nil && p.Addr().Is4() && contracts.IsPlausibleUnicastIPv4(p.Addr().String()) {
+				return p.Addr(), nil
+			}
+		}
+	}
+	return netip.Addr{}, errors.New("interop: this host has no unicast IPv4 address outside loopback and link-local for the relay's hub to bind")
 }
 
 // RSS is the process's resident set size in bytes (VmRSS).

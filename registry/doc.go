@@ -23,6 +23,13 @@
 // a broken transfer, never a complete wrong one. The cache is bounded (LRU, cache.go); a
 // directory that cannot be written is served around, uncached and counted.
 //
+// Every request sent upstream holds a slot (slots.go) charged to the caller's source address: at
+// most 8 fetches (forwards and fills) per address and 64 in all, and a pool of its own for the
+// authorization HEADs of hits and joins, so that a hit never waits behind misses. A wait for a
+// slot is bounded (10 s), then refused 503 registry-upstream-busy with Retry-After. A caller that
+// takes its answer slower than 64 KiB/s, judged on the time the relay spends writing to it over
+// 30 s windows, is cut (progress.go), and with it goes the forward's upstream connection.
+//
 // It never caches tags, partial answers or anything but sha256, never serves a stored byte to a
 // caller the upstream did not answer with a 2xx for that very request, never follows a redirect
 // off the upstream's origin to plain http or to an address that is not public (redirect.go), and

@@ -28,6 +28,10 @@ const (
 	// follow (redirect.go): off its own origin to plain http or to an address that is not
 	// public, or more than 5 times. 502, code UNAVAILABLE. The reason never quotes the Location.
 	RegistryRedirectRefused contracts.RefusalName = "registry-redirect-refused"
+	// RegistryUpstreamBusy: no upstream slot came free for the caller within the slot wait
+	// (slots.go): its source address held its share of upstream fetches or authorizations, or the
+	// relay held all of them. 503 with Retry-After, code UNAVAILABLE. The reason names which.
+	RegistryUpstreamBusy contracts.RefusalName = "registry-upstream-busy"
 )
 
 // Errors of a fill, reported through metrics by reason; never sent to a client as text.
@@ -38,6 +42,10 @@ var (
 	errClosed         = errors.New("registry closed")
 	errDisk           = errors.New("cache disk error")
 )
+
+// errSlowReader ends the writes to a caller cut for reading slower than the minimum read rate
+// (progress.go); it reaches the log, never the caller.
+var errSlowReader = errors.New("caller read slower than the minimum read rate")
 
 // ErrUpstreamURL is New's answer to an upstream URL it will not use. The URL is never quoted: it
 // might carry a password.

@@ -211,14 +211,16 @@ func (f *fill) tail(ctx context.Context, w io.Writer, file *os.File, head *func(
 
 // runFill sends the leader's GET to the upstream and, when the answer is a cacheable 200, writes
 // it to a temporary file, verifies it and publishes it. It runs on its own goroutine under the
-// registry's context, so it outlives a leader who leaves and ends when the registry closes.
-func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCauseFunc) {
+// registry's context, so it outlives a leader who leaves and ends when the registry closes. It
+// releases the leader's fetch slot sl with the upstream's answer, or hands both to the leader.
+func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCauseFunc, sl *slot) {
 	defer r.fillsWG.Done()
 	defer f.c.done(f)
 	handedOver := false
 	defer func() {
 		if !handedOver {
 			cancel(nil)
+			sl.release()
 		}
 	}()
 
@@ -235,7 +237,7 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 		r.m.bypassed(reason)
 		handedOver = true
 		f.c.done(f)
-		f.abandon(resp, func() { cancel(nil); resp.Body.Close() }, nil) // cancel first: it ends a read in progress
+		f.abandon(resp, func() { cancel(nil); resp.Body.Close(); sl.release() }, nil) // cancel first: it ends a read in progress
 	}
 	size := resp.ContentLength
 	if !cacheableAnswer(resp, f.hex) {

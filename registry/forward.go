@@ -3,6 +3,7 @@ package registry
 import (
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"net/url"
@@ -75,9 +76,15 @@ func (r *Registry) upstreamRequest(ctx context.Context, in *http.Request, method
 // forward sends the caller's request to the upstream and writes the upstream's answer back, as
 // the upstream sent it. GET and HEAD follow redirects where redirect.go allows (a registry sends
 // blob GETs to storage, and nothing in the cluster but the relay dials out); other methods pass a
-// redirect on.
+// redirect on. It holds a fetch slot of the caller's address until the answer is written.
 func (r *Registry) forward(x *exchange) {
 	x.route, x.source = "forward", sourceUpstream
+	sl, err := r.fetches.acquire(x.req.Context(), x.peer, r.slotWait)
+	if err != nil {
+		r.busy(x, err)
+		return
+	}
+	defer sl.release()
 	in := x.req
 	out := r.upstreamRequest(in.Context(), in, in.Method, false)
 	out.Body, out.ContentLength = in.Body, in.ContentLength
@@ -85,7 +92,6 @@ func (r *Registry) forward(x *exchange) {
 		out.Body = http.NoBody
 	}
 	var resp *http.Response
-	var err error
 	if in.Method == http.MethodGet || in.Method == http.MethodHead {
 		resp, err = r.follow.Do(out)
 	} else {
@@ -113,6 +119,28 @@ func (r *Registry) unreachable(x *exchange, err error) {
 		return
 	}
 	writeRefusal(x.w, http.StatusBadGateway, "UNAVAILABLE", RegistryUpstreamUnreachable.Refuse("the registry upstream did not answer"))
+}
+
+// busy answers a caller whose wait for a slot ran out: 503 registry-upstream-busy, with
+// Retry-After and a reason naming the limit it waited on. A caller who left gets nothing.
+func (r *Registry) busy(x *exchange, err error) {
+	x.route = "busy"
+	var b *errSlotBusy
+	if !errors.As(err, &b) {
+		return // the caller left
+	}
+	x.err = err
+	what := "upstream fetches"
+	if b.pool == poolAuthorize {
+		what = "upstream authorizations"
+	}
+	reason := fmt.Sprintf("this address holds its %d %s", b.n, what)
+	if b.limit == limitTotal {
+		reason = fmt.Sprintf("the relay holds all its %d %s", b.n, what)
+	}
+	x.w.Header().Set("Retry-After", r.retryAfter)
+	writeRefusal(x.w, http.StatusServiceUnavailable, "UNAVAILABLE",
+		RegistryUpstreamBusy.Refuse("%s and none came free within %s", reason, r.slotWait))
 }
 
 // writeResponse writes an upstream answer to the caller: status, end-to-end headers (an absolute

@@ -358,10 +358,17 @@ func TestCacheBound(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
 		img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
-		if err := pullImage(t, e, newClient(t, "alice", "alice-secret-pw"), "team/app", img); err != nil {
-			t.Fatal(err)
+		tok := up.tokenFor(t, "alice", "alice-secret-pw")
+		// One layer at a time, each published before the next: a fill's caller has its last byte
+		// before the fill is synced and published, and two fills still reserving 512 KiB would
+		// leave the next no room to evict for (too-large, not an eviction).
+		for _, d := range layerDigests(t, img) {
+			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+d.String(), tok, nil)
+			if err != nil || resp.StatusCode != http.StatusOK || sha256Of(body) != d.String() {
+				t.Fatalf("GET %s: %v %v", d, resp.StatusCode, err)
+			}
+			e.settle()
 		}
-		e.settle()
 		if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 			t.Fatalf("evictions = %v, want some", got)
 		}
@@ -575,7 +582,9 @@ func TestCallerLifetime(t *testing.T) {
 func TestUpstreamTransport(t *testing.T) {
 	// Finding 5 (issue 15): the registry transport had no per-host connection cap, so callers
 	// the upstream answers slowly each held an upstream connection of their own, without bound.
-	t.Run("finding 5: at most MaxUpstreamConns connections per host", func(t *testing.T) {
+	// Since issue 23 the fetch slots bound them first (the cap is never below the slots: see the
+	// next test), and a caller beyond them waits for one.
+	t.Run("finding 5: at most MaxFetches upstream requests at once", func(t *testing.T) {
 		const limit, callers = 2, 6
 		var open, peak atomic.Int64
 		release := make(chan struct{})
@@ -595,7 +604,7 @@ func TestUpstreamTransport(t *testing.T) {
 		}
 		up.Start()
 		t.Cleanup(up.Close)
-		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxUpstreamConns = limit })
+		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxFetches, o.MaxFetchesPerSource = limit, limit })
 		errs := make(chan error, callers)
 		for i := range callers {
 			go func() {
@@ -607,7 +616,7 @@ func TestUpstreamTransport(t *testing.T) {
 			}()
 		}
 		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
-		time.Sleep(200 * time.Millisecond) // room for any connection beyond the cap to open
+		time.Sleep(200 * time.Millisecond) // room for any connection beyond the limit to open
 		close(release)
 		for range callers {
 			if err := <-errs; err != nil {
@@ -617,5 +626,20 @@ func TestUpstreamTransport(t *testing.T) {
 		if got := peak.Load(); got != limit {
 			t.Fatalf("the upstream saw %d connections at once, want %d", got, limit)
 		}
+	})
+	// A per-host cap below the slots would make a request that holds its slot wait for a
+	// connection, where no metric and no bounded wait sees it.
+	t.Run("a connection cap below the slots is refused", func(t *testing.T) {
+		_, err := registry.New(registry.Options{Upstream: "https://registry.example", MaxUpstreamConns: 10,
+			MaxFetches: 8, MaxAuthorizations: 4})
+		if err == nil || !strings.Contains(err.Error(), "MaxUpstreamConns") {
+			t.Fatalf("New with a cap of 10 for 12 slots: %v", err)
+		}
+		reg, err := registry.New(registry.Options{Upstream: "https://registry.example", MaxUpstreamConns: 12,
+			MaxFetches: 8, MaxAuthorizations: 4})
+		if err != nil {
+			t.Fatalf("New with a cap of 12 for 12 slots: %v", err)
+		}
+		reg.Close()
 	})
 }

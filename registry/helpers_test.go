@@ -5,6 +5,7 @@ import (
 	"encoding/hex"
 	"encoding/json"
 	"io"
+	"net"
 	"net/http"
 	"path/filepath"
 	"testing"
@@ -75,9 +76,15 @@ type client struct {
 }
 
 func newClient(t testing.TB, user, password string) client {
-	tr := &http.Transport{MaxIdleConnsPerHost: 64}
+	return newClientFrom(t, "", user, password)
+}
+
+// newClientFrom is newClient whose connections leave from the loopback address source ("": any),
+// so that the relay sees another caller.
+func newClientFrom(t testing.TB, source, user, password string, extra ...remote.Option) client {
+	tr := &http.Transport{MaxIdleConnsPerHost: 64, DialContext: dialerFrom(source).DialContext}
 	t.Cleanup(tr.CloseIdleConnections)
-	opts := []remote.Option{remote.WithTransport(tr), remote.WithRetryBackoff(remote.Backoff{Steps: 1})}
+	opts := append([]remote.Option{remote.WithTransport(tr), remote.WithRetryBackoff(remote.Backoff{Steps: 1})}, extra...)
 	if user != "" {
 		opts = append(opts, remote.WithAuth(&authn.Basic{Username: user, Password: password}))
 	}
@@ -160,8 +167,24 @@ func (u *testUpstream) tokenFor(t testing.TB, user, password string) string {
 	return body.Token
 }
 
+// dialerFrom dials from the loopback address source ("": any). The relay tells callers apart
+// by their TCP peer address, and every 127.0.0.0/8 address reaches its loopback listener.
+func dialerFrom(source string) *net.Dialer {
+	d := &net.Dialer{Timeout: 5 * time.Second}
+	if source != "" {
+		d.LocalAddr = &net.TCPAddr{IP: net.ParseIP(source)}
+	}
+	return d
+}
+
 // rawGet sends one request to the relay with a fresh connection and reads the whole answer.
 func rawGet(t testing.TB, e *relayEnv, method, path, token string, hdr map[string]string) (*http.Response, []byte, error) {
+	t.Helper()
+	return rawGetFrom(t, e, "", method, path, token, hdr)
+}
+
+// rawGetFrom is rawGet from the loopback address source.
+func rawGetFrom(t testing.TB, e *relayEnv, source, method, path, token string, hdr map[string]string) (*http.Response, []byte, error) {
 	t.Helper()
 	req, err := http.NewRequest(method, "http://"+e.addr+path, nil)
 	if err != nil {
@@ -173,7 +196,7 @@ func rawGet(t testing.TB, e *relayEnv, method, path, token string, hdr map[strin
 	for k, v := range hdr {
 		req.Header.Set(k, v)
 	}
-	tr := &http.Transport{DisableKeepAlives: true}
+	tr := &http.Transport{DisableKeepAlives: true, DialContext: dialerFrom(source).DialContext}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr, Timeout: 30 * time.Second}
 	resp, err := c.Do(req)

@@ -21,6 +21,9 @@ type metrics struct {
 	cacheBytes       prometheus.Gauge
 	cacheObjects     prometheus.Gauge
 	fillsInFlight    prometheus.Gauge
+	slotsInUse       *prometheus.GaugeVec   // pool: fetch, authorize
+	slotWaitsRefused *prometheus.CounterVec // pool, limit: source, total
+	slowReadersCut   prometheus.Counter
 
 	// The same counts again, summed over their labels, kept beside the Prometheus counters for
 	// the status page (Status), which never reads Prometheus back.
@@ -66,6 +69,9 @@ const (
 	bypassTooLarge     = "too-large"     // larger than the cache bound, or the bound is taken by fills
 	bypassNotCacheable = "not-cacheable" // the upstream's answer was not a plain 200 with a length
 	bypassInconsistent = "inconsistent"  // the upstream's HEAD disagreed with the cached size or digest
+
+	poolFetch     = "fetch"
+	poolAuthorize = "authorize"
 )
 
 // The fixed label sets a peer's input is mapped into.
@@ -106,6 +112,14 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 		cacheBytes:    gauge("cache_bytes", "Bytes of stored objects."),
 		cacheObjects:  gauge("cache_objects", "Stored objects."),
 		fillsInFlight: gauge("cache_fills_in_flight", "Fetches into the cache in progress."),
+		slotsInUse: prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "slots_in_use",
+			Help: "Upstream slots held, by pool: fetch (forwards, held while their caller reads, and fills) or " +
+				"authorize (the authorization HEADs of cache hits and joins)."}, []string{"pool"}),
+		slotWaitsRefused: counter("slot_waits_refused_total", "Requests refused registry-upstream-busy after waiting "+
+			"the slot wait, by pool (fetch, authorize) and the limit waited on: source (the caller's address held its "+
+			"share) or total (the relay held every slot).", "pool", "limit"),
+		slowReadersCut: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "slow_readers_cut_total",
+			Help: "Callers cut for taking their answer slower than the minimum read rate over a window."}),
 	}
 	// Every label value is one of a fixed set, and each starts at zero so that a rate is defined
 	// before the first event.
@@ -130,6 +144,12 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, v := range fillFailureReasons {
 		m.fillFailures.WithLabelValues(v)
 	}
+	for _, pool := range []string{poolFetch, poolAuthorize} {
+		m.slotsInUse.WithLabelValues(pool)
+		for _, limit := range []string{limitSource, limitTotal} {
+			m.slotWaitsRefused.WithLabelValues(pool, limit)
+		}
+	}
 	if reg != nil {
 		for _, c := range m.collectors() {
 			if err := reg.Register(c); err != nil {
@@ -142,7 +162,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 
 func (m *metrics) collectors() []prometheus.Collector {
 	return []prometheus.Collector{m.requests, m.bytes, m.hits, m.misses, m.coalesced, m.authorizations, m.evictions,
-		m.bypass, m.fillFailures, m.redirectsRefused, m.cacheBytes, m.cacheObjects, m.fillsInFlight}
+		m.bypass, m.fillFailures, m.redirectsRefused, m.cacheBytes, m.cacheObjects, m.fillsInFlight,
+		m.slotsInUse, m.slotWaitsRefused, m.slowReadersCut}
 }
 
 // fillFailureReason is the metric label of a fill's error.

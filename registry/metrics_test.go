@@ -50,6 +50,9 @@ func TestMetricNames(t *testing.T) {
 		"relay_registry_cache_objects",
 		"relay_registry_redirects_refused_total",
 		"relay_registry_requests_total",
+		"relay_registry_slot_waits_refused_total",
+		"relay_registry_slots_in_use",
+		"relay_registry_slow_readers_cut_total",
 		"relay_registry_upstream_authorizations_total",
 	}
 	slices.Sort(names)
@@ -86,9 +89,9 @@ func TestMetricLabels(t *testing.T) {
 		}
 	}
 	// 3 kinds × 7 methods, 3 × 3 kind counters, 2 sources, 3 outcomes, 4 bypass and 6 fill failure
-	// reasons, and 5 unlabelled series: every series exists before its first event, and no peer's
-	// input adds one.
-	if want := 21 + 9 + 2 + 3 + 4 + 6 + 5; series != want {
+	// reasons, 2 slot pools, 2 pools × 2 limits of refused waits, and 6 unlabelled series: every
+	// series exists before its first event, and no peer's input adds one.
+	if want := 21 + 9 + 2 + 3 + 4 + 6 + 2 + 4 + 6; series != want {
 		t.Errorf("%d series, want %d", series, want)
 	}
 	if got := testutil.ToFloat64(m.requests.WithLabelValues("blob", "other")); got != 3 {

@@ -8,6 +8,7 @@ import (
 	"os"
 	"path/filepath"
 	"testing"
+	"testing/synctest"
 	"time"
 )
 
@@ -38,7 +39,7 @@ func BenchmarkServeFile(b *testing.B) {
 		return srv
 	}
 	plain := serve(func(w http.ResponseWriter) io.Writer { return w })
-	progress := serve(func(w http.ResponseWriter) io.Writer { return newCallerWriter(w, time.Minute) })
+	progress := serve(func(w http.ResponseWriter) io.Writer { return newCallerWriter(w, time.Minute, readRate{}) })
 	tr := &http.Transport{}
 	defer tr.CloseIdleConnections()
 	c := &http.Client{Transport: tr}
@@ -69,4 +70,69 @@ func BenchmarkServeFile(b *testing.B) {
 	b.ReportMetric(float64(b.N)*size/(1<<20)/tPlain.Seconds(), "plain-MiB/s")
 	b.ReportMetric(float64(b.N)*size/(1<<20)/tProgress.Seconds(), "progress-MiB/s")
 	b.ReportMetric(tProgress.Seconds()/tPlain.Seconds(), "progress/plain")
+}
+
+// pacedWriter is a caller that takes rate bytes a second and honours write deadlines as a socket
+// does: a write that cannot finish by its deadline moves what it can and fails.
+type pacedWriter struct {
+	rate     int64     // set at construction
+	deadline time.Time // set through SetWriteDeadline
+	header   http.Header
+}
+
+func (p *pacedWriter) Header() http.Header { return p.header }
+func (p *pacedWriter) WriteHeader(int)     {}
+func (p *pacedWriter) SetWriteDeadline(t time.Time) error {
+	p.deadline = t
+	return nil
+}
+
+func (p *pacedWriter) Write(b []byte) (int, error) {
+	need := time.Duration(float64(len(b)) / float64(p.rate) * float64(time.Second))
+	if !p.deadline.IsZero() && time.Now().Add(need).After(p.deadline) {
+		d := max(time.Until(p.deadline), 0)
+		time.Sleep(d)
+		return min(int(float64(p.rate)*d.Seconds()), len(b)), os.ErrDeadlineExceeded
+	}
+	time.Sleep(need)
+	return len(b), nil
+}
+
+// TestReadRateRule: the minimum read rate at its defaults, with synctest's clock. A caller is
+// judged on the time its writes take, never on the relay's waits between them; one far below
+// the rate is cut as the window ends, one just below it within a write of the window's end.
+func TestReadRateRule(t *testing.T) {
+	// feed writes 256 KiB at a time to a caller taking rate bytes a second, pausing between
+	// writes, until it is cut or has taken total bytes; it reports how long that took.
+	feed := func(rate, total int64, pause time.Duration) (cut bool, took time.Duration, cuts int) {
+		start := time.Now()
+		w := newCallerWriter(&pacedWriter{rate: rate, header: http.Header{}}, DefaultProgressTimeout,
+			readRate{min: DefaultMinReadRate, window: DefaultReadRateWindow, cut: func() { cuts++ }})
+		buf := make([]byte, bufferSize)
+		for sent := int64(0); sent < total; sent += bufferSize {
+			if _, err := w.Write(buf); err != nil {
+				return err == errSlowReader && w.cut, time.Since(start), cuts
+			}
+			time.Sleep(pause) // the relay waits for the upstream: not the caller's time
+		}
+		return false, time.Since(start), cuts
+	}
+	synctest.Test(t, func(t *testing.T) {
+		if cut, took, cuts := feed(5<<10, 64<<20, 0); !cut || took != DefaultReadRateWindow || cuts != 1 {
+			t.Errorf("a caller taking 5 KiB/s: cut %v after %v (%d counted); want cut as its window ends, at %v",
+				cut, took, cuts, DefaultReadRateWindow)
+		}
+		oneWrite := time.Duration(bufferSize) * time.Second / (60 << 10)
+		if cut, took, _ := feed(60<<10, 64<<20, 0); !cut || took < DefaultReadRateWindow || took > DefaultReadRateWindow+oneWrite {
+			t.Errorf("a caller taking 60 KiB/s: cut %v after %v; want cut within one write of %v", cut, took, DefaultReadRateWindow)
+		}
+		if cut, took, _ := feed(70<<10, 20<<20, 0); cut {
+			t.Errorf("a caller taking 70 KiB/s was cut after %v", took)
+		}
+		// 70 KiB/s while it reads, but the relay has a write for it only every 10 s: 25 KiB/s of
+		// wall time, all of it the upstream's pace.
+		if cut, took, _ := feed(70<<10, 8<<20, 10*time.Second); cut {
+			t.Errorf("a caller of a slow upstream was cut after %v", took)
+		}
+	})
 }

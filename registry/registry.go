@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/x509"
 	"fmt"
+	"math"
 	"net/http"
 	"net/netip"
 	"net/url"
@@ -27,8 +28,20 @@ const (
 	// is cut off rather than pinning a stored object or an upstream connection for ever.
 	DefaultProgressTimeout = 60 * time.Second
 	// DefaultMaxUpstreamConns caps the connections to one upstream (or storage) host: many
-	// nodes pull at once, but never with a connection each without bound.
+	// nodes pull at once, but never with a connection each without bound. The slots below bound
+	// them first; the cap is never below their sum.
 	DefaultMaxUpstreamConns = 256
+
+	// Fairness (SPEC §15, slots.go): upstream fetches per source address and in all; the
+	// authorization HEADs of hits and joins, a pool of their own; the bound on a wait for a
+	// slot; the minimum read rate and the window of writing time it is judged over.
+	DefaultMaxFetchesPerSource        = 8
+	DefaultMaxFetches                 = 64
+	DefaultMaxAuthorizationsPerSource = 4
+	DefaultMaxAuthorizations          = 32
+	DefaultSlotWait                   = 10 * time.Second
+	DefaultMinReadRate                = 64 << 10 // bytes per second
+	DefaultReadRateWindow             = 30 * time.Second
 )
 
 // Options configure New.
@@ -52,8 +65,29 @@ type Options struct {
 	// ProgressTimeout bounds each write to a caller and each read of its body; 0:
 	// DefaultProgressTimeout.
 	ProgressTimeout time.Duration
-	// MaxUpstreamConns caps the connections per upstream host; 0: DefaultMaxUpstreamConns.
+	// MaxUpstreamConns caps the connections per upstream host; 0: DefaultMaxUpstreamConns, or
+	// MaxFetches + MaxAuthorizations where that is more. New refuses a cap below that sum: a
+	// request holding a slot would wait for a connection, unseen.
 	MaxUpstreamConns int
+
+	// Fairness (SPEC §15, slots.go): every request sent upstream holds a slot for as long as it
+	// holds the upstream connection, charged to the caller's source address (its TCP peer).
+	//
+	// MaxFetchesPerSource and MaxFetches bound forwards and fills per source address and in
+	// all; 0: DefaultMaxFetchesPerSource, DefaultMaxFetches.
+	MaxFetchesPerSource, MaxFetches int
+	// MaxAuthorizationsPerSource and MaxAuthorizations bound the authorization HEADs of cache
+	// hits and joins, which never wait behind fetches; 0: DefaultMaxAuthorizationsPerSource,
+	// DefaultMaxAuthorizations.
+	MaxAuthorizationsPerSource, MaxAuthorizations int
+	// SlotWait bounds a wait for a slot, then the caller is answered 503 registry-upstream-busy
+	// with Retry-After; 0: DefaultSlotWait.
+	SlotWait time.Duration
+	// MinReadRate (bytes per second) and ReadRateWindow: a caller that takes its answer more
+	// slowly, over a window of the time spent writing to it, is cut (progress.go); 0:
+	// DefaultMinReadRate, DefaultReadRateWindow.
+	MinReadRate    int64
+	ReadRateWindow time.Duration
 
 	// publicAddr decides which addresses a redirect off the upstream's origin may reach; nil:
 	// publicAddr. Tests set it (export_test.go) to stand loopback storage in for public storage.
@@ -75,6 +109,11 @@ type Registry struct {
 	stallTimeout     time.Duration  // set at construction
 	authorizeTimeout time.Duration  // set at construction
 	progressTimeout  time.Duration  // set at construction
+	fetches          *slotPool      // set at construction: forwards and fills
+	auths            *slotPool      // set at construction: the authorization HEADs of hits and joins
+	slotWait         time.Duration  // set at construction
+	retryAfter       string         // set at construction: a refused wait's Retry-After, in seconds
+	readRate         readRate       // set at construction
 
 	ctx     context.Context         // set at construction: the life of fills; ends at Close
 	cancel  context.CancelCauseFunc // set at construction
@@ -114,9 +153,37 @@ func New(opts Options) (*Registry, error) {
 	if r.progressTimeout <= 0 {
 		r.progressTimeout = DefaultProgressTimeout
 	}
+	orDefault := func(v, def int) int {
+		if v <= 0 {
+			return def
+		}
+		return v
+	}
+	fetchesPer, fetches := orDefault(opts.MaxFetchesPerSource, DefaultMaxFetchesPerSource), orDefault(opts.MaxFetches, DefaultMaxFetches)
+	authsPer, auths := orDefault(opts.MaxAuthorizationsPerSource, DefaultMaxAuthorizationsPerSource), orDefault(opts.MaxAuthorizations, DefaultMaxAuthorizations)
 	conns := opts.MaxUpstreamConns
 	if conns <= 0 {
-		conns = DefaultMaxUpstreamConns
+		conns = max(DefaultMaxUpstreamConns, fetches+auths)
+	}
+	if conns < fetches+auths {
+		return nil, fmt.Errorf("registry: MaxUpstreamConns %d is below MaxFetches + MaxAuthorizations (%d): "+
+			"requests holding a slot would wait for a connection", conns, fetches+auths)
+	}
+	r.fetches = newSlotPool(poolFetch, fetchesPer, fetches, m.slotsInUse.WithLabelValues(poolFetch),
+		func(limit string) { m.slotWaitsRefused.WithLabelValues(poolFetch, limit).Inc() })
+	r.auths = newSlotPool(poolAuthorize, authsPer, auths, m.slotsInUse.WithLabelValues(poolAuthorize),
+		func(limit string) { m.slotWaitsRefused.WithLabelValues(poolAuthorize, limit).Inc() })
+	r.slotWait = opts.SlotWait
+	if r.slotWait <= 0 {
+		r.slotWait = DefaultSlotWait
+	}
+	r.retryAfter = strconv.Itoa(max(1, int(math.Ceil(r.slotWait.Seconds()))))
+	r.readRate = readRate{min: opts.MinReadRate, window: opts.ReadRateWindow, cut: m.slowReadersCut.Inc}
+	if r.readRate.min <= 0 {
+		r.readRate.min = DefaultMinReadRate
+	}
+	if r.readRate.window <= 0 {
+		r.readRate.window = DefaultReadRateWindow
 	}
 	public := opts.publicAddr
 	if public == nil {
@@ -184,7 +251,8 @@ type exchange struct {
 	req    *http.Request
 	c      *cache // nil: no cache
 	t      target
-	route  string // how it was served: forward, hit, fill, join, refused
+	peer   string // the caller's source address, its slots' owner (slots.go)
+	route  string // how it was served: forward, hit, fill, join, refused, busy
 	source string // where body bytes came from: upstream or cache
 	err    error  // a local error for the log (never a peer's text)
 }
@@ -193,7 +261,7 @@ type exchange struct {
 // must complete within the progress timeout (progress.go).
 func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 	start := time.Now()
-	x := &exchange{w: newCallerWriter(w, r.progressTimeout), req: req, source: sourceUpstream}
+	x := &exchange{w: newCallerWriter(w, r.progressTimeout, r.readRate), req: req, peer: sourceOf(req.RemoteAddr), source: sourceUpstream}
 	if req.Body != nil && req.Body != http.NoBody {
 		req.Body = &callerBody{ReadCloser: req.Body, rc: x.w.rc, timeout: r.progressTimeout}
 	}
@@ -219,6 +287,10 @@ func (r *Registry) ServeHTTP(w http.ResponseWriter, req *http.Request) {
 		}
 	}()
 	r.serve(x, parsed)
+	if x.w.cut { // cut for reading slowly: break the answer off, whatever its framing
+		x.err = errSlowReader
+		panic(http.ErrAbortHandler)
+	}
 	served = true
 }
 
@@ -299,20 +371,30 @@ func methodLabel(m string) string {
 // own request is forwarded, so the caller gets the registry's whole answer to it — status,
 // challenge and error body — and never a cached byte.
 func (r *Registry) authorize(x *exchange) (http.Header, bool) {
+	sl, err := r.auths.acquire(x.req.Context(), x.peer, r.slotWait)
+	if err != nil {
+		r.busy(x, err)
+		return nil, false
+	}
 	ctx, cancel := context.WithTimeout(x.req.Context(), r.authorizeTimeout)
-	defer cancel()
 	resp, err := r.follow.Do(r.upstreamRequest(ctx, x.req, http.MethodHead, true))
+	if err == nil {
+		resp.Body.Close()
+	}
+	cancel()
+	sl.release() // before any forward below, which takes a fetch slot of its own
 	if err != nil {
 		r.m.authorizations.WithLabelValues(authError).Inc()
 		x.err = safeError(err)
 		r.forward(x)
 		return nil, false
 	}
-	resp.Body.Close()
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		r.m.authorizations.WithLabelValues(authRefused).Inc()
 		r.forward(x)
-		x.route = "refused"
+		if x.route != "busy" {
+			x.route = "refused"
+		}
 		return nil, false
 	}
 	r.m.authorizations.WithLabelValues(authAllowed).Inc()
@@ -372,11 +454,21 @@ func (r *Registry) serveHit(x *exchange, file *os.File, size int64) {
 
 // lead starts the fill with the caller's own GET, whose answer is the caller's authorization,
 // then serves the caller from the fill like anyone else. An answer that is not cacheable (a
-// refusal, a challenge, a 404) goes to the caller as the upstream sent it.
+// refusal, a challenge, a 404) goes to the caller as the upstream sent it. The fill holds a fetch
+// slot charged to the leader's address until the upstream's answer is closed: when the fill
+// ends, or when the leader has written an answer handed over to it.
 func (r *Registry) lead(x *exchange, f *fill) {
+	sl, err := r.fetches.acquire(x.req.Context(), x.peer, r.slotWait)
+	if err != nil { // callers who joined start over: one of them may have a slot
+		f.c.done(f)
+		f.abandon(nil, nil, err)
+		r.busy(x, err)
+		return
+	}
 	r.closeMu.Lock()
 	if r.closed {
 		r.closeMu.Unlock()
+		sl.release()
 		f.c.done(f)
 		f.abandon(nil, nil, errClosed)
 		x.route = "forward"
@@ -387,7 +479,7 @@ func (r *Registry) lead(x *exchange, f *fill) {
 	r.closeMu.Unlock()
 	ctx, cancel := context.WithCancelCause(r.ctx)
 	out := r.upstreamRequest(ctx, x.req, http.MethodGet, true)
-	go r.runFill(f, out, cancel)
+	go r.runFill(f, out, cancel, sl)
 	if f.wait(nil) == fillAbandoned { // bounded by the transport's response header timeout
 		f.mu.Lock()
 		resp, stop, err := f.resp, f.stop, f.err

@@ -35,6 +35,7 @@ type testUpstream struct {
 	blobBytes     atomic.Int64 // body bytes of those answers
 	manifestGets  atomic.Int64 // GET /v2/…/manifests/… answered 2xx
 	heads         atomic.Int64 // HEAD requests that passed authorization
+	inflight      atomic.Int64 // requests whose handler is running: an upstream connection held
 	refused       atomic.Int64 // requests answered 401 or 403
 	corrupt       sync.Map     // digest → true: flip a byte of the body
 	bytesPerSec   atomic.Int64 // 0: unthrottled
@@ -109,6 +110,8 @@ func repoOf(path string) string {
 
 func (u *testUpstream) guard(next http.Handler) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		u.inflight.Add(1)
+		defer u.inflight.Add(-1)
 		if a := r.Header.Get("Authorization"); a != "" {
 			u.sawAuthHeader.Store(a, true)
 		}

@@ -11,7 +11,9 @@ import (
 // the configuration push.
 
 // nextRegistration is the registerClusterRelay body to send next, with its registrationSequence:
-// 0 for the first registration of the process, one more for each after it (SPEC §4).
+// 0 for the first registration of the process, one more for each after it (SPEC §4). It carries
+// exactly the seed's members: what else the relay must say goes in calls of its own (the hub
+// report, upstreamAttached).
 func (r *Relay) nextRegistration() (int64, json.RawMessage) {
 	seq := r.registrations.Add(1) - 1
 	reg := contracts.RegisterClusterRelayRequest{
@@ -19,7 +21,6 @@ func (r *Relay) nextRegistration() (int64, json.RawMessage) {
 		Relay: contracts.ClusterRelayRegistration{
 			Version: r.cfg.BuildVersion, NodeID: r.cfg.NodeID,
 			ListenAddress: r.cfg.AdvertiseAddress, ListenPort: r.listenPort(),
-			VPNHub: r.vpnHub,
 		},
 		RegistrationSequence: seq,
 	}
@@ -31,8 +32,10 @@ func (r *Relay) nextRegistration() (int64, json.RawMessage) {
 // before the configuration push that follows the acceptance, which may end custody again.
 func (r *Relay) registrationAccepted() { r.custody.resume() }
 
-// upstreamAttached tells every part that hears it, then every node and ingress connection.
+// upstreamAttached reports the hub (without waiting for the answer), then tells every part that
+// hears it, then every node and ingress connection.
 func (r *Relay) upstreamAttached(up feature.Upstream) {
+	r.hubReport.report(up, r.up.state.Load().Sequence)
 	for _, w := range r.parts.attach {
 		w.Attached(up)
 	}

@@ -3,6 +3,7 @@ package relay
 import (
 	"context"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"strings"
@@ -29,13 +30,16 @@ type downstream struct {
 	hooks downstreamHooks  // set at construction
 
 	budget *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
-	// unregisteredCosts holds the own cost of every unregistered connection (peer.go), at most
-	// 1/unregisteredPart of the budget; never evicted.
+	// unregisteredCosts holds what every connection that has not registered costs on its own —
+	// its unfinished request headers, then its state (peer.go), and the message it is sending —
+	// at most 1/unregisteredPart of the budget, so that registered peers keep the rest; never
+	// evicted.
 	unregisteredCosts *budget.Share
 	anonymous         *anonymousPool // set at construction: registrations of unregistered connections
 	sources           *sourceCounts  // set at construction: unregistered connections per source address
 	waiting           atomic.Int64   // connections without an accepted registration
 
+	adm     *admission // set at construction: every connection from its accept, before TLS
 	peers   peerSet
 	nodes   nodeTable
 	peerIDs atomic.Uint64
@@ -50,6 +54,8 @@ type downstreamConfig struct {
 	maxPerSource     int           // --max-unregistered-per-source; 0: no limit
 	maxWaiting       int64         // unregistered connections at once (MaxUnregistered)
 	registerDeadline time.Duration // a connection registers within it or is closed (RegisterDeadline)
+	maxConns         int           // connections open at once; 0: RLIMIT_NOFILE less fdReserve
+	plaintext        bool          // --insecure-plaintext: no TLS on the listener
 	timings          timings
 }
 
@@ -81,7 +87,16 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 		budget:  budget.New(cfg.peerMemoryBytes),
 		sources: &sourceCounts{max: cfg.maxPerSource, n: make(map[string]int)}}
 	d.anonymous = &anonymousPool{share: d.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
-	d.unregisteredCosts = d.budget.NewShare(d.budget.Limit()/unregisteredPart, nil, nil)
+	d.adm = &admission{m: m, refusals: make(chan struct{}, refusing)}
+	d.unregisteredCosts = d.budget.NewPartition(d.budget.Limit() / unregisteredPart)
+	if cfg.maxConns <= 0 {
+		cfg.maxConns = descriptorLimit() - fdReserve
+		if cfg.maxConns <= 0 {
+			cfg.maxConns = math.MaxInt
+		}
+		d.cfg.maxConns = cfg.maxConns
+	}
+	d.adm.max, d.adm.headers, d.adm.plaintext = cfg.maxConns, d.unregisteredCosts, cfg.plaintext
 	d.nodes.byID = make(map[string]*peer)
 	d.peers.byID = make(map[uint64]*peer)
 	return d
@@ -107,7 +122,11 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		refuse("source-limit", "too many connections from this address waiting to register")
 		return
 	}
-	if !d.unregisteredCosts.Charge(unregisteredCost) {
+	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
+	adm := admittedOf(raw)
+	// The connection's own cost is what its request headers were charged, handed over (admission);
+	// only a connection that came some other way (none does but in tests) is charged anew.
+	if !adm.becomeUnregistered(unregisteredCost) && !d.unregisteredCosts.Charge(unregisteredCost) {
 		d.waiting.Add(-1)
 		d.sources.leave(source)
 		refuse("budget", "the relay's peer memory budget is spent")
@@ -120,9 +139,9 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		leave()
 		return // Accept has answered
 	}
-	raw, _ := req.Context().Value(rawConnKey{}).(net.Conn)
-	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, since: time.Now()}
-	p.share = d.budget.NewShare(AnonymousShare, func() bool { return p.conn.Stalled(evictionStall) }, func() {
+	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: time.Now()}
+	waiting := func() (int64, bool) { return int64(p.conn.QueuedBytes()), p.conn.Stalled(evictionStall) }
+	p.share = d.budget.NewShare(AnonymousShare, waiting, func() {
 		d.m.dropped.WithLabelValues("evicted-over-budget").Inc()
 		d.log.Warn().Str("remote", p.remote).Str("node", p.nodeID()).Str("outcome", "evicted").
 			Msg("closing the heaviest connection that reads nothing: the relay's peer memory budget is spent")
@@ -145,6 +164,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		DeadTimeout:   t.deadTimeout,
 		CallTimeout:   t.callTimeout,
 	})
+	p.conn.SetReceiveShare(d.unregisteredCosts) // until it registers
 	if !d.peers.add(p) {
 		leave()
 		p.share.Close()

@@ -81,7 +81,11 @@ func (t *localStreams) add(u *upstream, id string, share feature.Share, r featur
 	if conn == nil {
 		return nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")
 	}
-	s := &localStream{t: t, u: u, id: id, conn: conn, share: socketShare(share), reader: r, done: make(chan struct{})}
+	ts, ok := share.(typedsocket.Share)
+	if !ok {
+		return nil, contracts.RelayRequestInvalid.Refuse("a stream's share must come from this relay's NewShare")
+	}
+	s := &localStream{t: t, u: u, id: id, conn: conn, share: ts, reader: r, done: make(chan struct{})}
 	t.mu.Lock()
 	switch {
 	case t.byID[id] != nil:
@@ -177,19 +181,3 @@ func (s *localStream) end() {
 		close(s.done)
 	})
 }
-
-// socketShare is a part's share as the socket charges it: the budget's own shares as they are;
-// any other (a test's) with Force as an uncapped Charge and no cap to report.
-func socketShare(s feature.Share) typedsocket.Share {
-	if ts, ok := s.(typedsocket.Share); ok {
-		return ts
-	}
-	return shareAdapter{s}
-}
-
-// shareAdapter serves the socket's charges (Charge and Release): a part's frames are requests,
-// never the answers Force is for.
-type shareAdapter struct{ feature.Share }
-
-func (a shareAdapter) Force(n int)  { a.Charge(n) }
-func (a shareAdapter) Limit() int64 { return 1 << 62 }

@@ -19,6 +19,7 @@ type upstreamMetrics struct {
 	attaches      prometheus.Counter
 	detaches      prometheus.Counter
 	registrations *prometheus.CounterVec // outcome
+	hubReports    *prometheus.CounterVec // outcome: hubReportOutcomes
 }
 
 type metrics struct {
@@ -35,7 +36,7 @@ type metrics struct {
 
 // newMetrics makes the relay's metrics; registerMetrics registers them.
 func newMetrics() *metrics {
-	return &metrics{
+	m := &metrics{
 		up: upstreamMetrics{
 			attached: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "upstream", Name: "attached",
 				Help: "1 while the relay holds an accepted registration with Cloudly."}),
@@ -45,6 +46,9 @@ func newMetrics() *metrics {
 				Help: "Attached Cloudly sessions lost."}),
 			registrations: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "registrations_total",
 				Help: "registerClusterRelay attempts by outcome: accepted, a refusal name (other for a name outside the vocabularies), or failed."},
+				[]string{"outcome"}),
+			hubReports: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "upstream", Name: "hub_reports_total",
+				Help: "registerClusterVpnHub reports of the VPN hub after an accepted registration, by outcome: accepted, refused, unknown-method (Cloudly does not serve the call), timeout, or failed (not sent, or the socket was lost first)."},
 				[]string{"outcome"}),
 		},
 		connections: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Subsystem: "downstream", Name: "connections",
@@ -66,6 +70,10 @@ func newMetrics() *metrics {
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 	}
+	for _, outcome := range hubReportOutcomes {
+		m.up.hubReports.WithLabelValues(outcome) // every series from the start, at 0
+	}
+	return m
 }
 
 // registerMetrics registers the relay's metrics, with gauges read from its parts, in reg.
@@ -79,7 +87,7 @@ func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
 			func() float64 { return float64(f()) })
 	}
 	for _, c := range []prometheus.Collector{
-		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations,
+		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
 		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames,
 		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
 		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.down.peers.queued),

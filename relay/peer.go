@@ -25,10 +25,11 @@ const (
 )
 
 // Shares of the peer memory budget (SPEC §15): what the relay may hold for one downstream
-// connection — answers queued to it, requests and stream frames queued to it or sent for it to
-// Cloudly — until written. An unregistered connection's share is small enough that
-// MaxUnregistered of them fit the default budget; its registrations are charged to the anonymous
-// pool instead.
+// connection — the message it is receiving, answers queued to it, requests and stream frames
+// queued to it or sent for it to Cloudly — until written. An unregistered connection's share is
+// its queued answers; the message it is sending is charged with every unregistered connection's
+// own cost (downstream.unregistered), and its registrations at Cloudly to the anonymous pool.
+// Shares are caps, not reservations: the pool, not the sum of the caps, bounds what all hold.
 const (
 	DefaultPeerMemoryBytes = 256 << 20
 	AnonymousShare         = 16 << 10
@@ -92,6 +93,7 @@ type peer struct {
 	id     uint64            // set at construction
 	conn   *typedsocket.Conn // set at construction
 	raw    net.Conn          // set at construction: the socket under it, closed when a close overruns
+	adm    *admitted         // set at construction: its place among the admitted connections; nil in tests without a listener
 	remote string            // set at construction
 	source string            // set at construction: the remote address without its port
 	d      *downstream       // set at construction
@@ -270,6 +272,10 @@ func (p *peer) leaveWaitingLocked() {
 func (p *peer) registeredLocked(ro role) {
 	p.role = ro
 	p.leaveWaitingLocked()
+	if p.adm != nil {
+		p.adm.registered()
+	}
+	p.conn.SetReceiveShare(p.share)
 	p.share.SetLimit(RegisteredShare)
 }
 

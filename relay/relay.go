@@ -32,6 +32,7 @@ const ShutdownTimeout = 5 * time.Second
 const (
 	headerTimeout    = 10 * time.Second
 	idleTimeout      = 60 * time.Second
+	maxHeaderBytes   = 16 << 10
 	maxAdminRequests = 16 // served at once on the admin listener; more are answered 503
 )
 
@@ -44,14 +45,14 @@ type Relay struct {
 	registry *prometheus.Registry // set at construction: served on /metrics
 	metrics  *metrics             // set at construction
 
-	up       *upstream                 // set at construction: the Cloudly session
-	down     *downstream               // set at construction: every downstream connection and its bounds
-	streams  *streamTable              // set at construction: VirtualStreams bound to node connections
-	parts    parts                     // set at construction: the enabled parts, by what each hears and does
-	dispatch dispatch                  // set at construction: which handler serves a method, per side
-	v2       http.Handler              // set at construction: registry forwarding under /v2/; nil: off
-	vpnHub   *contracts.VPNHubEndpoint // set at construction: relay.vpnHub in the registration
-	certs    *certReloader             // set at construction: the downstream certificate; nil with --insecure-plaintext
+	up        *upstream     // set at construction: the Cloudly session
+	down      *downstream   // set at construction: every downstream connection and its bounds
+	streams   *streamTable  // set at construction: VirtualStreams bound to node connections
+	parts     parts         // set at construction: the enabled parts, by what each hears and does
+	dispatch  dispatch      // set at construction: which handler serves a method, per side
+	v2        http.Handler  // set at construction: registry forwarding under /v2/; nil: off
+	hubReport *hubReporter  // set at construction: registerClusterVpnHub after each accepted registration
+	certs     *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
 
 	custody custody
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
@@ -81,8 +82,8 @@ type Options struct {
 	// CloudlyRoots verify Cloudly's certificate (--cloudly-ca-file, loaded by the caller); nil:
 	// the system's roots.
 	CloudlyRoots *x509.CertPool
-	// VPNHub is what registerClusterRelay reports as relay.vpnHub: the bound hub's endpoint; nil
-	// when the hub is off (reported as null).
+	// VPNHub is the bound hub's endpoint, which registerClusterVpnHub reports after each accepted
+	// registration (SPEC §4 step 2); nil when the hub is off (nothing is reported).
 	VPNHub *contracts.VPNHubEndpoint
 
 	PingInterval time.Duration
@@ -92,6 +93,9 @@ type Options struct {
 	// (MaxUnregistered, RegisterDeadline). Tests lower them.
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
+	// MaxConnections caps the downstream connections open at once; zero: RLIMIT_NOFILE less a
+	// reserve of 256 descriptors (none where the limit cannot be read).
+	MaxConnections int
 }
 
 // New builds a relay from a completed Config (Config.Complete) and its parts. It fails on a TLS
@@ -99,7 +103,7 @@ type Options struct {
 // registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, vpnHub: opts.VPNHub,
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry,
 		log: logs{
 			relay:   log.With().Str("component", "relay").Logger(),
 			up:      log.With().Str("component", "upstream").Logger(),
@@ -126,10 +130,13 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	}
 	r.dispatch = d
 	r.metrics = newMetrics()
+	if r.hubReport, err = newHubReporter(cfg.ClusterID, opts.VPNHub, r.log.up, r.metrics.up.hubReports); err != nil {
+		return nil, err
+	}
 	t := timings{pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout}
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
-		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, timings: t,
+		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
 	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{
 		serve: r.servePeer, serveStream: r.serveNodeStream, gone: r.peerGone, dropped: r.countDropped,
 	})
@@ -190,15 +197,16 @@ func (r *Relay) Serve(ctx context.Context) error {
 	defer cancelServe()
 	r.down.ctx = serveCtx
 
-	// SPEC §15: idle 60 s, headers 10 s on both servers; /v2/ sets its own progress deadlines.
+	// SPEC §15: idle 60 s, headers 10 s and 16 KiB on both servers; /v2/ sets its own progress
+	// deadlines; every downstream connection is admitted (admission.go) before TLS.
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
-		ErrorLog: newStdLogger(r.down.log),
+		MaxHeaderBytes: maxHeaderBytes, ErrorLog: newStdLogger(r.down.log),
 		ConnContext: func(ctx context.Context, c net.Conn) context.Context {
 			return context.WithValue(ctx, rawConnKey{}, c)
 		}}
 	admin := &http.Server{Handler: capRequests(r.adminHandler(), maxAdminRequests), ReadHeaderTimeout: headerTimeout,
-		IdleTimeout: idleTimeout, ErrorLog: newStdLogger(r.log.admin)}
-	downLn := r.downLn
+		IdleTimeout: idleTimeout, MaxHeaderBytes: maxHeaderBytes, ErrorLog: newStdLogger(r.log.admin)}
+	var downLn net.Listener = listener{Listener: r.downLn, a: r.down.adm}
 	if r.certs != nil {
 		downLn = tls.NewListener(downLn, &tls.Config{MinVersion: tls.VersionTLS12, GetCertificate: r.certs.get,
 			NextProtos: []string{"http/1.1"}})

@@ -96,11 +96,13 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.forwarded("to-node", err)
 		p.counted(&p.toNode, err)
 		r.logForward(req.Method, node, size, err, start)
-		// The node's answer waits on the Cloudly socket charged to the node's share (SPEC §15).
+		// The node's answer waits on the Cloudly socket charged to the node's share, never past
+		// its cap: past it, this runs on the node's read loop and waits, so the node's further
+		// bytes wait on its own socket (SPEC §15).
 		if err != nil {
 			r.metrics.refused(err)
 		}
-		req.Answer(typedsocket.Reply{Response: body, Err: err, Charge: p.share})
+		req.Answer(typedsocket.Reply{Response: body, Err: err, Charge: p.share, Wait: p.conn.Context().Done()})
 	})
 	if streams != nil {
 		r.streams.keepAlive(streams, k)

@@ -122,12 +122,14 @@ func TestForwarding(t *testing.T) {
 		wantRefusal(t, err, contracts.RelayMethodUnknown) // escrow off in this relay
 	})
 
-	// The relay calls Cloudly itself only for registerCloudlyClientSession, registerClusterRelay and
-	// getClusterRouteTable (SPEC §5); on the relay's socket Cloudly answers them as the relay's own.
+	// The relay calls Cloudly itself only for registerCloudlyClientSession, registerClusterRelay,
+	// registerClusterVpnHub and getClusterRouteTable (SPEC §4, §5); on the relay's socket Cloudly
+	// answers them as the relay's own.
 	// A node that sends one must be refused, never forwarded: getClusterRouteTable would hand a node
 	// the route table with every ingress certificate and private key (SPEC §8 keeps it to the accepted
 	// ingress, relay-ingress-only), and registerClusterRelay would let a node re-register the relay
-	// with its own listen address, VPN hub key and registrationSequence (SPEC §4).
+	// with its own listen address and registrationSequence, registerClusterVpnHub name the node as
+	// the cluster's hub (SPEC §4).
 	t.Run("a node cannot call the relay's own Cloudly methods", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		const secret = `{"table":{"revision":7,"certificates":[{"privateKey":"-----BEGIN PRIVATE KEY-----"}]}}`
@@ -151,6 +153,11 @@ func TestForwarding(t *testing.T) {
 			contracts.MethodRegisterClusterRelay:         mustJSON(hijack),
 			contracts.MethodRegisterCloudlyClientSession: contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, contracts.NewSecret(e.cloudly.Token)),
 		}
+		// A hub report Cloudly would take: a node naming its own address as the cluster's hub.
+		methods = append(methods, contracts.MethodRegisterClusterVpnHub)
+		before[contracts.MethodRegisterClusterVpnHub] = e.cloudly.Received(contracts.MethodRegisterClusterVpnHub)
+		bodies[contracts.MethodRegisterClusterVpnHub] = contracts.EncodeRegisterClusterVpnHubRequest(contracts.ClusterVpnHubReport{
+			Hub: contracts.RuntimeNetworkVpnHub{ClusterID: e.cloudly.ClusterID, Address: "198.51.100.66", QUICPort: 4433}})
 		// The seed's relay → Cloudly rows, and the relay's own push to its peers, are the relay's too.
 		for _, m := range []string{contracts.MethodGetClusterPlatformDesiredState, contracts.MethodBackupServiceDatabaseClosure,
 			contracts.MethodRestoreServiceDatabaseClosure, contracts.MethodBeginSecretRecipientEnrollment,

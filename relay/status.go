@@ -47,6 +47,9 @@ type statusCloudly struct {
 	Custody string `json:"custody"`
 	// URL is the Cloudly URL without a query, fragment or userinfo, which may carry a credential.
 	URL string `json:"url"`
+	// HubReport is the newest registerClusterVpnHub's outcome and when (SPEC §4 step 2); absent
+	// while the hub is off or before the first attach.
+	HubReport *hubReportState `json:"hubReport,omitempty"`
 }
 
 type statusDownstream struct {
@@ -97,6 +100,7 @@ func (r *Relay) status() Status {
 	if name := r.custody.endedBy(); name != "" {
 		st.Cloudly.Custody = string(name)
 	}
+	st.Cloudly.HubReport = r.hubReport.status()
 	peers := r.down.peers.snapshot()
 	st.Downstream.Connections = len(peers)
 	var nodes []statusNode
@@ -328,7 +332,8 @@ th{font-weight:600;color:#555}.ok{color:#080}.bad{color:#b00}small{color:#777}
 <tr><th>registration sequence</th><td>{{.Cloudly.Sequence}}</td></tr>
 <tr><th>origin</th><td>{{or .Cloudly.Origin "—"}}</td></tr>
 <tr><th>custody</th><td>{{.Cloudly.Custody}}</td></tr>
-<tr><th>URL</th><td>{{.Cloudly.URL}}</td></tr>
+{{with .Cloudly.HubReport}}<tr><th>VPN hub report</th><td><span id="hub-report">{{.Outcome}}</span>, {{since .At}} (after registration {{.Sequence}})</td></tr>
+{{end}}<tr><th>URL</th><td>{{.Cloudly.URL}}</td></tr>
 </table>
 
 <h2>Downstream</h2>

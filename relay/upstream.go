@@ -349,7 +349,6 @@ func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (
 		_, err := u.judge(stepRegistration, resp)
 		return u.unusable(stepRegistration, err, bo), false
 	}
-	u.m.registrations.WithLabelValues("accepted").Inc()
 	u.state.Store(&sessionState{Attached: true, Since: time.Now(), Sequence: seq, Origin: s.origin})
 	u.m.attached.Set(1)
 	u.m.attaches.Inc()
@@ -375,6 +374,7 @@ func (u *upstream) observeRegistration(s *socket, rep typedsocket.Reply) {
 		return
 	}
 	s.origin = origin
+	u.m.registrations.WithLabelValues("accepted").Inc() // counted before Attached() reports it
 	s.accepted.Store(true)
 	u.host.registrationAccepted()
 }

@@ -197,8 +197,8 @@ func ParseListen(s string) (netip.AddrPort, error) {
 	return ap, nil
 }
 
-// Endpoint is what registerClusterRelay reports as relay.vpnHub: the bound address and port and
-// the static public key.
+// Endpoint is what the relay reports to Cloudly with registerClusterVpnHub: the bound address and
+// port and the static public key.
 func (h *Hub) Endpoint() contracts.VPNHubEndpoint { return h.endpoint }
 
 // Addr is the address and port the hub's socket is bound to.

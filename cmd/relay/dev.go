@@ -96,11 +96,13 @@ type dev struct {
 	relay   *relay.Relay
 	cloudly *sim.Cloudly
 	sc      *sim.Scenario
-	close   func() // stops the relay, then the peers; removes the temporary files
+	hubDial netip.Addr // where the dev hub is bound (loopback): what nodes dial, at the reported port
+	close   func()     // stops the relay, then the peers; removes the temporary files
 }
 
 // startDev starts the relay and the Cloudly stand-in and prepares the scenario for nodes; the
-// relay is serving, not necessarily attached yet (waitAttached).
+// relay is serving, not necessarily attached yet, and the nodes do not know the hub yet
+// (waitAttached).
 func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error) {
 	var undo []func()
 	d := &dev{close: func() {
@@ -145,10 +147,7 @@ func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error
 		return nil, err
 	}
 	d.relay = r
-	d.sc.HubAddr = hub.Addr()
-	if _, d.sc.HubKey, err = sim.HubTarget(hub.Endpoint()); err != nil {
-		return nil, err
-	}
+	d.hubDial = hub.Addr().Addr()
 	if err := r.Listen(); err != nil {
 		return nil, err
 	}
@@ -159,16 +158,26 @@ func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error
 	return d, nil
 }
 
-// waitAttached waits up to 30 s for the relay to attach to the Cloudly stand-in; nil also when
-// ctx ends first.
+// waitAttached waits up to 30 s for the relay to attach to the Cloudly stand-in and report its VPN
+// hub there; nil also when ctx ends first. The nodes then dial the hub as Cloudly learned it from
+// registerClusterVpnHub — its port and key — on the loopback address the dev hub binds (it reports
+// the advertise address instead, which IRuntimeNetworkVpnHub accepts). So the scenario's VPN
+// traffic flows only when the report does.
 func (d *dev) waitAttached(ctx context.Context) error {
-	for deadline := time.Now().Add(30 * time.Second); !d.relay.Upstream().Attached(); time.Sleep(20 * time.Millisecond) {
-		if ctx.Err() != nil {
-			return nil
-		}
-		if time.Now().After(deadline) {
-			return fmt.Errorf("the relay did not attach to the Cloudly stand-in within 30 s")
-		}
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
+	defer cancel()
+	// The relay sends the report once Cloudly accepted its registration: reported is attached.
+	hub, err := d.cloudly.WaitVPNHub(wctx)
+	if ctx.Err() != nil {
+		return nil
 	}
+	if err != nil {
+		return fmt.Errorf("the relay did not attach to the Cloudly stand-in and report its VPN hub within 30 s: %w", err)
+	}
+	at, key, err := sim.HubTarget(hub)
+	if err != nil {
+		return err
+	}
+	d.sc.HubAddr, d.sc.HubKey = netip.AddrPortFrom(d.hubDial, at.Port()), key
 	return nil
 }

@@ -75,9 +75,11 @@ func TestHubKeyFileOpenToOthersIsWarnedAbout(t *testing.T) {
 	}
 }
 
-// TestRelayServesTheVPNHub runs the whole relay with its hub against the Cloudly stand-in:
-// registration with the hub endpoint is accepted, Cloudly's membership push reaches the hub, and
-// two simulated members exchange packets through it, counted on /metrics.
+// TestRelayServesTheVPNHub runs the whole relay with its hub against the Cloudly stand-in: the
+// registration is accepted, the hub is reported in its own call (registerClusterVpnHub) with the
+// bound port and the key file's public key, Cloudly's membership push reaches the hub, and two
+// simulated members, dialling the hub as Cloudly learned it, exchange packets through it, counted
+// on /metrics.
 func TestRelayServesTheVPNHub(t *testing.T) {
 	log := zerolog.Nop()
 	cloudly, err := sim.NewCloudly(log)
@@ -110,12 +112,18 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 	defer func() { cancel(); <-served }()
 	wctx, wcancel := context.WithTimeout(ctx, 20*time.Second)
 	defer wcancel()
-	// Attached, not WaitAttached: the registration may be accepted before the wait would begin.
-	for !cloudly.Attached() {
-		if wctx.Err() != nil {
-			t.Fatal("the relay's registration with the hub endpoint was not accepted")
-		}
-		time.Sleep(10 * time.Millisecond)
+	reported, err := cloudly.WaitVPNHub(wctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at, key, err := sim.HubTarget(reported)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want, _ := vpnkey.LoadFile(cfg.HubKeyFile, zerolog.Nop()); reported.Hub.ClusterID != cfg.ClusterID ||
+		at != netip.AddrPortFrom(netip.MustParseAddr("192.0.2.1"), hub.Addr().Port()) || key != want.Public {
+		t.Fatalf("Cloudly learned the hub %+v at %s, want cluster %s at 192.0.2.1:%d with the key file's public key",
+			reported.Hub, at, cfg.ClusterID, hub.Addr().Port())
 	}
 
 	nodes, err := sim.NewVPNNodes(sim.SimVPNControlPrefix, log, "node-a", "node-b")
@@ -127,12 +135,9 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 	if g, ok := contracts.ReadVPNMembershipApplied(ans); err != nil || !ok || g != 1 {
 		t.Fatalf("membership push: %s %v", ans, err)
 	}
-	_, key, err := sim.HubTarget(hub.Endpoint())
-	if err != nil {
-		t.Fatal(err)
-	}
 	for _, n := range nodes {
-		if err := n.Join(wctx, hub.Addr(), key, sim.SimVPNAuthority); err != nil {
+		// The dev hub binds loopback and reports 192.0.2.1: dial where it is, at the reported port.
+		if err := n.Join(wctx, netip.AddrPortFrom(hub.Addr().Addr(), at.Port()), key, sim.SimVPNAuthority); err != nil {
 			t.Fatalf("%s join: %v", n.ID, err)
 		}
 		defer n.Close()

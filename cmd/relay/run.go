@@ -58,8 +58,8 @@ func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
 }
 
 // buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
-// loopback). devHubAddress, when valid, is what registerClusterRelay reports as the hub's address
-// instead of the bound one: a dev hub binds loopback, which the registration refuses.
+// loopback). devHubAddress, when valid, is what registerClusterVpnHub reports as the hub's address
+// instead of the bound one: a dev hub binds loopback, which IRuntimeNetworkVpnHub refuses.
 func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
 	log := opts.Logger
 	roots, err := caPool(cfg.CloudlyCAFile, "cloudly-ca-file")
@@ -122,7 +122,7 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 		}
 		feats.Parts = append(feats.Parts, relay.Part{Name: "vpnhub", Impl: hub})
 		ep := hub.Endpoint()
-		opts.VPNHub = &ep // what the registration reports: the hub is bound, its endpoint final
+		opts.VPNHub = &ep // what registerClusterVpnHub reports: the hub is bound, its endpoint final
 	}
 	r, err := relay.New(cfg, feats, opts)
 	if err != nil {
@@ -135,7 +135,7 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 }
 
 // buildHub loads or creates the hub's static key and binds the hub, so that its endpoint is final
-// before the relay registers. A listen address without a concrete IPv4 host and an unreadable key
+// before the relay registers and reports it. A listen address without a concrete IPv4 host and an unreadable key
 // file are configuration errors naming their flag.
 func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
 	at, err := vpnhub.ParseListen(cfg.HubListen)
@@ -143,7 +143,7 @@ func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, r
 		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
 	}
 	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
-		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterRelay reports it to nodes"}
+		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterVpnHub reports it to Cloudly for nodes to dial"}
 	}
 	key, err := vpnkey.LoadOrCreateFile(cfg.HubKeyFile, log.With().Str("component", "vpnhub").Logger())
 	if err != nil {

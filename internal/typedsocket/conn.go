@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"net"
 	"runtime"
 	"sync"
@@ -129,6 +130,10 @@ type Reply struct {
 	// Charge, on an answer, is the share that holds its bytes until written (SPEC §15): the
 	// downstream peer the answer comes from. nil: the connection's own Options.Share.
 	Charge Share
+	// Wait, on an answer charged to Charge, makes the answer wait for room in that share instead
+	// of being refused, until Wait or this connection ends: set by whoever answers on the read
+	// loop of the peer the share is, so that the peer's further bytes wait on its own socket.
+	Wait <-chan struct{}
 }
 
 // Conn is one TypedRequest peer on a WebSocket: it calls and serves concurrently. One read loop
@@ -148,11 +153,13 @@ type Conn struct {
 	nextID  uint64           // guarded by mu
 	closed  bool             // guarded by mu: no new calls
 
-	inflight  atomic.Int64 // peer requests whose answer is not yet written
-	lastHeard atomic.Int64 // unix nanos of the last message or pong
-	pinging   atomic.Bool  // a ping is outstanding
-	writing   atomic.Bool  // the send loop is inside a write
-	progress  atomic.Int64 // unix nanos of the write's start or its last frame written; 0 outside a write
+	readLimit atomic.Int64          // the largest message read: a message buffer grows no further
+	receive   atomic.Pointer[Share] // where a message being received is charged; nil: Options.Share
+	inflight  atomic.Int64          // peer requests whose answer is not yet written
+	lastHeard atomic.Int64          // unix nanos of the last message or pong
+	pinging   atomic.Bool           // a ping is outstanding
+	writing   atomic.Bool           // the send loop is inside a write
+	progress  atomic.Int64          // unix nanos of the write's start or its last frame written; 0 outside a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
 }
@@ -168,7 +175,7 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	ctx, cancel := context.WithCancelCause(context.Background())
 	c := &Conn{ws: ws, opts: opts, ctx: ctx, cancel: cancel, pending: make(map[string]*call), done: make(chan struct{})}
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
-	ws.SetReadLimit(opts.ReadLimit)
+	c.SetReadLimit(opts.ReadLimit)
 	c.lastHeard.Store(time.Now().UnixNano())
 	if opts.Pongs != nil {
 		opts.Pongs.c.Store(c)
@@ -178,7 +185,7 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 
 // SetReadLimit changes the largest message the connection reads; a larger one closes it with
 // status 1009. Safe from any goroutine.
-func (c *Conn) SetReadLimit(n int64) { c.ws.SetReadLimit(n) }
+func (c *Conn) SetReadLimit(n int64) { c.readLimit.Store(n); c.ws.SetReadLimit(n) }
 
 // Context is cancelled when the connection ends; its cause is why.
 func (c *Conn) Context() context.Context { return c.ctx }
@@ -226,6 +233,9 @@ func (c *Conn) Stalled(d time.Duration) bool {
 	w := c.sendq.waitingSince()
 	return w != 0 && now-w > int64(d) // queued frames the send loop has not taken for d
 }
+
+// QueuedBytes is what the frames waiting to be written hold.
+func (c *Conn) QueuedBytes() int { return c.sendq.queuedBytes() }
 
 // QueueLen is the number of frames waiting to be written.
 func (c *Conn) QueueLen() int { return c.sendq.len() }
@@ -308,37 +318,102 @@ func (c *Conn) CloseNow() {
 
 func (c *Conn) readLoop() error {
 	for {
-		typ, frame, err := c.ws.Read(context.Background())
+		typ, frame, share, charged, err := c.readMessage()
 		if err != nil {
 			return err
 		}
-		if c.ctx.Err() != nil { // ending: serve nothing more that was already buffered
-			return context.Cause(c.ctx)
-		}
-		c.lastHeard.Store(time.Now().UnixNano())
-		if typ != websocket.MessageText {
-			c.closeMisbehaving(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
-			return errors.New("peer sent a binary message")
-		}
-		env, err := Decode(frame)
-		switch {
-		case err == nil && env.IsStream():
-			f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame)}
-			if c.opts.Streams == nil {
-				c.RefuseStream(f, contracts.RelayStreamUnknown.Refuse("%s: this connection carries no streams", f.StreamID))
-				continue
-			}
-			c.opts.Streams.ServeStream(c, f)
-		case err == nil && env.Phase == PhaseRequest:
-			c.dispatch(env, nil)
-		case err == nil:
-			c.resolve(env)
-		default:
-			if err := c.malformed(err.(*DecodeError), len(frame)); err != nil {
-				return err
-			}
+		// Read whole, the message is served at once, on this loop; what serving it leaves queued
+		// is charged where it waits.
+		releaseTo(share, charged)
+		if err := c.serveMessage(typ, frame); err != nil {
+			return err
 		}
 	}
+}
+
+// readChunk is the least a message buffer grows by.
+const readChunk = 4 << 10
+
+// readMessage reads the next message whole. With a share, the buffer a message is read into is
+// charged before each growth, so a peer that withholds a message's last byte holds only what the
+// budget allowed (SPEC §15: no byte outside the budget); the caller releases what it returns as
+// charged. While the pool has no room the read waits, so the peer's bytes wait on its own socket.
+// The share's cap does not stop a read: a request past it is refused by name once read.
+func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) {
+	typ, r, err := c.ws.Reader(context.Background())
+	if err != nil {
+		return 0, nil, nil, 0, err
+	}
+	share := c.opts.Share
+	if p := c.receive.Load(); p != nil {
+		share = *p
+	}
+	var buf []byte
+	charged := 0
+	for {
+		if len(buf) == cap(buf) {
+			grown := int(min(int64(max(2*cap(buf), readChunk)), c.readLimit.Load()+1))
+			if share != nil {
+				if !share.ChargeIncoming(grown-charged, c.ctx.Done()) {
+					releaseTo(share, charged)
+					return 0, nil, nil, 0, context.Cause(c.ctx)
+				}
+				charged = grown
+			}
+			nb := make([]byte, len(buf), grown)
+			copy(nb, buf)
+			buf = nb
+		}
+		n, err := r.Read(buf[len(buf):cap(buf)])
+		buf = buf[:len(buf)+n]
+		if err == io.EOF {
+			return typ, buf, share, charged, nil
+		}
+		if err != nil {
+			releaseTo(share, charged)
+			return 0, nil, nil, 0, err
+		}
+	}
+}
+
+func releaseTo(s Share, n int) {
+	if n > 0 {
+		s.Release(n)
+	}
+}
+
+// SetReceiveShare charges the messages the connection receives from now on to s instead of
+// Options.Share: a connection that has not registered has its incoming bytes bound with every
+// other such connection's.
+func (c *Conn) SetReceiveShare(s Share) { c.receive.Store(&s) }
+
+// serveMessage serves one message read whole; an error ends the connection.
+func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
+	if c.ctx.Err() != nil { // ending: serve nothing more that was already buffered
+		return context.Cause(c.ctx)
+	}
+	c.lastHeard.Store(time.Now().UnixNano())
+	if typ != websocket.MessageText {
+		c.closeMisbehaving(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
+		return errors.New("peer sent a binary message")
+	}
+	env, err := Decode(frame)
+	switch {
+	case err == nil && env.IsStream():
+		f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame)}
+		if c.opts.Streams == nil {
+			c.RefuseStream(f, contracts.RelayStreamUnknown.Refuse("%s: this connection carries no streams", f.StreamID))
+			return nil
+		}
+		c.opts.Streams.ServeStream(c, f)
+	case err == nil && env.Phase == PhaseRequest:
+		c.dispatch(env, nil)
+	case err == nil:
+		c.resolve(env)
+	default:
+		return c.malformed(err.(*DecodeError), len(frame))
+	}
+	return nil
 }
 
 // malformed handles a frame Decode refused. What names a request is answered by name, an answer
@@ -693,25 +768,54 @@ func (c *Conn) RefuseStream(f *StreamFrame, err error) bool {
 	return true
 }
 
-// answer queues a response. Responses are never refused for queue space: the request stays in
-// flight until its answer is written, so their number is bounded by MaxInflight.
+// maxRefusal bounds the relay's own refusals, charged whatever the caps (budget Share.Refusal).
+const maxRefusal = 1 << 10
+
+// answer queues a response, charged before it is queued (SPEC §15) and never past a cap: an
+// answer that does not fit its share is replaced by the refusal relay-node-busy, or waits for room
+// when rep.Wait says so; only the relay's own small refusals are charged whatever the caps, since
+// refusing a refusal would leave the request unanswered. Responses are never refused for queue
+// space: the request stays in flight until its answer is written, so their number is bounded by
+// MaxInflight.
 func (c *Conn) answer(method, id string, rep Reply) {
+	share := rep.Charge
+	if share == nil {
+		share = c.opts.Share
+	}
+	b := encodeAnswer(method, id, rep)
+	if share != nil {
+		switch {
+		case isOwnRefusal(rep.Err) && len(b) <= maxRefusal:
+			share.Refusal(len(b))
+		case rep.Wait != nil:
+			if !share.ChargeWait(len(b), rep.Wait, c.ctx.Done()) {
+				c.inflight.Add(-1) // the peer or this connection ended: nobody is left to answer
+				return
+			}
+		case !share.Charge(len(b)):
+			c.dropped("answer-over-share")
+			b = encodeAnswer(method, id, Reply{Err: contracts.RelayNodeBusy.Refuse("an answer of %d bytes does not fit the share of the relay's memory it is charged to", len(b))})
+			share.Refusal(len(b))
+		}
+	}
+	if c.sendq.push(frame{b: b, answer: true, charge: share}, false) != nil {
+		c.inflight.Add(-1) // closed: the request ends unanswered with its connection
+	}
+}
+
+func encodeAnswer(method, id string, rep Reply) []byte {
 	env := Envelope{Method: method, ID: id, Phase: PhaseResponse, Response: rep.Response, Retry: rep.Retry}
 	if rep.Err != nil {
 		env.Error = ErrorFrom(rep.Err)
 		env.Response = nil
 	}
-	b := env.Append(make([]byte, 0, env.Size()))
-	share := rep.Charge
-	if share == nil {
-		share = c.opts.Share
-	}
-	if share != nil {
-		share.Force(len(b))
-	}
-	if c.sendq.push(frame{b: b, answer: true, charge: share}, false) != nil {
-		c.inflight.Add(-1) // closed: the request ends unanswered with its connection
-	}
+	return env.Append(make([]byte, 0, env.Size()))
+}
+
+// isOwnRefusal reports whether err is a refusal this side makes, not a peer's error passed on.
+func isOwnRefusal(err error) bool {
+	var remote *Error
+	return err != nil && !errors.As(err, &remote)
 }
 
 // Request is one request from the peer. Answer it exactly once.

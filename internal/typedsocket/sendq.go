@@ -10,7 +10,13 @@ import (
 // it has been written, or when it is dropped because the connection ended.
 type Share interface {
 	Charge(n int) bool // take n bytes if they fit; false: nothing taken
-	Force(n int)       // take n bytes whatever the caps (an answer that may not be lost)
+	// ChargeWait takes n bytes, waiting for room until either channel is closed (false: nothing
+	// taken). It blocks its caller.
+	ChargeWait(n int, done1, done2 <-chan struct{}) bool
+	// ChargeIncoming takes n bytes of a message being received, past the cap, waiting for room
+	// in the pool until done is closed (false: nothing taken).
+	ChargeIncoming(n int, done <-chan struct{}) bool
+	Refusal(n int) // take n bytes of the relay's own refusal (at most maxRefusal) whatever the caps
 	Release(n int)
 	Limit() int64 // the cap
 }

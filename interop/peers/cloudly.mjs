@@ -1,8 +1,11 @@
 // Cloudly, played by the published TypedRequest library: a WebSocket server the relay dials (or
 // nodes, talking to it directly). It serves the relay's client session and registration and the
 // node registrations with the library's TypedRouter, answering the shapes the Go simulator
-// (internal/sim/cloudly.go) answers, pushes the relay configuration after each accepted relay
-// registration, serves the suite's own methods, and calls nodes on the socket that carries them.
+// (internal/testenv/sim/cloudly.go) answers, pushes the relay configuration after each accepted
+// relay registration, serves the suite's own methods, and calls nodes on the socket that carries
+// them. It judges the relay registration exact-key, as the seed's validator does, and serves no
+// registerClusterVpnHub: the relay's project-defined hub report meets the library's own "no
+// available method" answer, exactly what a Cloudly without the method would say.
 //
 //   node cloudly.mjs '{"token":…,"offer":{…},"clusterId":…,"origin":…}'
 //
@@ -22,7 +25,8 @@ const origin = cfg.origin || 'https://relay.cluster-interop.serve.zone:8443';
 
 const peers = new Set(); // every socket ever accepted
 const nodes = new Map(); // nodeId -> { peer, session }: where Cloudly reaches the node
-const received = {}; // requests per method
+const received = {}; // requests per method the router serves
+const routed = {}; // frames per method handed to the router, served or not
 const violations = []; // what a relay sent out of Cloudly's order
 const sequences = []; // registrationSequence of every relay registration
 let lastSequence = -1;
@@ -37,6 +41,29 @@ function refuseOffer(req) {
   }
   if (p.interfacesVersion.split('.')[0] !== offer.interfacesVersion.split('.')[0]) {
     throw new TypedResponseError('protocol-incompatible: major-mismatch', { code: 'protocol-incompatible', reason: 'major-mismatch' });
+  }
+}
+
+// exactKeys reports whether obj is a plain object with exactly the members keys, in any order.
+function exactKeys(obj, keys) {
+  return obj !== null && typeof obj === 'object' && !Array.isArray(obj) &&
+    JSON.stringify(Object.keys(obj).sort()) === JSON.stringify([...keys].sort());
+}
+
+// refuseRegistrationShape judges IRegisterClusterRelayRequest exact-key at every level, as the
+// seed's validateRegisterClusterRelayRequest does: any member the seed does not spell (the
+// project's old relay.vpnHub guess above all) refuses the whole registration, and is recorded as
+// a violation.
+function refuseRegistrationShape(req) {
+  const exact = exactKeys(req, ['protocol', 'relay', 'registrationSequence']) &&
+    exactKeys(req.protocol, ['interfacesVersion', 'minimumPeerVersion']) &&
+    exactKeys(req.relay, ['version', 'nodeId', 'listenAddress', 'listenPort']);
+  if (!exact) {
+    const members = (o) => (o !== null && typeof o === 'object' ? Object.keys(o) : typeof o);
+    const text = `relay-request-invalid: cluster relay registration must use its exact schema (members ${JSON.stringify(members(req))}, ` +
+      `relay ${JSON.stringify(members(req && req.relay))}, protocol ${JSON.stringify(members(req && req.protocol))})`;
+    violations.push(text);
+    throw new TypedResponseError(text, { code: 'relay-request-invalid' });
   }
 }
 
@@ -71,6 +98,11 @@ function serve(peer, method, f) {
 
 function accept(ws) {
   const peer = new Peer(ws, `cloudly-socket-${nextPeer++}`);
+  const route = peer.serve.bind(peer);
+  peer.serve = (frame) => {
+    routed[frame.method] = (routed[frame.method] || 0) + 1;
+    return route(frame);
+  };
   peer.authed = false; // a client session was accepted on it: it is a relay's
   peer.relay = false; // a relay registration was accepted on it
   peers.add(peer);
@@ -91,6 +123,7 @@ function accept(ws) {
       throw new TypedResponseError(text);
     }
     refuseOffer(req);
+    refuseRegistrationShape(req);
     const seq = req.registrationSequence;
     if (!Number.isInteger(seq) || !req.relay || typeof req.relay.nodeId !== 'string') {
       throw new TypedResponseError('relay-request-invalid: not an IRegisterClusterRelayRequest');
@@ -126,6 +159,10 @@ function accept(ws) {
     nodes.set(req.nodeId, { peer, session });
     return { session, protocol: offer };
   });
+
+  // No handler for registerClusterVpnHub (project-defined): the router answers the relay's hub
+  // report with the library's own "There is no available method for this call on the server
+  // side", and the relay must stay attached all the same (SPEC §4: outbound guesses fail small).
 
   // The relay pulls the route table after attaching; none is computed yet, as the simulator says.
   serve(peer, 'getClusterRouteTable', async () => ({ table: null }));
@@ -191,6 +228,7 @@ serveControl({
     sockets: [...peers].map((p) => ({ name: p.name, relay: p.relay, authed: p.authed, ...p.status() })),
     nodes: [...nodes.keys()].sort(),
     received,
+    routed,
     violations,
     sequences,
     relayRegistrations,

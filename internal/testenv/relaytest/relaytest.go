@@ -16,6 +16,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -45,6 +46,7 @@ type Options struct {
 	// Bounds on unregistered downstream connections; zero: the relay's defaults.
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
+	MaxConnections   int // zero: the relay's default (RLIMIT_NOFILE less its reserve)
 	Configure        func(*relay.Config)
 	Quiet            bool               // log nothing (benchmarks): debug logging costs per request
 	Cloudly          func(*sim.Cloudly) // runs before the relay dials
@@ -58,6 +60,9 @@ type Options struct {
 	// is Env.Log and Registry Env.Registry. Features that need the relay's logger or metrics
 	// registry are made here.
 	Build func(cfg relay.Config, opts relay.Options) (*relay.Relay, error)
+	// VPNHub is the hub endpoint the relay reports with registerClusterVpnHub (relay.Options.VPNHub);
+	// nil: the hub is off. No hub is bound: the report is all a relay does with it.
+	VPNHub *contracts.VPNHubEndpoint
 }
 
 // Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
@@ -108,7 +113,7 @@ func Start(t testing.TB, o Options) *Env {
 		}
 	}
 	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
-		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline})
+		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections, VPNHub: o.VPNHub})
 	if err != nil {
 		t.Fatal(err)
 	}

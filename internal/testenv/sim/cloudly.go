@@ -20,7 +20,8 @@ import (
 
 // Cloudly is a control-plane stand-in: a WebSocket server that accepts the relay's socket and
 // plays Cloudly's side of the protocol — the client session, the relay registration with its
-// sequence, node registrations, the configuration push — and can call the relay like Cloudly.
+// sequence (judged exact-key, as the seed's validator does), the hub report, node registrations,
+// the configuration push — and can call the relay like Cloudly.
 type Cloudly struct {
 	ClusterID string                  // the cluster it serves (default "cluster-sim")
 	Token     string                  // the machine JWT it accepts (default "sim-machine-jwt")
@@ -47,8 +48,10 @@ type Cloudly struct {
 	lastSeq     int64                      // guarded by mu: the last accepted registrationSequence; -1 none
 	violations  []string                   // guarded by mu: the first few things the relay sent out of Cloudly's order
 	corestores  []contracts.CorestoreOrigin
-	attachedSig chan struct{} // guarded by mu: closed on the next accepted registration
-	afterAccept []afterCall   // guarded by mu: sent right after every accepted registration
+	attachedSig chan struct{}                  // guarded by mu: closed on the next accepted registration
+	hub         *contracts.ClusterVpnHubReport // guarded by mu: the hub the newest accepted report named
+	hubSig      chan struct{}                  // guarded by mu: closed on the next accepted hub report
+	afterAccept []afterCall                    // guarded by mu: sent right after every accepted registration
 
 	streams  *streams         // set at construction: VirtualStreams on the relay's socket
 	platform *PlatformCloudly // set at construction: the platform agent's side (platformcloudly.go)
@@ -89,6 +92,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
 		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
+		hubSig:      make(chan struct{}),
 		streams:     newStreams(),
 	}
 	c.platform = newPlatformCloudly(c)
@@ -213,6 +217,34 @@ func (c *Cloudly) WaitAttached(ctx context.Context) error {
 		return nil
 	case <-ctx.Done():
 		return fmt.Errorf("relay did not attach: %w", ctx.Err())
+	}
+}
+
+// VPNHub is the hub the relay's newest accepted registerClusterVpnHub named: where nodes dial it
+// and its Noise key. ok is false before the first.
+func (c *Cloudly) VPNHub() (hub contracts.ClusterVpnHubReport, ok bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if c.hub == nil {
+		return contracts.ClusterVpnHubReport{}, false
+	}
+	return *c.hub, true
+}
+
+// WaitVPNHub waits until the relay has reported its hub (now or before), or until ctx ends.
+func (c *Cloudly) WaitVPNHub(ctx context.Context) (contracts.ClusterVpnHubReport, error) {
+	c.mu.Lock()
+	sig, hub := c.hubSig, c.hub
+	c.mu.Unlock()
+	if hub != nil {
+		return *hub, nil
+	}
+	select {
+	case <-sig:
+		h, _ := c.VPNHub()
+		return h, nil
+	case <-ctx.Done():
+		return contracts.ClusterVpnHubReport{}, fmt.Errorf("relay did not report its VPN hub: %w", ctx.Err())
 	}
 }
 
@@ -432,6 +464,8 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		if err == nil {
 			c.attach(conn, cfg)
 		}
+	case contracts.MethodRegisterClusterVpnHub:
+		answer(c.registerHub(req.Body))
 	case contracts.MethodRegisterPalletRuntimeSession:
 		answer(c.registerNode(req.Body))
 	case MethodPushImageVersion:
@@ -507,8 +541,11 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	if err := c.refuseOffer(body); err != nil {
 		return nil, err // a refused offer consumes no sequence
 	}
+	// Exact-key at every level, as the seed's validator: a member the seed does not spell (the
+	// project's old relay.vpnHub guess, say) gets the registration refused, as a real Cloudly
+	// would, and is recorded as a violation so that the test that caused it fails.
 	if reasons := contracts.ValidateRegisterClusterRelayRequest(body, ""); len(reasons) > 0 {
-		return nil, contracts.RelayRequestInvalid.Refuse("%s", reasons[0])
+		return nil, c.violation(&typedsocket.Error{Text: "relay-request-invalid: " + reasons[0], Data: json.RawMessage(`{"code":"relay-request-invalid"}`)})
 	}
 	var reg contracts.RegisterClusterRelayRequest
 	_ = json.Unmarshal(body, &reg)
@@ -537,6 +574,26 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	c.lastSeq, c.attachedTo = reg.RegistrationSequence, conn
 	c.mu.Unlock()
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
+}
+
+// registerHub serves registerClusterVpnHub (project-defined, SPEC §4 step 2): the hub of the
+// cluster this Cloudly serves, read exactly; the newest replaces the one before. It answers {}.
+// The gate has already checked it comes from the attached relay.
+func (c *Cloudly) registerHub(body json.RawMessage) (json.RawMessage, error) {
+	r, err := contracts.ReadRegisterClusterVpnHubRequest(body)
+	if err != nil {
+		return nil, c.violation(&typedsocket.Error{Text: "relay-request-invalid: " + err.Error(), Data: json.RawMessage(`{"code":"relay-request-invalid"}`)})
+	}
+	if r.Hub.ClusterID != c.ClusterID {
+		return nil, c.violation(&typedsocket.Error{Text: fmt.Sprintf("relay-request-invalid: the hub names cluster %s; the relay's machine identity is of %s",
+			r.Hub.ClusterID, c.ClusterID), Data: json.RawMessage(`{"code":"relay-request-invalid"}`)})
+	}
+	c.mu.Lock()
+	c.hub = &r
+	close(c.hubSig)
+	c.hubSig = make(chan struct{})
+	c.mu.Unlock()
+	return json.RawMessage(`{}`), nil
 }
 
 // configPush is the pushClusterRelayConfig body Cloudly sends after accepting a registration.

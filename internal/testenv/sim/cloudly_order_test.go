@@ -3,6 +3,7 @@ package sim
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 	"time"
@@ -108,5 +109,59 @@ func TestSimNodeJudgesTheRelaysPushes(t *testing.T) {
 	if _, err := n.bindRegistration(json.RawMessage(`{"session":{"nodeId":"node-b","controller":{},"runtimeNamespace":"rt"},"protocol":` +
 		string(must(contracts.RelayOffer.MarshalJSON())) + `}`)); err == nil {
 		t.Fatal("the node took another node's session binding")
+	}
+}
+
+// The stand-in reads the relay registration exact-key, as the seed's validator does (SPEC §4 step
+// 2): a registration carrying any member the seed does not spell is refused and recorded as a
+// violation. It learns the hub from registerClusterVpnHub alone, and only from the attached relay.
+func TestSimCloudlyJudgesTheRegistrationExactlyAndLearnsTheHubFromItsOwnCall(t *testing.T) {
+	c, err := NewCloudly(zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	conn := dialCloudly(t, c)
+	ctx := context.Background()
+	if _, err := conn.Call(ctx, contracts.MethodRegisterCloudlyClientSession, contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, contracts.NewSecret(c.Token))); err != nil {
+		t.Fatal(err)
+	}
+	key := [32]byte{7}
+	report := contracts.EncodeRegisterClusterVpnHubRequest(contracts.ClusterVpnHubReport{
+		Hub: contracts.RuntimeNetworkVpnHub{ClusterID: c.ClusterID, Address: "192.0.2.1", QUICPort: 4433}, NoisePublicKey: key})
+	_, err = conn.Call(ctx, contracts.MethodRegisterClusterVpnHub, report)
+	wantText(t, err, "relay-not-connected")
+
+	withHub := strings.Replace(string(registration(0)), `"listenPort":8443}`, `"listenPort":8443,"vpnHub":null}`, 1)
+	_, err = conn.Call(ctx, contracts.MethodRegisterClusterRelay, json.RawMessage(withHub))
+	if !errors.Is(err, contracts.RelayRequestInvalid) {
+		t.Fatalf("a registration with relay.vpnHub: %v, want %s", err, contracts.RelayRequestInvalid)
+	}
+	if c.Registrations() != 0 || c.Attached() {
+		t.Fatal("a registration the seed's validator refuses attached the relay")
+	}
+	if _, err := conn.Call(ctx, contracts.MethodRegisterClusterRelay, registration(0)); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok := c.VPNHub(); ok {
+		t.Fatal("the stand-in knows a hub before any report")
+	}
+	foreign := strings.Replace(string(report), `"`+c.ClusterID+`"`, `"cluster-other"`, 1)
+	_, err = conn.Call(ctx, contracts.MethodRegisterClusterVpnHub, json.RawMessage(foreign))
+	if !errors.Is(err, contracts.RelayRequestInvalid) {
+		t.Fatalf("a hub of another cluster: %v", err)
+	}
+	if ans, err := conn.Call(ctx, contracts.MethodRegisterClusterVpnHub, report); err != nil || string(ans) != `{}` {
+		t.Fatalf("hub report answered %s, %v", ans, err)
+	}
+	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	hub, err := c.WaitVPNHub(wctx)
+	if err != nil || hub.Hub.Address != "192.0.2.1" || hub.Hub.QUICPort != 4433 || hub.NoisePublicKey != key {
+		t.Fatalf("learned hub %+v, %v", hub, err)
+	}
+	// The unauthenticated report, the vpnHub registration and the foreign hub.
+	if v := c.Violations(); len(v) != 3 || !strings.Contains(v[1], "relay must use its exact schema") {
+		t.Fatalf("violations %q", v)
 	}
 }

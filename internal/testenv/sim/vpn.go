@@ -92,17 +92,14 @@ func VPNMembershipBody(authorityID string, prefix netip.Prefix, generation, expi
 	return contracts.EncodeVPNMembershipPush(m)
 }
 
-// HubTarget reads a registered vpnHub endpoint: where to dial and the hub's Noise key.
-func HubTarget(ep contracts.VPNHubEndpoint) (netip.AddrPort, [32]byte, error) {
-	a, err := netip.ParseAddr(ep.Address)
-	if err != nil {
-		return netip.AddrPort{}, [32]byte{}, fmt.Errorf("hub address: %w", err)
+// HubTarget reads the hub a relay reported with registerClusterVpnHub (Cloudly.VPNHub): where
+// nodes dial it and its Noise key, as a node's managed VPN credential names them.
+func HubTarget(r contracts.ClusterVpnHubReport) (netip.AddrPort, [32]byte, error) {
+	a, err := netip.ParseAddr(r.Hub.Address)
+	if err != nil || !a.Is4() {
+		return netip.AddrPort{}, [32]byte{}, fmt.Errorf("hub address %q is not an IPv4 literal", r.Hub.Address)
 	}
-	k, err := contracts.DecodeKey32(ep.NoisePublicKey)
-	if err != nil {
-		return netip.AddrPort{}, [32]byte{}, fmt.Errorf("hub key: %w", err)
-	}
-	return netip.AddrPortFrom(a, uint16(ep.QUICPort)), k, nil
+	return netip.AddrPortFrom(a, uint16(r.Hub.QUICPort)), r.NoisePublicKey, nil
 }
 
 // Join dials the hub at addr with hubKey under authorityID and starts counting the packets the

@@ -1,0 +1,118 @@
+package kubeapi
+
+import (
+	"context"
+	"time"
+
+	authorizationv1 "k8s.io/api/authorization/v1"
+	corev1 "k8s.io/api/core/v1"
+	rbacv1 "k8s.io/api/rbac/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/client-go/kubernetes"
+)
+
+// FakeNode is the node every Pod from CreatePod is bound to. No Node object nor kubelet exists;
+// the API server accepts the binding all the same.
+const FakeNode = "kubeapi-fake-node"
+
+// RelayRules is what SetupNamespace grants the Relay user by default: what client-go's LeaseLock
+// calls on leases (Get, Create, Update: see tools/leaderelection/resourcelock/leaselock.go), and
+// on pods get and patch (a relay reads the holder's Pod and labels its own) plus list and watch
+// (for a Service stand-in that follows the role label). The chart's Role (§16) grants pods only
+// get and patch; a test proving the chart's Role passes those rules to SetupNamespace.
+func RelayRules() []rbacv1.PolicyRule {
+	return []rbacv1.PolicyRule{
+		{APIGroups: []string{"coordination.k8s.io"}, Resources: []string{"leases"}, Verbs: []string{"get", "create", "update"}},
+		{APIGroups: []string{""}, Resources: []string{"pods"}, Verbs: []string{"get", "patch", "list", "watch"}},
+	}
+}
+
+// SetupNamespace creates namespace ns and, in it, a Role "relay" with rules (RelayRules when
+// none are given) bound to the Relay user, and returns once the API server's authorizer applies
+// the binding: every verb on every resource of the rules is allowed for Relay.
+func (s *Server) SetupNamespace(ns string, rules ...rbacv1.PolicyRule) {
+	s.t.Helper()
+	if len(rules) == 0 {
+		rules = RelayRules()
+	}
+	ctx := context.Background()
+	admin := s.Client(Admin)
+	meta := metav1.ObjectMeta{Name: Relay, Namespace: ns}
+	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("kubeapi: create namespace %s: %v", ns, err)
+	}
+	if _, err := admin.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: meta, Rules: rules}, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("kubeapi: create Role: %v", err)
+	}
+	binding := &rbacv1.RoleBinding{
+		ObjectMeta: meta,
+		RoleRef:    rbacv1.RoleRef{APIGroup: rbacv1.GroupName, Kind: "Role", Name: Relay},
+		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: Relay}},
+	}
+	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
+		s.t.Fatalf("kubeapi: create RoleBinding: %v", err)
+	}
+	// The authorizer reads Roles and bindings from an informer: wait until it has both.
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	for _, rule := range rules {
+		for _, group := range rule.APIGroups {
+			for _, resource := range rule.Resources {
+				for _, verb := range rule.Verbs {
+					s.waitAllowed(ctx, admin, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: resource})
+				}
+			}
+		}
+	}
+}
+
+// waitAllowed polls a SubjectAccessReview until the authorizer allows Relay attrs.
+func (s *Server) waitAllowed(ctx context.Context, admin kubernetes.Interface, attrs authorizationv1.ResourceAttributes) {
+	s.t.Helper()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: Relay, ResourceAttributes: &attrs}}
+	for {
+		got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
+		if err == nil && got.Status.Allowed {
+			return
+		}
+		select {
+		case <-ctx.Done():
+			s.t.Fatalf("kubeapi: Relay still may not %s %s in %s (%v)", attrs.Verb, attrs.Resource, attrs.Namespace, err)
+		case <-tick.C:
+		}
+	}
+}
+
+// CreatePod creates, as Admin, a Pod name in ns bound to FakeNode with one container "relay"
+// (image "relay"), and when podIP is not empty writes its status through the status subresource
+// as a kubelet would: phase Running, status.podIP and status.podIPs podIP. It returns the Pod as
+// stored.
+func (s *Server) CreatePod(ns, name, podIP string) *corev1.Pod {
+	s.t.Helper()
+	ctx := context.Background()
+	pods := s.Client(Admin).CoreV1().Pods(ns)
+	pod := &corev1.Pod{
+		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/name": "relay"}},
+		Spec: corev1.PodSpec{
+			NodeName:   FakeNode,
+			Containers: []corev1.Container{{Name: "relay", Image: "relay"}},
+		},
+	}
+	pod, err := pods.Create(ctx, pod, metav1.CreateOptions{})
+	if err != nil {
+		s.t.Fatalf("kubeapi: create Pod %s/%s: %v", ns, name, err)
+	}
+	if podIP == "" {
+		return pod
+	}
+	pod.Status = corev1.PodStatus{
+		Phase: corev1.PodRunning, PodIP: podIP, PodIPs: []corev1.PodIP{{IP: podIP}},
+		HostIP: "127.0.0.1", HostIPs: []corev1.HostIP{{IP: "127.0.0.1"}},
+	}
+	if pod, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		s.t.Fatalf("kubeapi: set status.podIP of Pod %s/%s: %v", ns, name, err)
+	}
+	return pod
+}

@@ -1,0 +1,146 @@
+package relay
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// The VPN hub report (SPEC §4 step 2, project-defined). The seeds spell registerClusterRelay
+// exactly and name no member for the hub, so the hub travels in a call of its own: after each
+// accepted registration, while the hub is on, the relay sends registerClusterVpnHub { hub,
+// noisePublicKey }. It is a guess at what Cloudly serves, and a guess must fail small: whatever
+// Cloudly answers — {}, a refusal, "no such method", nothing — costs this one call. Its outcome
+// is counted, logged once, shown on the status page and the report is sent again at the next
+// attach; it never detaches the relay, never ends custody and never waits on the attach path or
+// the socket's read loop (the call is sent after the acceptance and its answer handled where it
+// arrives, without blocking).
+
+// Hub report outcomes: the fixed label set of relay_upstream_hub_reports_total{outcome}.
+const (
+	hubReportAccepted      = "accepted"       // Cloudly answered without an error
+	hubReportRefused       = "refused"        // Cloudly answered with an error that names no unknown method
+	hubReportUnknownMethod = "unknown-method" // relay-method-unknown, or the TypedRequest library's own no-handler answer
+	hubReportTimeout       = "timeout"        // no answer within the call timeout
+	hubReportFailed        = "failed"         // not sent (queue full), or the socket was lost before an answer
+	// hubReportPending is the status page's word for a report sent and not answered yet; it is
+	// never counted.
+	hubReportPending = "pending"
+)
+
+// hubReportOutcomes is every counted outcome, in the order the metric's help lists them.
+var hubReportOutcomes = [...]string{hubReportAccepted, hubReportRefused, hubReportUnknownMethod, hubReportTimeout, hubReportFailed}
+
+// hubReporter sends the hub report and keeps its newest outcome.
+type hubReporter struct {
+	body   json.RawMessage        // set at construction: the request; nil when the hub is off
+	key    string                 // set at construction: the hub's public key in short form, for the log
+	log    zerolog.Logger         // set at construction: the upstream's
+	counts *prometheus.CounterVec // set at construction: outcome
+	sent   atomic.Int64           // reports sent so far: the newest one's number
+	state  atomic.Pointer[hubReportState]
+}
+
+// hubReportState is the newest report as the status page shows it: its outcome (pending until
+// answered) and when it was sent or answered, with the registrationSequence it followed.
+type hubReportState struct {
+	Outcome  string    `json:"outcome"`
+	At       time.Time `json:"at"`
+	Sequence int64     `json:"sequence"`
+	n        int64     // the report's number (hubReporter.sent)
+}
+
+// newHubReporter makes the reporter of the hub at ep for cluster; with ep nil (the hub is off) it
+// reports nothing. An endpoint whose key is not a 32-byte key is refused: the report would carry
+// it to Cloudly as garbage.
+func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, log zerolog.Logger, counts *prometheus.CounterVec) (*hubReporter, error) {
+	h := &hubReporter{log: log, counts: counts}
+	if ep == nil {
+		return h, nil
+	}
+	key, err := contracts.DecodeKey32(ep.NoisePublicKey)
+	if err != nil {
+		return nil, fmt.Errorf("vpn hub endpoint: public key: %w", err)
+	}
+	h.body = contracts.EncodeRegisterClusterVpnHubRequest(contracts.ClusterVpnHubReport{
+		Hub:            contracts.RuntimeNetworkVpnHub{ClusterID: cluster, Address: ep.Address, QUICPort: ep.QUICPort},
+		NoisePublicKey: key,
+	})
+	h.key = ep.NoisePublicKey[:8]
+	return h, nil
+}
+
+// on reports whether there is a hub to report.
+func (h *hubReporter) on() bool { return h.body != nil }
+
+// status is the newest report's state; nil while the hub is off or before the first report.
+func (h *hubReporter) status() *hubReportState {
+	if !h.on() {
+		return nil
+	}
+	return h.state.Load()
+}
+
+// report sends the report on up, after Cloudly accepted registration seq. It returns at once: the
+// answer is handled by answered, wherever it arrives.
+func (h *hubReporter) report(up feature.Upstream, seq int64) {
+	if !h.on() {
+		return
+	}
+	n := h.sent.Add(1)
+	h.state.Store(&hubReportState{Outcome: hubReportPending, At: time.Now(), Sequence: seq, n: n})
+	up.Call(contracts.MethodRegisterClusterVpnHub, h.body, func(_ json.RawMessage, err error) { h.answered(n, seq, err) })
+}
+
+// answered counts and logs report n's outcome, and shows it unless a newer report was sent since.
+// It runs on the socket's read loop (an answer) or a timer (a timeout) and must not block.
+func (h *hubReporter) answered(n, seq int64, err error) {
+	outcome := hubReportOutcome(err)
+	h.counts.WithLabelValues(outcome).Inc()
+	next := &hubReportState{Outcome: outcome, At: time.Now(), Sequence: seq, n: n}
+	// Shown unless a newer report was sent since: a late answer to a lost socket's report must
+	// not hide the newest one.
+	for {
+		cur := h.state.Load()
+		if cur == nil || cur.n != n || h.state.CompareAndSwap(cur, next) {
+			break
+		}
+	}
+	if outcome == hubReportAccepted {
+		h.log.Info().Str("method", contracts.MethodRegisterClusterVpnHub).Int64("sequence", seq).Str("key", h.key).
+			Str("outcome", outcome).Msg("VPN hub reported to Cloudly")
+		return
+	}
+	// Never the peer's error text: its refusal name, as every log line gives it.
+	h.log.Warn().Str("method", contracts.MethodRegisterClusterVpnHub).Int64("sequence", seq).
+		Str("refusal", contracts.RefusalLabel(err)).Str("outcome", outcome).
+		Msg("Cloudly did not take the VPN hub report; the relay stays attached and reports it again at the next attach")
+}
+
+// hubReportOutcome names how a report ended. A remote error is Cloudly's answer: an unknown method
+// when it names relay-method-unknown or is the TypedRequest library's own no-handler text (what a
+// Cloudly without the call says), else a refusal. A local error is the relay's: its call timeout,
+// or a failure to send or to hear the answer.
+func hubReportOutcome(err error) string {
+	var remote *typedsocket.Error
+	switch {
+	case err == nil:
+		return hubReportAccepted
+	case errors.As(err, &remote) && (remote.Name() == contracts.RelayMethodUnknown || remote.Text == contracts.TypedRequestNoMethodText):
+		return hubReportUnknownMethod
+	case errors.As(err, &remote):
+		return hubReportRefused
+	case errors.Is(err, contracts.RelayCallTimeout):
+		return hubReportTimeout
+	}
+	return hubReportFailed
+}
