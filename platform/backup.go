@@ -232,10 +232,15 @@ func (w *writer) await(cycle string, closing bool, ka *time.Ticker, answered <-c
 			switch {
 			case f.ErrorText != "":
 				return contracts.RelayRequestInvalid.Refuse("Cloudly refused the closure's stream")
-			case f.Response.Present && f.Response.MainPurpose == "keepAlive" && f.Response.HasKeepAlive && !f.Response.KeepAlive:
+			case !f.Response.Present:
+				// A request of Cloudly's own: answered. A frame with a response is an answer,
+				// whatever its request member says (the library echoes the request in its
+				// answers): answering it would bounce it between the two ends for ever.
+				if f.Request.Present {
+					w.answerRequest(f)
+				}
+			case f.Response.MainPurpose == "keepAlive" && f.Response.HasKeepAlive && !f.Response.KeepAlive:
 				return contracts.RelayUpstreamDetached.Refuse("Cloudly ended the closure's stream")
-			case f.Request.Present && f.Request.Cycle == "request":
-				w.answerRequest(f)
 			case f.Response.CycleID != cycle:
 			case f.Response.Backpressure:
 				t := time.NewTimer(feedbackEvery)

@@ -68,6 +68,9 @@ func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
 	size := largeClosure()
 	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: 100 * time.Millisecond}})
 	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	var frames atomic.Int64 // every stream frame Cloudly reads
+	h.Cloudly.TapStreams(func([]byte) { frames.Add(1) })
+	defer h.Cloudly.TapStreams(nil)
 	runtime.GC()
 	base := liveHeap()
 	w := watchHeap()
@@ -84,6 +87,12 @@ func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
 	}
 	if r, _ := h.b.Platform().Restore("bk-in"); r.Bytes != size || r.Sum != sim.ClosureDigest("bk-in", size) {
 		t.Fatalf("restore arrived as %d bytes", r.Bytes)
+	}
+	// Cloudly reads, per closure, a chunk or its answer per 256 KiB, and a keep-alive or its
+	// answer a second: an answer answered back would bounce between the ends for ever.
+	chunks := 2 * (size/platform.DefaultChunkBytes + 2)
+	if limit := chunks + 4*int64(elapsed.Seconds()+1) + 64; frames.Load() > limit {
+		t.Fatalf("Cloudly read %d stream frames for %d chunks in %s: frames bounce", frames.Load(), chunks, elapsed)
 	}
 	const bound = 48 << 20
 	t.Logf("2 × %d MiB in %s; live heap %d KiB at the start, peak %d KiB", size>>20, elapsed.Round(time.Millisecond), base>>10, peak>>10)

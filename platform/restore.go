@@ -153,8 +153,13 @@ func (r *reader) fail(err error) {
 func (r *reader) StreamFrame(frame []byte) {
 	p := r.n.p
 	f, err := contracts.ReadStreamFrameBody(frame)
-	if err != nil || !f.Request.Present {
+	switch {
+	case err != nil:
 		p.metrics.frames.WithLabelValues("unreadable").Inc()
+		return
+	case f.Response.Present || !f.Request.Present:
+		// An answer (the relay sends no requests on a stream it reads): never answered back,
+		// or the two ends would bounce it for ever.
 		return
 	}
 	st := r.stream()

@@ -348,8 +348,8 @@ func (p *PlatformCloudly) receiveBackup(body json.RawMessage, answer func(json.R
 	idle := time.AfterFunc(time.Minute, func() { finish(simError("closure-incomplete: no chunk for a minute")) })
 	p.c.streams.setSink(streamID, func(conn *typedsocket.Conn, frame []byte) {
 		f, err := contracts.ReadStreamFrameBody(frame)
-		if err != nil || !f.Request.Present {
-			return
+		if err != nil || !f.Request.Present || f.Response.Present {
+			return // an answer is never answered: it would bounce between the ends for ever
 		}
 		idle.Reset(time.Minute)
 		a := contracts.StreamAnswer{StreamID: streamID, CycleID: f.Request.CycleID, Purpose: "feedback"}
