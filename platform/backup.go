@@ -32,7 +32,7 @@ func (p *Platform) closureShare() int64 {
 }
 
 // backup carries one ready backup to Cloudly and, when Cloudly accepts it, tells Corestore.
-func (n *node) backup(session uint64, origin string, cred contracts.Secret, b contracts.CorestoreBackup) {
+func (n *node) backup(origin string, cred contracts.Secret, b contracts.CorestoreBackup) {
 	p := n.p
 	start := time.Now()
 	sent, err := n.sendBackup(origin, cred, b)

@@ -47,14 +47,19 @@ func (p *Platform) pullOnce() {
 	}
 	out := outcome(err, outcomeAnswered)
 	p.metrics.pulls.WithLabelValues(out).Inc()
+	p.mu.Lock()
+	changed := p.lastPull != out
+	p.lastPull = out
+	p.mu.Unlock()
+	// A refusal is logged when it starts (a Cloudly without the call refuses it every minute),
+	// then counted only.
 	ev := p.log.Debug()
-	if err != nil {
+	if err != nil && changed {
 		ev = p.log.Warn()
 	}
 	ev.Str("method", contracts.MethodGetClusterPlatformDesiredState).Int("answer_bytes", len(body)).Str("outcome", out).
 		Dur("latency", time.Since(start)).Msg("platform desired state pulled")
 	p.mu.Lock()
-	p.lastPull = out
 	if err != nil {
 		p.mu.Unlock()
 		return

@@ -174,6 +174,7 @@ func (n *node) handOverState() {
 	out := outcome(err, outcomeHanded)
 	n.p.metrics.handOvers.WithLabelValues(out).Inc()
 	n.mu.Lock()
+	changed := n.handOver != out
 	n.handOver = out
 	var retry time.Duration
 	if err == nil {
@@ -185,9 +186,9 @@ func (n *node) handOverState() {
 		retry = n.sched.stateFailed(time.Now())
 	}
 	n.mu.Unlock()
-	ev := n.p.log.Debug()
-	if err != nil {
-		ev = n.p.log.Info().Dur("wait", retry)
+	ev := n.p.log.Debug().Dur("wait", retry)
+	if err != nil && changed {
+		ev = n.p.log.Info().Dur("wait", retry) // then counted only, until it changes
 	}
 	ev.Str("node", n.id).Str("op", "desired-state").Int("bytes", len(body)).Str("outcome", out).Dur("latency", time.Since(start)).
 		Msg("desired state handed to Corestore")
@@ -240,7 +241,7 @@ func (n *node) list(session uint64) {
 		if !n.p.current(session) || n.ctx.Err() != nil {
 			return
 		}
-		n.backup(session, origin, cred, b)
+		n.backup(origin, cred, b)
 	}
 	ctx, cancel = context.WithTimeout(n.ctx, n.p.opts.CallTimeout)
 	raw, err = n.p.cs.WantedRestores(ctx, origin, cred)
@@ -257,7 +258,7 @@ func (n *node) list(session uint64) {
 		if !n.p.current(session) || n.ctx.Err() != nil {
 			return
 		}
-		n.restore(session, origin, cred, r)
+		n.restore(origin, cred, r)
 	}
 }
 
@@ -265,9 +266,10 @@ func (n *node) noteListing(err error) {
 	out := outcome(err, outcomeListed)
 	n.p.metrics.listings.WithLabelValues(out).Inc()
 	n.mu.Lock()
+	changed := n.listing != out
 	n.listing = out
 	n.mu.Unlock()
-	if err != nil {
+	if err != nil && changed {
 		n.p.log.Info().Str("node", n.id).Str("outcome", out).Msg("cannot list the node's Corestore backups or restores")
 	}
 }

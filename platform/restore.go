@@ -22,7 +22,7 @@ import (
 const maxQueuedChunks = 4
 
 // restore asks Cloudly for one wanted restore's closure and writes it into the node's Corestore.
-func (n *node) restore(session uint64, origin string, cred contracts.Secret, r contracts.CorestoreRestore) {
+func (n *node) restore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) {
 	p := n.p
 	start := time.Now()
 	got, err := n.receiveRestore(origin, cred, r)
