@@ -227,3 +227,53 @@ func TestScheduleBackoff(t *testing.T) {
 		t.Fatal("listing due while detached")
 	}
 }
+
+// blockingCorestore holds every desired state until the call's context ends.
+type blockingCorestore struct {
+	fakeCorestore
+	entered chan struct{}
+}
+
+func (c *blockingCorestore) PutDesiredState(ctx context.Context, _ string, _ contracts.Secret, _ []byte) error {
+	select {
+	case c.entered <- struct{}{}:
+	default:
+	}
+	<-ctx.Done()
+	return contracts.RestoreNodeUnreachable.Refuse("abandoned")
+}
+
+// TestCloseDuringHandOver: closing the agent while a hand-over waits on its Corestore ends every
+// goroutine at once — the hand-over cut short leaves its state due, and the loop must not spin on it.
+func TestCloseDuringHandOver(t *testing.T) {
+	cs := &blockingCorestore{fakeCorestore: fakeCorestore{puts: map[string][]time.Time{}, lists: map[string][]time.Time{}}, entered: make(chan struct{}, 1)}
+	p, err := New(cs, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	up := &fakeUpstream{calls: map[string]int{}}
+	p.UseUpstream(up)
+	ctx, stop := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- p.Run(ctx) }()
+	p.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://a.example"}}})
+	p.mu.Lock()
+	a := p.nodes["node-a"]
+	p.mu.Unlock()
+	a.setCredential(contracts.NewSecret("cred-a"))
+	p.Attached(up)
+	select {
+	case <-cs.entered:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no hand-over began")
+	}
+	stop()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Close did not return: a loop spins on its ended context")
+	}
+}

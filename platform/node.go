@@ -143,7 +143,7 @@ func (n *node) sleep(d time.Duration, ok bool, ch chan struct{}) bool {
 
 // stateLoop hands the newest desired state to the node's Corestore whenever one is due.
 func (n *node) stateLoop() {
-	for {
+	for n.ctx.Err() == nil { // a hand-over cut short by the end is due still: the loop must not spin on it
 		n.mu.Lock()
 		d, due := wait(n.sched.stateDue, time.Now())
 		if n.credential.IsZero() || n.desired == nil {
@@ -197,7 +197,7 @@ func (n *node) handOverState() {
 // workLoop lists the node's backups and restores whenever a listing is due, and carries each
 // closure, one at a time.
 func (n *node) workLoop() {
-	for {
+	for n.ctx.Err() == nil {
 		n.mu.Lock()
 		d, due := wait(n.sched.listDue, time.Now())
 		if n.credential.IsZero() || n.session == 0 {
