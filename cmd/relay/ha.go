@@ -32,11 +32,11 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 // haConfig is what the HA flags say.
 type haConfig struct {
 	leaseName, leaseNamespace, identity string
-	leaseDuration, renewDeadline       time.Duration
-	retryPeriod                        time.Duration
-	kubeconfig                         string
-	replicationListen                  string
-	replicationKeyFile                 string
+	leaseDuration, renewDeadline        time.Duration
+	retryPeriod                         time.Duration
+	kubeconfig                          string
+	replicationListen                   string
+	replicationKeyFile                  string
 }
 
 func haFlags(fs *flag.FlagSet, h *haConfig) {
