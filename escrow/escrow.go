@@ -34,9 +34,11 @@ type Escrow struct {
 	kick    chan struct{}    // wakes Run after any change; buffered, never blocks
 	up      feature.Upstream // set by UseUpstream, before anything runs; nil outside a relay
 
-	mu    sync.Mutex
-	sched *scheduler // guarded by mu
-	armed int64      // guarded by mu: the instant Run's timer is set for; math.MaxInt64 while none
+	mu       sync.Mutex
+	sched    *scheduler // guarded by mu
+	pairs    rebinds    // guarded by mu: detached re-binding (rebind.go)
+	watchers []*watcher // guarded by mu: standbys copying the escrow (replica.go)
+	armed    int64      // guarded by mu: the instant Run's timer is set for; math.MaxInt64 while none
 
 	answersMu sync.Mutex
 	answers   []answer // guarded by answersMu: node answers waiting for Run
@@ -59,6 +61,7 @@ func New(opts Options) (*Escrow, error) {
 		e.now = time.Now
 	}
 	e.sched = newScheduler(e.droppedLocked)
+	e.pairs = newRebinds()
 	return e, nil
 }
 
@@ -158,6 +161,7 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 		return req.NodeID, nil, refuseStale(lastExpires, now)
 	}
 	e.sched.hold(req.NodeID, run, now)
+	e.replicateLocked(runKey(req.NodeID), run.appendHold(nil, req.NodeID))
 	e.gaugesLocked()
 	e.changedLocked()
 	return req.NodeID, run, nil
@@ -229,8 +233,13 @@ func (e *Escrow) Run(ctx context.Context) error {
 	timer := time.NewTimer(time.Hour)
 	timer.Stop()
 	defer timer.Stop()
+	var swept int64
 	for ctx.Err() == nil {
 		e.mu.Lock()
+		if now := e.nowMs(); now-swept > pairSweepEvery {
+			e.expirePairsLocked(now)
+			swept = now
+		}
 		releases := e.sched.releases(e.nowMs(), releaseBatch)
 		more := len(releases) == releaseBatch
 		next, ok := e.sched.next()
@@ -340,9 +349,12 @@ func (e *Escrow) recordAnswers() bool {
 	return true
 }
 
-// droppedLocked counts and logs a run the scheduler stopped holding.
+// droppedLocked counts and logs a run the scheduler stopped holding; the node's re-binding pair
+// goes with it, and the standbys hear of both.
 func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
 	e.metrics.droppedRun(why)
+	e.replicateLocked(runKey(node), nil)
+	e.dropPairLocked(node)
 	if why == dropCustody {
 		return // CustodyEnded logs one line for all
 	}

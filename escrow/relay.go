@@ -8,9 +8,10 @@ import (
 )
 
 // The escrow as the relay sees it (package feature): it serves the hold, uses the upstream to
-// tell a hold from the attached Cloudly session, hears attach, detach, custody and node
-// bindings, and runs beside the relay. It follows a node connection's end through its context,
-// so it does not listen for connections that end.
+// tell a hold from the attached Cloudly session, hears attach, detach, custody, node bindings and
+// whether the relay leads, keeps what detached re-binding needs (rebind.go), is copied to HA
+// standbys (replica.go), and runs beside the relay. It follows a node connection's end through
+// its context, so it does not listen for connections that end.
 
 // Methods: holdRuntimeNetworkDnsLeaseRenewals, from Cloudly, and from downstream peers only to
 // refuse it by name (escrow-cloudly-only).
@@ -38,6 +39,16 @@ func (e *Escrow) Attached(feature.Upstream) { e.setAttached(true) }
 
 // Detached: renewals are released from now on, each on its slot.
 func (e *Escrow) Detached() { e.setAttached(false) }
+
+// Leading: an HA standby, or a leader that lost its Lease, releases nothing (SPEC §16); it keeps
+// what it holds, for when it leads.
+func (e *Escrow) Leading(leading bool) {
+	now := e.nowMs()
+	e.mu.Lock()
+	e.sched.setStandby(!leading, now)
+	e.changedLocked()
+	e.mu.Unlock()
+}
 
 // Ready: the escrow holds and releases whenever it runs.
 func (e *Escrow) Ready() error { return nil }

@@ -34,6 +34,7 @@ const (
 // any number of nodes.
 type scheduler struct {
 	attached bool
+	standby  bool // the relay is an HA standby (or fenced): it releases nothing
 	nodes    map[string]*nodeState
 	due      dueHeap
 	renewals int // renewals held across all runs
@@ -144,6 +145,24 @@ func (s *scheduler) setAttached(attached bool, now int64) {
 	}
 }
 
+// setStandby records whether the relay stands by: an HA standby, or a leader that lost its
+// Lease, releases nothing whatever the upstream does; leading again starts every node afresh.
+func (s *scheduler) setStandby(standby bool, now int64) {
+	if s.standby == standby {
+		return
+	}
+	s.standby = standby
+	for _, ns := range s.nodes {
+		if ns.run == nil {
+			continue
+		}
+		if !standby {
+			ns.tried, ns.attempts, ns.retryAt, ns.since = -1, 0, 0, now
+		}
+		s.reschedule(ns, now)
+	}
+}
+
 // endCustody drops every run.
 func (s *scheduler) endCustody() {
 	for _, ns := range s.nodes {
@@ -229,7 +248,7 @@ func (s *scheduler) releases(now int64, limit int) []release {
 
 // wanted is the index of the renewal to push to the node now, or -1.
 func (s *scheduler) wanted(ns *nodeState, now int64) int {
-	if s.attached || ns.node == nil || ns.inflight {
+	if s.attached || s.standby || ns.node == nil || ns.inflight {
 		return -1
 	}
 	i := ns.run.current(now)
@@ -298,7 +317,7 @@ func (s *scheduler) reschedule(ns *nodeState, now int64) {
 func (s *scheduler) nextAt(ns *nodeState, now int64) int64 {
 	run := ns.run
 	at := run.lastExpires()
-	if s.attached || ns.node == nil || ns.inflight {
+	if s.attached || s.standby || ns.node == nil || ns.inflight {
 		return at
 	}
 	if i := run.current(now); i >= 0 && run.renewals[i].sequence > ns.acked {

@@ -120,3 +120,30 @@ type Component interface {
 // list — built from counters the part keeps anyway, cheap enough to build on every page load. It
 // never holds a secret or a body: no bearer, JWT, grant, key, route table or request body.
 type Reporter interface{ Status() any }
+
+// Several relays per cluster (SPEC §16) and detached re-binding (SPEC §6).
+
+// LeadWatcher hears whether the relay leads: an HA standby, or a leader that lost its Lease,
+// hears false and acts for the cluster no more (escrow releases nothing); a relay without HA
+// leads from the start.
+type LeadWatcher interface{ Leading(leading bool) }
+
+// Rebinder keeps, for every node whose registration Cloudly accepted, a keyed digest of the exact
+// body the relay forwarded and Cloudly's answer, so that a node registering again byte for byte
+// while the relay is detached is answered and bound without Cloudly (SPEC §6). It never keeps a
+// body: the relay digests one before forwarding it.
+type Rebinder interface {
+	RegistrationDigest(body json.RawMessage) [32]byte
+	Accepted(node string, digest [32]byte, answer json.RawMessage)
+	Rebind(digest [32]byte) (answer json.RawMessage, ok bool)
+}
+
+// Replicated is a part an HA leader copies to its standbys, in memory only (SPEC §16): records by
+// key, a nil value removing one. Replicate sends every record held now, then every change, until
+// stop; send runs with the part's lock held and must not block. A standby adopts the leader's
+// records (Adopt), and forgets its copy before it copies another leader's (ForgetCopy).
+type Replicated interface {
+	Replicate(send func(key string, value []byte)) (stop func())
+	Adopt(key string, value []byte) error
+	ForgetCopy()
+}

@@ -42,6 +42,21 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, err)
 		return
 	}
+	// Digested before it is forwarded: the body itself is never kept (SPEC §6).
+	var digest [32]byte
+	rb := r.parts.rebinder
+	if rb != nil {
+		digest = rb.RegistrationDigest(req.Body)
+	}
+	if rb != nil && !r.up.Attached() {
+		defer end()
+		if kept, ok := rb.Rebind(digest); ok {
+			r.rebind(p, kept, outcome)
+			return
+		}
+		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
+		return
+	}
 	r.up.callFor(share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		defer end()
 		if err != nil {
@@ -58,8 +73,29 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 			outcome(nil, err)
 			return
 		}
+		if rb != nil {
+			rb.Accepted(session.NodeID, digest, body)
+		}
 		outcome(body, nil)
 	})
+}
+
+// rebind answers, while detached, a registration identical to one Cloudly accepted with the answer
+// Cloudly gave it, and binds the connection to that session again (SPEC §6, detached
+// re-binding): escrow releases resume on it.
+func (r *Relay) rebind(p *peer, kept json.RawMessage, outcome func(json.RawMessage, error)) {
+	session, err := contracts.ReadRegisterPalletRuntimeSessionResponse(kept)
+	if err != nil {
+		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
+		return
+	}
+	if err := r.bindNode(p, session); err != nil {
+		outcome(nil, err)
+		return
+	}
+	r.metrics.rebound.Inc()
+	r.down.log.Info().Str("node", session.NodeID).Str("outcome", "rebound").Msg("node bound again to its session while detached")
+	outcome(kept, nil)
 }
 
 // registerVia serves a registration a part judges and forwards (the method table's role): the

@@ -226,3 +226,9 @@ func TestMethodTable(t *testing.T) {
 		t.Error("the registrations do not decide their connection's role")
 	}
 }
+
+var (
+	_ feature.LeadWatcher = (*escrow.Escrow)(nil)
+	_ feature.Rebinder    = (*escrow.Escrow)(nil)
+	_ feature.Replicated  = (*escrow.Escrow)(nil)
+)

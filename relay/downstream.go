@@ -375,6 +375,13 @@ func (s *peerSet) closeAll(ctx context.Context) {
 	}
 }
 
+// closeEach closes every open peer with code, and lets new ones in.
+func (s *peerSet) closeEach(code websocket.StatusCode, reason string) {
+	for _, p := range s.snapshot() {
+		go p.conn.Close(code, reason)
+	}
+}
+
 func (s *peerSet) queued() float64 {
 	n := 0
 	for _, p := range s.snapshot() {

@@ -33,6 +33,8 @@ type parts struct {
 	config     []feature.ConfigWatcher
 	nodeBound  []feature.NodeWatcher
 	peerGone   []feature.PeerWatcher
+	lead       []feature.LeadWatcher
+	rebinder   feature.Rebinder // the first part that keeps registrations for re-binding; nil: none
 	components []named[feature.Component]
 	reporters  []named[feature.Reporter]
 }
@@ -69,6 +71,12 @@ func sortParts(list []Part, up feature.Upstream) parts {
 		}
 		if w, ok := v.(feature.PeerWatcher); ok {
 			ps.peerGone = append(ps.peerGone, w)
+		}
+		if w, ok := v.(feature.LeadWatcher); ok {
+			ps.lead = append(ps.lead, w)
+		}
+		if rb, ok := v.(feature.Rebinder); ok && ps.rebinder == nil {
+			ps.rebinder = rb
 		}
 		if c, ok := v.(feature.Component); ok {
 			ps.components = append(ps.components, named[feature.Component]{pt.Name, c})

@@ -32,6 +32,7 @@ type metrics struct {
 	dropped      *prometheus.CounterVec // reason
 	unregistered *prometheus.CounterVec // reason: connections refused or closed before registering
 	streamFrames *prometheus.CounterVec // direction
+	rebound      prometheus.Counter     // registrations answered while detached (detached re-binding)
 }
 
 // newMetrics makes the relay's metrics; registerMetrics registers them.
@@ -69,6 +70,8 @@ func newMetrics() *metrics {
 			Help: "Connections refused or closed before a registration was accepted, by reason: limit, source-limit, overdue."}, []string{"reason"}),
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
+		rebound: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "rebound_total",
+			Help: "Node registrations answered while detached with Cloudly's earlier answer to the same registration, and bound again."}),
 	}
 	for _, outcome := range hubReportOutcomes {
 		m.up.hubReports.WithLabelValues(outcome) // every series from the start, at 0
@@ -88,7 +91,7 @@ func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
 	}
 	for _, c := range []prometheus.Collector{
 		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
-		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames,
+		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.rebound,
 		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
 		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.down.peers.queued),
 		gauge("downstream", "streams", "VirtualStreams bound to node connections.", func() float64 { return float64(r.streams.len()) }),

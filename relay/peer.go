@@ -80,6 +80,10 @@ const retryAfterSeconds = "5"
 // another connection (project-defined, in the application range).
 const closeSuperseded websocket.StatusCode = 4001
 
+// closeStandingDown is the close status of every downstream connection of a relay that stands by
+// again (project-defined): its node reconnects, through the Service, to the elected relay.
+const closeStandingDown = websocket.StatusGoingAway
+
 type role uint8
 
 const (

@@ -58,6 +58,8 @@ type Relay struct {
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
 	registrations atomic.Int64
 	draining      atomic.Bool // shutting down: new requests are refused, those in flight finish
+	elector       Elector     // set at construction: nil without HA, the relay leads from the start
+	leading       atomic.Bool // the relay acts for the cluster: dials Cloudly, admits downstream peers
 
 	downLn, adminLn net.Listener // set by Listen
 }
@@ -96,6 +98,8 @@ type Options struct {
 	// MaxConnections caps the downstream connections open at once; zero: RLIMIT_NOFILE less a
 	// reserve of 256 descriptors (none where the limit cannot be read).
 	MaxConnections int
+	// Elector runs the HA election (SPEC §16); nil: the relay leads from the start.
+	Elector Elector
 }
 
 // New builds a relay from a completed Config (Config.Complete) and its parts. It fails on a TLS
@@ -215,7 +219,24 @@ func (r *Relay) Serve(ctx context.Context) error {
 	g, gctx := errgroup.WithContext(ctx)
 	g.Go(func() error { return ignoreClosed(down.Serve(downLn)) })
 	g.Go(func() error { return ignoreClosed(admin.Serve(r.adminLn)) })
-	r.up.start(serveCtx)
+	elected := make(chan struct{}) // closed when the election has returned
+	electCtx, stopElection := context.WithCancel(serveCtx)
+	defer stopElection()
+	if r.elector == nil {
+		close(elected)
+		r.startLeading()
+	} else {
+		for _, w := range r.parts.lead {
+			w.Leading(false) // a standby until elected
+		}
+		g.Go(func() error {
+			defer close(elected)
+			if err := r.elector.Run(electCtx, r.leadWhile); err != nil {
+				return fmt.Errorf("election: %w", err)
+			}
+			return nil
+		})
+	}
 	// Components run until the relay has closed what they serve and observe: downstream
 	// connections and the Cloudly session.
 	compCtx, stopComponents := context.WithCancel(serveCtx)
@@ -241,9 +262,19 @@ func (r *Relay) Serve(ctx context.Context) error {
 	down.Shutdown(deadline)
 	step("listener closed")
 	r.drain(ShutdownTimeout / 2)
+	if r.elector != nil {
+		// Stepping down (SPEC §16): Cloudly's socket closed first, the Lease released and the Pod
+		// relabelled by the election's end, and only then the downstream connections, so that
+		// nodes find the new leader attached or attaching.
+		r.fence("stepping down")
+		step("Cloudly session closed")
+		stopElection()
+		<-elected
+		step("Lease released")
+	}
 	r.down.peers.closeAll(deadline)
 	step("downstream connections closed")
-	r.up.close(deadline)
+	r.up.close(deadline, "relay shutting down")
 	step("Cloudly session closed")
 	stopComponents()
 	admin.Shutdown(deadline)
@@ -266,6 +297,10 @@ func (r *Relay) Run(ctx context.Context) error {
 // closed, so that an anonymous client holds no idle keep-alive connection outside every
 // WebSocket bound.
 func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
+	if !r.leading.Load() {
+		refuseStandby(w)
+		return
+	}
 	if req.URL.Path == "/v2" || strings.HasPrefix(req.URL.Path, "/v2/") {
 		if r.v2 == nil {
 			w.Header().Set("Connection", "close")
@@ -373,9 +408,15 @@ func (r *Relay) adminHandler() http.Handler {
 	return mux
 }
 
-// ready says why the relay cannot serve now: detached from Cloudly, or a component not ready.
+// ready says why the relay cannot serve now: detached from Cloudly, or a component not ready. An
+// HA standby is ready while it could lead.
 func (r *Relay) ready() error {
-	if !r.up.Attached() {
+	switch {
+	case r.elector != nil && !r.leading.Load():
+		if err := r.elector.Ready(); err != nil {
+			return fmt.Errorf("standby: %w", err)
+		}
+	case !r.up.Attached():
 		return errors.New("upstream detached")
 	}
 	for _, c := range r.parts.components {

@@ -31,6 +31,8 @@ type Status struct {
 	Downstream statusDownstream `json:"downstream"`
 	Nodes      statusNodes      `json:"nodes"`
 	Parts      []statusPart     `json:"parts"`
+	// HA is the election's facts (SPEC §16: role, holder, since, replication); absent without HA.
+	HA any `json:"ha,omitempty"`
 }
 
 type statusBuild struct {
@@ -101,6 +103,9 @@ func (r *Relay) status() Status {
 		st.Cloudly.Custody = string(name)
 	}
 	st.Cloudly.HubReport = r.hubReport.status()
+	if r.elector != nil {
+		st.HA = r.elector.Status()
+	}
 	peers := r.down.peers.snapshot()
 	st.Downstream.Connections = len(peers)
 	var nodes []statusNode
@@ -147,7 +152,18 @@ func (r *Relay) serveStatusPage(w http.ResponseWriter, _ *http.Request) {
 	st := r.status()
 	// The parts' facts are any JSON value: render them from their JSON, in its own order.
 	parts := make([]renderedPart, len(st.Parts))
+	if st.HA != nil {
+		ready := "leader"
+		if !r.leading.Load() {
+			ready = "standby"
+		}
+		parts = append([]renderedPart{{Name: "ha", Ready: ready}}, parts...)
+		if b, err := json.Marshal(st.HA); err == nil {
+			parts[0].Facts = renderJSON(b)
+		}
+	}
 	for i, p := range st.Parts {
+		i += len(parts) - len(st.Parts)
 		parts[i] = renderedPart{Name: p.Name, Ready: p.Ready}
 		if p.Status != nil {
 			b, err := json.Marshal(p.Status)

@@ -8,6 +8,7 @@ import (
 	"errors"
 	"net"
 	"net/http"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -75,9 +76,10 @@ type upstream struct {
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
 	state    atomic.Pointer[sessionState]
-	stopping atomic.Bool        // set by close: the session ends for shutdown
-	cancel   context.CancelFunc // set by start: ends run
-	done     chan struct{}      // set by start: closed when run has returned
+	stopping atomic.Bool // set by close: the session ends for shutdown or a step down
+	runMu    sync.Mutex
+	cancel   context.CancelFunc // guarded by runMu: ends run
+	done     chan struct{}      // guarded by runMu: closed when run has returned; nil while not running
 }
 
 // sessionState is what the status page shows of the session: attached since when, with which
@@ -195,20 +197,33 @@ func upstreamError(err error, method string) error {
 	return err
 }
 
-// start runs the session loop until close.
+// start runs the session loop until close; a closed session may start again (an HA relay that
+// leads again). Starting a running session does nothing.
 func (u *upstream) start(ctx context.Context) {
+	u.runMu.Lock()
+	defer u.runMu.Unlock()
+	if u.done != nil {
+		return
+	}
+	u.stopping.Store(false)
 	ctx, u.cancel = context.WithCancel(ctx)
-	u.done = make(chan struct{})
-	go func() { u.run(ctx); close(u.done) }()
+	done := make(chan struct{})
+	u.done = done
+	go func() { u.run(ctx); close(done) }()
 }
 
-// close ends the session for shutdown: the current socket gets a close handshake (1001), and is
-// cut under it when ctx ends first (a handshake may outlast the shutdown time); then the session
-// loop stops. It returns once the loop has.
-func (u *upstream) close(ctx context.Context) {
+// close ends the session: the current socket gets a close handshake (1001) with reason, and is cut
+// under it when ctx ends first (a handshake may outlast the shutdown time); then the session loop
+// stops. It returns once the loop has. Closing a session that is not running does nothing.
+func (u *upstream) close(ctx context.Context, reason string) {
+	u.runMu.Lock()
+	defer u.runMu.Unlock()
+	if u.done == nil {
+		return
+	}
 	u.stopping.Store(true)
 	if s := u.sock.Load(); s != nil {
-		go s.conn.Close(websocket.StatusGoingAway, "relay shutting down")
+		go s.conn.Close(websocket.StatusGoingAway, reason)
 		select {
 		case <-s.conn.Done():
 		case <-ctx.Done():
@@ -220,6 +235,7 @@ func (u *upstream) close(ctx context.Context) {
 	}
 	u.cancel()
 	<-u.done
+	u.done = nil
 }
 
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.

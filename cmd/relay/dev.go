@@ -142,7 +142,7 @@ func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error
 		return nil, err
 	}
 	// The hub binds loopback; the registration reports the advertise address, which Cloudly accepts.
-	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.MustParseAddr(cfg.AdvertiseAddress))
+	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.MustParseAddr(cfg.AdvertiseAddress), nil)
 	if err != nil {
 		return nil, err
 	}

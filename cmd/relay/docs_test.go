@@ -56,7 +56,7 @@ func TestOperatingDocListsEveryMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	rec := &recorder{Registerer: relay.NewRegistry()}
-	_, hub, err := buildParts(cfg, relay.Options{Logger: zerolog.Nop(), Registerer: rec}, netip.MustParseAddr("192.0.2.1"))
+	_, hub, err := buildParts(cfg, relay.Options{Logger: zerolog.Nop(), Registerer: rec}, netip.MustParseAddr("192.0.2.1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -96,7 +96,7 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 	if err := cfg.Complete(); err != nil {
 		t.Fatal(err)
 	}
-	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.MustParseAddr("192.0.2.1"))
+	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.MustParseAddr("192.0.2.1"), nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -9,15 +9,22 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// cmdKeygen writes a new hub key file (0600, never overwriting) and prints its public key.
+// cmdKeygen writes a new hub key file (0600, never overwriting) and prints its public key, or a
+// new replicas' replication key file (SPEC §16), of which it prints nothing.
 func cmdKeygen(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)
 	path := fs.String("hub-key-file", "", "where to write the new VPN hub static key")
+	replication := fs.String("replication-key-file", "", "where to write the new key the HA replicas share")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
-	if *path == "" {
-		return usagef("--hub-key-file: is required")
+	switch {
+	case *path != "" && *replication != "":
+		return usagef("--hub-key-file and --replication-key-file: one key file at a time")
+	case *replication != "":
+		return writeReplicationKey(*replication)
+	case *path == "":
+		return usagef("--hub-key-file or --replication-key-file: one is required")
 	}
 	k, err := vpnkey.WriteNewFile(*path)
 	if err != nil {

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
@@ -26,8 +27,13 @@ import (
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
 	var cfg relay.Config
+	var hc haConfig
 	runFlags(fs, &cfg)
+	haFlags(fs, &hc)
 	if err := parse(fs, args); err != nil {
+		return err
+	}
+	if err := hc.complete(); err != nil {
 		return err
 	}
 	if err := checkBuildVersion(); err != nil {
@@ -43,24 +49,27 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r, err := build(cfg, relay.Options{Logger: log})
+	r, _, err := buildParts(cfg, relay.Options{Logger: log}, netip.Addr{}, electorOf(&hc))
 	if err != nil {
 		return err
 	}
 	return r.Run(ctx)
 }
 
-// build wires the relay and its features from a completed configuration and opts.Logger. Features
-// register their metrics in the relay's registry.
+// build wires the relay and its features from a completed configuration and opts.Logger, without
+// HA. Features register their metrics in the relay's registry.
 func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
-	r, _, err := buildParts(cfg, opts, netip.Addr{})
+	r, _, err := buildParts(cfg, opts, netip.Addr{}, nil)
 	return r, err
 }
+
+// elect builds the HA Elector for the part it copies (escrow); nil: no HA.
+type elect func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error)
 
 // buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
 // loopback). devHubAddress, when valid, is what registerClusterVpnHub reports as the hub's address
 // instead of the bound one: a dev hub binds loopback, which IRuntimeNetworkVpnHub refuses.
-func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) (*relay.Relay, *vpnhub.Hub, error) {
+func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, el elect) (*relay.Relay, *vpnhub.Hub, error) {
 	log := opts.Logger
 	roots, err := caPool(cfg.CloudlyCAFile, "cloudly-ca-file")
 	if err != nil {
@@ -114,6 +123,11 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr) 
 	// The order the parts hear each event in, and are listed on the status page.
 	feats.Parts = []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs},
 		{Name: "platform", Impl: pf}}
+	if el != nil {
+		if opts.Elector, err = el(log, opts.Registerer, esc); err != nil {
+			return nil, nil, err
+		}
+	}
 	var hub *vpnhub.Hub
 	if cfg.HubListen != "" {
 		var err error

@@ -82,14 +82,23 @@ func WriteNewFile(path string) (Pair, error) {
 	if err != nil {
 		return Pair{}, err
 	}
+	if err := WriteSecretFile(path, k.private); err != nil {
+		return Pair{}, err
+	}
+	return k, nil
+}
+
+// WriteSecretFile writes a 32-byte secret in the key file format, as WriteNewFile does: the
+// replicas' shared replication key (SPEC §16) uses it too.
+func WriteSecretFile(path string, secret [32]byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {
 		if errors.Is(err, fs.ErrExist) {
-			return Pair{}, fmt.Errorf("%w: %s", ErrFileExists, path)
+			return fmt.Errorf("%w: %s", ErrFileExists, path)
 		}
-		return Pair{}, fmt.Errorf("create key file %s: %w", path, errors.Unwrap(err))
+		return fmt.Errorf("create key file %s: %w", path, errors.Unwrap(err))
 	}
-	_, err = f.WriteString(contracts.EncodeKey32(k.private) + "\n")
+	_, err = f.WriteString(contracts.EncodeKey32(secret) + "\n")
 	if err == nil {
 		err = fsync(f)
 	}
@@ -101,9 +110,9 @@ func WriteNewFile(path string) (Pair, error) {
 	}
 	if err != nil {
 		os.Remove(path)
-		return Pair{}, fmt.Errorf("write key file %s: %w", path, errors.Unwrap(err))
+		return fmt.Errorf("write key file %s: %w", path, errors.Unwrap(err))
 	}
-	return k, nil
+	return nil
 }
 
 func syncDir(dir string) error {
@@ -121,20 +130,30 @@ func syncDir(dir string) error {
 // LoadFile reads the key in path. A symbolic link at path is refused; a file that group or world
 // may read is loaded and log gets a warning. Errors name the file, never its content.
 func LoadFile(path string, log zerolog.Logger) (Pair, error) {
+	raw, err := ReadSecretFile(path, log)
+	if err != nil {
+		return Pair{}, err
+	}
+	return pairOf(raw[:])
+}
+
+// ReadSecretFile reads a 32-byte secret in the key file format, as LoadFile does.
+func ReadSecretFile(path string, log zerolog.Logger) ([32]byte, error) {
+	var none [32]byte
 	f, err := os.OpenFile(path, os.O_RDONLY|syscall.O_NOFOLLOW, 0)
 	if err != nil {
 		if errors.Is(err, syscall.ELOOP) {
-			return Pair{}, fmt.Errorf("read key file %s: is a symbolic link; name the file itself", path)
+			return none, fmt.Errorf("read key file %s: is a symbolic link; name the file itself", path)
 		}
-		return Pair{}, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
+		return none, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
 	}
 	defer f.Close()
 	st, err := f.Stat()
 	if err != nil {
-		return Pair{}, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
+		return none, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
 	}
 	if !st.Mode().IsRegular() {
-		return Pair{}, fmt.Errorf("read key file %s: not a regular file", path)
+		return none, fmt.Errorf("read key file %s: not a regular file", path)
 	}
 	if perm := st.Mode().Perm(); perm&0o077 != 0 {
 		log.Warn().Str("error", fmt.Sprintf("%s has mode %s: group or world may read it", path, perm)).
@@ -142,13 +161,13 @@ func LoadFile(path string, log zerolog.Logger) (Pair, error) {
 	}
 	b, err := io.ReadAll(io.LimitReader(f, 1024))
 	if err != nil {
-		return Pair{}, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
+		return none, fmt.Errorf("read key file %s: %w", path, errors.Unwrap(err))
 	}
 	raw, err := contracts.DecodeKey32(strings.TrimSpace(string(b)))
 	if err != nil {
-		return Pair{}, fmt.Errorf("key file %s: %w", path, err)
+		return none, fmt.Errorf("key file %s: %w", path, err)
 	}
-	return pairOf(raw[:])
+	return raw, nil
 }
 
 // LoadOrCreateFile loads path (as LoadFile), creating it with a new key (as WriteNewFile) when it

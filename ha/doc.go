@@ -1,0 +1,16 @@
+// Package ha runs several relays per cluster (SPEC §16): one elected through a Kubernetes Lease
+// with client-go's leaderelection, the others warm standbys. It labels the relay's own Pod with
+// its role (the Service selects the leader), tells the relay when to lead and when to fence itself
+// (relay.Elector), and copies the escrow from the leader to every standby over a Noise NNpsk0
+// channel, in memory only. It never dials Cloudly, never touches a node connection, and never logs
+// what it copies.
+//
+// # Flow
+//
+//	start:     label the Pod standby, annotate its replication address → compete for the Lease
+//	elected:   label leader → the relay leads (dials Cloudly, admits nodes) → feed standbys
+//	renewal:   none within the renew deadline → fence (the relay stops acting, closes Cloudly)
+//	           before the Lease can expire for anyone else → standby → compete again
+//	standby:   follow the holder's Pod annotation → copy its records → ready to lead
+//	step down: the relay closes Cloudly → the Lease is released → label standby
+package ha
