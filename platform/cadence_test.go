@@ -277,3 +277,48 @@ func TestCloseDuringHandOver(t *testing.T) {
 		t.Fatal("Close did not return: a loop spins on its ended context")
 	}
 }
+
+// TestStandbyWorksForNoOne, on a fake clock: a relay that stops leading (SPEC §16) hands over no
+// desired state, lists nothing and drops its credentials; leading again, it waits for a new
+// credential before it works again.
+func TestStandbyWorksForNoOne(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		up := &fakeUpstream{calls: map[string]int{}}
+		cs := &fakeCorestore{puts: map[string][]time.Time{}, lists: map[string][]time.Time{}}
+		p, err := New(cs, Options{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		p.UseUpstream(up)
+		ctx, stop := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.Run(ctx) }()
+		defer func() { stop(); <-done }()
+		p.Configured(contracts.ClusterRelayConfig{Corestores: []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: "https://a.example"}}})
+		p.mu.Lock()
+		a := p.nodes["node-a"]
+		p.mu.Unlock()
+		a.setCredential(contracts.NewSecret("cred-a"))
+		p.Attached(up)
+		synctest.Wait()
+		puts, lists := len(cs.times(cs.puts, "https://a.example")), len(cs.times(cs.lists, "https://a.example"))
+		if puts != 1 || lists != 1 {
+			t.Fatalf("leading: %d hand-overs, %d listings", puts, lists)
+		}
+		p.Leading(false)
+		time.Sleep(10 * time.Minute)
+		synctest.Wait()
+		if got, l := len(cs.times(cs.puts, "https://a.example")), len(cs.times(cs.lists, "https://a.example")); got != puts || l != lists {
+			t.Fatalf("a standby handed over %d states and listed %d times", got-puts, l-lists)
+		}
+		if st := p.Status().(Status); st.Nodes[0].Credential {
+			t.Fatal("a standby keeps the credential")
+		}
+		p.Leading(true)
+		a.setCredential(contracts.NewSecret("cred-a2"))
+		synctest.Wait()
+		if l := len(cs.times(cs.lists, "https://a.example")); l != lists+1 {
+			t.Fatalf("leading again with a credential: %d listings, want %d", l, lists+1)
+		}
+	})
+}

@@ -30,7 +30,7 @@ func (p *Platform) pullLoop(ctx context.Context) {
 // hands each node its slice.
 func (p *Platform) pullOnce() {
 	p.mu.Lock()
-	if !p.attached || len(p.nodes) == 0 || p.closed {
+	if !p.attached || len(p.nodes) == 0 || p.closed || p.standby {
 		p.mu.Unlock()
 		return
 	}

@@ -125,6 +125,27 @@ func (p *Platform) Configured(cfg contracts.ClusterRelayConfig) {
 	}
 }
 
+// Leading: a relay that does not lead (an HA standby, or a leader that lost its Lease) works for
+// no node — it hands over no desired state and carries no closure — and drops the credentials
+// and recipient key it holds; the leader enrols for its own. Leading again resumes (the next
+// attach enrols and brings the credentials back).
+func (p *Platform) Leading(leading bool) {
+	p.mu.Lock()
+	p.standby = !leading
+	nodes := p.nodeList()
+	if !leading {
+		p.recipient = nil
+	}
+	p.mu.Unlock()
+	for _, n := range nodes {
+		if !leading {
+			n.dropCredential()
+		}
+		poke(n.kick)
+		poke(n.work)
+	}
+}
+
 // Run pulls the desired state until ctx ends, then closes the agent (Close).
 func (p *Platform) Run(ctx context.Context) error {
 	p.goDo(func() { p.pullLoop(ctx) })

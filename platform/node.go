@@ -144,9 +144,10 @@ func (n *node) sleep(d time.Duration, ok bool, ch chan struct{}) bool {
 // stateLoop hands the newest desired state to the node's Corestore whenever one is due.
 func (n *node) stateLoop() {
 	for n.ctx.Err() == nil { // a hand-over cut short by the end is due still: the loop must not spin on it
+		standby := n.p.isStandby() // p.mu before n.mu, never inside it (Configured holds p.mu, then n.mu)
 		n.mu.Lock()
 		d, due := wait(n.sched.stateDue, time.Now())
-		if n.credential.IsZero() || n.desired == nil {
+		if n.credential.IsZero() || n.desired == nil || standby {
 			due = false
 		}
 		n.mu.Unlock()
@@ -198,9 +199,10 @@ func (n *node) handOverState() {
 // closure, one at a time.
 func (n *node) workLoop() {
 	for n.ctx.Err() == nil {
+		standby := n.p.isStandby()
 		n.mu.Lock()
 		d, due := wait(n.sched.listDue, time.Now())
-		if n.credential.IsZero() || n.session == 0 {
+		if n.credential.IsZero() || n.session == 0 || standby {
 			due = false
 		}
 		session := n.session

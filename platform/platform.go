@@ -106,6 +106,7 @@ type Platform struct {
 	revision   int64            // guarded by mu: desired states pulled and read
 	lastPull   string           // guarded by mu: outcome of the last pull
 	closed     bool             // guarded by mu
+	standby    bool             // guarded by mu: the relay does not lead (SPEC §16): no node is worked for
 	inflight   int              // guarded by mu: closures in flight
 	enrollment string           // guarded by mu: outcome of the newest enrollment
 }
@@ -180,11 +181,19 @@ func (p *Platform) release() {
 	<-p.slots
 }
 
-// current reports whether session is still the attached one.
+// current reports whether session is still the attached one, on a relay that leads.
 func (p *Platform) current(session uint64) bool {
 	p.mu.Lock()
 	defer p.mu.Unlock()
-	return p.attached && p.session == session && !p.closed
+	return p.attached && p.session == session && !p.closed && !p.standby
+}
+
+// isStandby reports whether the relay does not lead. Lock order: p.mu, then a node's mu; never
+// call it with a node's mu held.
+func (p *Platform) isStandby() bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.standby
 }
 
 // call calls Cloudly and waits for its answer until ctx ends.
