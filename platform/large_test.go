@@ -179,9 +179,10 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 		t.Fatalf("the stalled closure reached Cloudly as %+v", rc)
 	}
 
-	h.a.Platform().StallNextRestore(in)
+	// node-b: node-a lists its cut backup again first, and carries it whole now.
+	h.b.Platform().StallNextRestore(in)
 	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 8 << 20})
-	h.a.Platform().WantRestore("bk-in", "svc-1")
+	h.b.Platform().WantRestore("bk-in", "svc-2")
 	h.Cloudly.SetAvailable(false)
 	h.waitFor(5*time.Second, "detached", func() bool { return !h.Relay.Upstream().Attached() })
 	h.Cloudly.SetAvailable(true)
@@ -193,7 +194,7 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.waitFor(15*time.Second, "the stalled restore cut", func() bool {
 		return h.Metric("relay_platform_restores_total", "outcome", "restore-node-unreachable") == 1
 	})
-	if r, _ := h.a.Platform().Restore("bk-in"); r.Settled {
+	if r, _ := h.b.Platform().Restore("bk-in"); r.Settled {
 		t.Fatal("a restore cut short settled")
 	}
 	h.waitFor(15*time.Second, "Cloudly's writer told", func() bool {
