@@ -155,7 +155,7 @@ func TestClosureOverTheLimit(t *testing.T) {
 // aborts the stream to Cloudly, and the other node's work goes on meanwhile.
 func TestCorestoreStallsMidClosure(t *testing.T) {
 	h := newHarness(t, harnessOptions{stall: 500 * time.Millisecond, platform: platform.Options{ListInterval: time.Hour}})
-	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	h.waitFor(time.Minute, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	out, in := sim.NewClosureStall(1<<20), sim.NewClosureStall(1<<20)
 	defer out.Release()
 	defer in.Release()
@@ -168,11 +168,11 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 
 	select {
 	case <-out.Reached:
-	case <-time.After(15 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the backup never reached the stall")
 	}
-	h.waitFor(15*time.Second, "node-b's backup delivered while node-a's stands still", func() bool { return h.b.Platform().Delivered() == 1 })
-	h.waitFor(15*time.Second, "the stalled backup cut", func() bool {
+	h.waitFor(time.Minute, "node-b's backup delivered while node-a's stands still", func() bool { return h.b.Platform().Delivered() == 1 })
+	h.waitFor(time.Minute, "the stalled backup cut", func() bool {
 		return h.Metric("relay_platform_backups_total", "outcome", "restore-node-unreachable") == 1
 	})
 	if rc, _ := h.Cloudly.Platform().Received("bk-stall"); rc.Complete || rc.Accepted {
@@ -188,16 +188,16 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.Cloudly.SetAvailable(true)
 	select {
 	case <-in.Reached:
-	case <-time.After(15 * time.Second):
+	case <-time.After(time.Minute):
 		t.Fatal("the restore never reached the stall")
 	}
-	h.waitFor(15*time.Second, "the stalled restore cut", func() bool {
+	h.waitFor(time.Minute, "the stalled restore cut", func() bool {
 		return h.Metric("relay_platform_restores_total", "outcome", "restore-node-unreachable") == 1
 	})
 	if r, _ := h.b.Platform().Restore("bk-in"); r.Settled {
 		t.Fatal("a restore cut short settled")
 	}
-	h.waitFor(15*time.Second, "Cloudly's writer told", func() bool {
+	h.waitFor(time.Minute, "Cloudly's writer told", func() bool {
 		s, _ := h.Cloudly.Platform().Served("bk-in")
 		return s.Refusal != "" || !s.Complete && s.Bytes > 0
 	})
