@@ -125,11 +125,11 @@ func NewScenario(n int, cloudly *Cloudly, log zerolog.Logger) (*Scenario, error)
 }
 
 // The platform agent's part of the scenario: the first node's Corestore has a binding in Cloudly's
-// desired state, always one 512 KiB backup ready and one restore wanted (four ids, reused), and
+// desired state, always one 64 KiB backup ready and one restore wanted (four ids, reused), and
 // Cloudly pushes its credential after every enrollment.
 const (
 	scenarioCorestoreCredential = "sim-corestore-credential-node-000"
-	scenarioClosureBytes        = 512 << 10
+	scenarioClosureBytes        = 64 << 10
 	scenarioClosureIDs          = 4
 )
 
