@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -24,12 +25,12 @@ import (
 
 // fakeHost is the relay side of the seam, recording what the upstream tells it.
 type fakeHost struct {
-	mu           sync.Mutex
-	seq          int64
-	accepted     int
-	attached     int
-	detached     int
-	refusals     []contracts.RefusalName
+	mu       sync.Mutex
+	seq      int64
+	accepted int
+	attached int
+	detached int
+	refusals []contracts.RefusalName
 }
 
 func (h *fakeHost) serveCloudly(req *typedsocket.Request) {
@@ -42,9 +43,9 @@ func (h *fakeHost) nextRegistration() (int64, json.RawMessage) {
 	h.seq++
 	return h.seq - 1, json.RawMessage(`{}`)
 }
-func (h *fakeHost) registrationAccepted()            { h.mu.Lock(); h.accepted++; h.mu.Unlock() }
+func (h *fakeHost) registrationAccepted()             { h.mu.Lock(); h.accepted++; h.mu.Unlock() }
 func (h *fakeHost) upstreamAttached(feature.Upstream) { h.mu.Lock(); h.attached++; h.mu.Unlock() }
-func (h *fakeHost) upstreamDetached()                { h.mu.Lock(); h.detached++; h.mu.Unlock() }
+func (h *fakeHost) upstreamDetached()                 { h.mu.Lock(); h.detached++; h.mu.Unlock() }
 func (h *fakeHost) undispatched(n contracts.RefusalName) {
 	h.mu.Lock()
 	h.refusals = append(h.refusals, n)
@@ -80,7 +81,7 @@ func (c *pipeCloudly) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	if fail {
 		return nil, errors.New("connection refused")
 	}
-	client, server := net.Pipe()
+	client, server := memPipe()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -131,6 +132,86 @@ func (c *pipeCloudly) dialTimes() []time.Time {
 	defer c.mu.Unlock()
 	return append([]time.Time(nil), c.dials...)
 }
+
+// memPipe is a connected pair of in-memory connections whose writes never block, as a TCP
+// socket's buffers would take them (net.Pipe's writes wait for the reader: two read loops
+// answering each other's pings on one would block each other for ever). Its reads wait on a
+// channel, so a goroutine waiting for bytes is durably blocked in a synctest bubble.
+func memPipe() (net.Conn, net.Conn) {
+	a, b := newMemHalf(), newMemHalf()
+	return &memConn{in: a, out: b}, &memConn{in: b, out: a}
+}
+
+// memHalf is one direction: bytes written and not read yet.
+type memHalf struct {
+	mu     sync.Mutex
+	buf    []byte // guarded by mu
+	closed bool   // guarded by mu
+	ready  chan struct{}
+}
+
+func newMemHalf() *memHalf { return &memHalf{ready: make(chan struct{}, 1)} }
+
+func (h *memHalf) signal() {
+	select {
+	case h.ready <- struct{}{}:
+	default:
+	}
+}
+
+type memConn struct {
+	in, out *memHalf
+}
+
+func (c *memConn) Read(p []byte) (int, error) {
+	for {
+		c.in.mu.Lock()
+		if len(c.in.buf) > 0 {
+			n := copy(p, c.in.buf)
+			c.in.buf = c.in.buf[n:]
+			more := len(c.in.buf) > 0
+			c.in.mu.Unlock()
+			if more {
+				c.in.signal()
+			}
+			return n, nil
+		}
+		closed := c.in.closed
+		c.in.mu.Unlock()
+		if closed {
+			return 0, io.EOF
+		}
+		<-c.in.ready
+	}
+}
+
+func (c *memConn) Write(p []byte) (int, error) {
+	c.out.mu.Lock()
+	if c.out.closed {
+		c.out.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	c.out.buf = append(c.out.buf, p...)
+	c.out.mu.Unlock()
+	c.out.signal()
+	return len(p), nil
+}
+
+func (c *memConn) Close() error {
+	for _, h := range []*memHalf{c.in, c.out} {
+		h.mu.Lock()
+		h.closed = true
+		h.mu.Unlock()
+		h.signal()
+	}
+	return nil
+}
+
+func (c *memConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *memConn) SetDeadline(time.Time) error      { return nil }
+func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
 
 // oneConn is a listener that accepts one connection, then blocks until closed.
 type oneConn struct {
