@@ -61,6 +61,8 @@ type upstreamConfig struct {
 	allowHTTP bool           // --insecure-plaintext: an http origin is canonical too
 	readLimit int64          // --max-message-bytes
 	timings   timings        // the socket's; zero means the SPEC §2 defaults
+	// dial opens the TCP connection to Cloudly; nil: a net.Dialer. Tests dial an in-memory pipe.
+	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 }
 
 // upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
@@ -267,7 +269,11 @@ func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websock
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: u.cfg.roots},
 		Proxy:           http.ProxyFromEnvironment, DisableKeepAlives: true,
 		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			c, err := d.DialContext(ctx, network, addr)
+			dial := d.DialContext
+			if u.cfg.dial != nil {
+				dial = u.cfg.dial
+			}
+			c, err := dial(ctx, network, addr)
 			if err != nil {
 				return nil, err
 			}

@@ -1,0 +1,369 @@
+package relay
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"path/filepath"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/coder/websocket"
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
+	"code.foss.global/serve.zone/relay/internal/backoff"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
+)
+
+// fakeHost is the relay side of the seam, recording what the upstream tells it.
+type fakeHost struct {
+	mu       sync.Mutex
+	seq      int64
+	accepted int
+	attached int
+	detached int
+	refusals []contracts.RefusalName
+}
+
+func (h *fakeHost) serveCloudly(req *typedsocket.Request) {
+	req.Fail(contracts.RelayMethodUnknown.Refuse("%s", req.Method))
+}
+func (h *fakeHost) serveCloudlyStream(*typedsocket.Conn, *typedsocket.StreamFrame) {}
+func (h *fakeHost) nextRegistration() (int64, json.RawMessage) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.seq++
+	return h.seq - 1, json.RawMessage(`{}`)
+}
+func (h *fakeHost) registrationAccepted()             { h.mu.Lock(); h.accepted++; h.mu.Unlock() }
+func (h *fakeHost) upstreamAttached(feature.Upstream) { h.mu.Lock(); h.attached++; h.mu.Unlock() }
+func (h *fakeHost) upstreamDetached()                 { h.mu.Lock(); h.detached++; h.mu.Unlock() }
+func (h *fakeHost) undispatched(n contracts.RefusalName) {
+	h.mu.Lock()
+	h.refusals = append(h.refusals, n)
+	h.mu.Unlock()
+}
+func (h *fakeHost) countDropped(string) {}
+
+func (h *fakeHost) counts() (accepted, attached, detached int, undispatched []contracts.RefusalName) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	return h.accepted, h.attached, h.detached, append([]contracts.RefusalName(nil), h.refusals...)
+}
+
+// pipeCloudly is a Cloudly reached through in-memory pipes: every dial is one pipe, served by a
+// WebSocket server on its other end that answers the two attach steps as answer says. dials
+// records when each dial came.
+type pipeCloudly struct {
+	t      *testing.T
+	answer func(method string) (json.RawMessage, error)
+	fail   bool // refuse the dial itself
+
+	mu      sync.Mutex
+	dials   []time.Time
+	conns   []*typedsocket.Conn
+	servers []*http.Server
+}
+
+func (c *pipeCloudly) dial(ctx context.Context, _, _ string) (net.Conn, error) {
+	c.mu.Lock()
+	c.dials = append(c.dials, time.Now())
+	fail := c.fail
+	c.mu.Unlock()
+	if fail {
+		return nil, errors.New("connection refused")
+	}
+	client, server := memPipe()
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		conn := typedsocket.New(ws, typedsocket.Options{Logger: zerolog.Nop(),
+			Handler: typedsocket.HandlerFunc(func(_ *typedsocket.Conn, req *typedsocket.Request) {
+				body, err := c.answer(req.Method)
+				req.Answer(typedsocket.Reply{Response: body, Err: err})
+			})})
+		c.mu.Lock()
+		c.conns = append(c.conns, conn)
+		c.mu.Unlock()
+		conn.Run(context.Background())
+	})}
+	c.mu.Lock()
+	c.servers = append(c.servers, srv)
+	c.mu.Unlock()
+	go srv.Serve(&oneConn{c: server})
+	return client, nil
+}
+
+// close ends every server and connection, so the test's bubble ends with nothing blocked.
+func (c *pipeCloudly) close() {
+	c.drop()
+	c.mu.Lock()
+	servers := c.servers
+	c.servers = nil
+	c.mu.Unlock()
+	for _, srv := range servers {
+		srv.Close()
+	}
+}
+
+// drop ends every served connection, as a Cloudly that goes away.
+func (c *pipeCloudly) drop() {
+	c.mu.Lock()
+	conns := c.conns
+	c.conns = nil
+	c.mu.Unlock()
+	for _, conn := range conns {
+		conn.CloseNow()
+	}
+}
+
+func (c *pipeCloudly) dialTimes() []time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return append([]time.Time(nil), c.dials...)
+}
+
+// memPipe is a connected pair of in-memory connections whose writes never block, as a TCP
+// socket's buffers would take them (net.Pipe's writes wait for the reader: two read loops
+// answering each other's pings on one would block each other for ever). Its reads wait on a
+// channel, so a goroutine waiting for bytes is durably blocked in a synctest bubble.
+func memPipe() (net.Conn, net.Conn) {
+	a, b := newMemHalf(), newMemHalf()
+	return &memConn{in: a, out: b}, &memConn{in: b, out: a}
+}
+
+// memHalf is one direction: bytes written and not read yet.
+type memHalf struct {
+	mu     sync.Mutex
+	buf    []byte // guarded by mu
+	closed bool   // guarded by mu
+	ready  chan struct{}
+}
+
+func newMemHalf() *memHalf { return &memHalf{ready: make(chan struct{}, 1)} }
+
+func (h *memHalf) signal() {
+	select {
+	case h.ready <- struct{}{}:
+	default:
+	}
+}
+
+type memConn struct {
+	in, out *memHalf
+}
+
+func (c *memConn) Read(p []byte) (int, error) {
+	for {
+		c.in.mu.Lock()
+		if len(c.in.buf) > 0 {
+			n := copy(p, c.in.buf)
+			c.in.buf = c.in.buf[n:]
+			more := len(c.in.buf) > 0
+			c.in.mu.Unlock()
+			if more {
+				c.in.signal()
+			}
+			return n, nil
+		}
+		closed := c.in.closed
+		c.in.mu.Unlock()
+		if closed {
+			return 0, io.EOF
+		}
+		<-c.in.ready
+	}
+}
+
+func (c *memConn) Write(p []byte) (int, error) {
+	c.out.mu.Lock()
+	if c.out.closed {
+		c.out.mu.Unlock()
+		return 0, net.ErrClosed
+	}
+	c.out.buf = append(c.out.buf, p...)
+	c.out.mu.Unlock()
+	c.out.signal()
+	return len(p), nil
+}
+
+func (c *memConn) Close() error {
+	for _, h := range []*memHalf{c.in, c.out} {
+		h.mu.Lock()
+		h.closed = true
+		h.mu.Unlock()
+		h.signal()
+	}
+	return nil
+}
+
+func (c *memConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
+func (c *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
+func (c *memConn) SetDeadline(time.Time) error      { return nil }
+func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
+func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
+
+// oneConn is a listener that accepts one connection, then blocks until closed.
+type oneConn struct {
+	mu     sync.Mutex
+	c      net.Conn
+	closed chan struct{}
+}
+
+func (l *oneConn) Accept() (net.Conn, error) {
+	l.mu.Lock()
+	c := l.c
+	l.c = nil
+	if l.closed == nil {
+		l.closed = make(chan struct{})
+	}
+	closed := l.closed
+	l.mu.Unlock()
+	if c != nil {
+		return c, nil
+	}
+	<-closed
+	return nil, net.ErrClosed
+}
+func (l *oneConn) Close() error {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.closed == nil {
+		l.closed = make(chan struct{})
+	}
+	select {
+	case <-l.closed:
+	default:
+		close(l.closed)
+	}
+	return nil
+}
+func (l *oneConn) Addr() net.Addr { return &net.TCPAddr{} }
+
+var offer, _ = contracts.RelayOffer.MarshalJSON()
+
+func acceptBoth(method string) (json.RawMessage, error) {
+	if method == contracts.MethodRegisterClusterRelay {
+		return json.RawMessage(`{"protocol":` + string(offer) + `,"origin":"https://relay.cluster-a.example"}`), nil
+	}
+	return json.RawMessage(`{"protocol":` + string(offer) + `}`), nil
+}
+
+// startUpstream runs an upstream against c until the test function returns (stop: deferred by
+// the caller, inside its bubble).
+func startUpstream(t *testing.T, c *pipeCloudly) (*upstream, *fakeHost, func()) {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "jwt")
+	if err := os.WriteFile(token, []byte("jwt"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	h := &fakeHost{}
+	u := newUpstream(h, upstreamConfig{url: "ws://cloudly.invalid/", tokenFile: token, allowHTTP: true, dial: c.dial},
+		zerolog.Nop(), &newMetrics().up)
+	u.start(context.Background())
+	return u, h, func() {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		u.close(ctx, "test over")
+		c.close()
+		synctest.Wait()
+	}
+}
+
+// TestUpstreamSession drives the Cloudly session through the seam with no socket: attach, judge,
+// refusals and backoff, on a fake clock (testing/synctest).
+func TestUpstreamSession(t *testing.T) {
+	t.Run("attach: both steps accepted, the host hears it once, the origin recorded", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := &pipeCloudly{t: t, answer: acceptBoth}
+			u, h, stop := startUpstream(t, c)
+			defer stop()
+			synctest.Wait()
+			accepted, attached, _, _ := h.counts()
+			if !u.Attached() || accepted != 1 || attached != 1 {
+				t.Fatalf("attached %v, accepted %d, told attached %d", u.Attached(), accepted, attached)
+			}
+			if st := u.state.Load(); st == nil || st.Origin != "https://relay.cluster-a.example" || st.Sequence != 0 {
+				t.Fatalf("session state %+v", st)
+			}
+			c.drop()
+			synctest.Wait()
+			if _, _, detached, _ := h.counts(); detached != 1 || u.Attached() {
+				t.Fatalf("after Cloudly went: detached told %d times, attached %v", detached, u.Attached())
+			}
+		})
+	})
+
+	t.Run("judge: an offer the relay refuses waits the refused-offer interval", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			old, _ := contracts.ProtocolOffer{InterfacesVersion: "31.0.0", MinimumPeerVersion: "31.0.0"}.MarshalJSON()
+			c := &pipeCloudly{t: t, answer: func(string) (json.RawMessage, error) {
+				return json.RawMessage(`{"protocol":` + string(old) + `}`), nil
+			}}
+			u, _, stop := startUpstream(t, c)
+			defer stop()
+			time.Sleep(contracts.RefusedOfferRetryInterval + time.Second) // the fake clock: the wait is the behaviour
+			synctest.Wait()
+			d := c.dialTimes()
+			if u.Attached() || len(d) != 2 || d[1].Sub(d[0]) < contracts.RefusedOfferRetryInterval {
+				t.Fatalf("attached %v; dials %v: want a second one %s after the refusal", u.Attached(), d, contracts.RefusedOfferRetryInterval)
+			}
+		})
+	})
+
+	t.Run("refusal: an undispatched refusal is the host's to act on, and the relay tries again", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := &pipeCloudly{t: t, answer: func(method string) (json.RawMessage, error) {
+				if method == contracts.MethodRegisterClusterRelay {
+					return nil, contracts.RelayNodeForeign.Refuse("the relay runs on another cluster's node")
+				}
+				return acceptBoth(method)
+			}}
+			u, h, stop := startUpstream(t, c)
+			defer stop()
+			time.Sleep(backoff.Cap + time.Second)
+			synctest.Wait()
+			_, attached, _, names := h.counts()
+			if u.Attached() || attached != 0 || len(names) < 2 || names[0] != contracts.RelayNodeForeign {
+				t.Fatalf("attached %v (%d), undispatched %v: want relay-node-foreign each time, never attached", u.Attached(), attached, names)
+			}
+		})
+	})
+
+	t.Run("backoff: failed dials wait longer and longer, at most the cap, and a success resets it", func(t *testing.T) {
+		synctest.Test(t, func(t *testing.T) {
+			c := &pipeCloudly{t: t, answer: acceptBoth, fail: true}
+			u, _, stop := startUpstream(t, c)
+			defer stop()
+			time.Sleep(5 * time.Minute)
+			synctest.Wait()
+			d := c.dialTimes()
+			if len(d) < 10 {
+				t.Fatalf("%d dials in 5 minutes", len(d))
+			}
+			for i := 1; i < len(d); i++ {
+				if gap := d[i].Sub(d[i-1]); gap > backoff.Cap {
+					t.Fatalf("dial %d came %s after the one before, past the cap %s", i, gap, backoff.Cap)
+				}
+			}
+			c.mu.Lock()
+			c.fail = false
+			c.mu.Unlock()
+			time.Sleep(backoff.Cap)
+			synctest.Wait()
+			if !u.Attached() {
+				t.Fatal("not attached once Cloudly answered")
+			}
+		})
+	})
+}
