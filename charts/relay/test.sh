@@ -7,6 +7,7 @@ helm=${1:-helm}
 update=${2:-}
 "$helm" lint --strict . -f testdata/ci-values.yaml
 "$helm" lint --strict . -f testdata/ci-values.yaml --set grafana.dashboard.enabled=true
+"$helm" lint --strict . -f testdata/ci-values.yaml -f testdata/ha-values.yaml
 render() { "$helm" template relay . --namespace relay-system --kube-version 1.31.0 "$@"; }
 check() {
   local name=$1; shift
@@ -21,6 +22,7 @@ check full -f testdata/ci-values.yaml
 check minimal -f testdata/ci-values.yaml --set hub.enabled=false --set registry.upstream= --set serviceMonitor.enabled=false
 check privileged-port -f testdata/ci-values.yaml --set downstream.port=443
 check dashboard -f testdata/ci-values.yaml --set grafana.dashboard.enabled=true --show-only templates/grafana-dashboard.yaml
+check ha -f testdata/ci-values.yaml -f testdata/ha-values.yaml
 # The ConfigMap carries dashboards/relay.json byte for byte, under the sidecar's label, in the
 # namespace asked for.
 dashboard=$(render -f testdata/ci-values.yaml --set grafana.dashboard.enabled=true --set grafana.dashboard.namespace=monitoring \
@@ -42,4 +44,19 @@ if out=$(render -f testdata/ci-values.yaml --set networkPolicy.adminFrom=null 2>
   echo "a ServiceMonitor behind a NetworkPolicy that admits no one rendered"; exit 1
 fi
 grep -q "networkPolicy.adminFrom" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
+# HA (SPEC §16): nothing of it without ha.enabled; the key Secret is the operator's, and named
+# when missing; one replica is refused; a given affinity replaces the default anti-affinity.
+plain=$(render -f testdata/ci-values.yaml)
+for what in "kind: Role" "kind: RoleBinding" "kind: ServiceAccount" "kind: PodDisruptionBudget" "serviceAccountName:" \
+  "relay.serve.zone/role" "RollingUpdate" "POD_NAME" "replication"; do
+  if grep -q "$what" <<<"$plain"; then echo "without ha.enabled the chart renders $what"; exit 1; fi
+done
+grep -q "automountServiceAccountToken: false" <<<"$plain" || { echo "without ha.enabled a token would be mounted"; exit 1; }
+if out=$(render -f testdata/ci-values.yaml --set ha.enabled=true 2>&1); then echo "ha without a replication key Secret rendered"; exit 1; fi
+grep -q "ha.replicationKeySecret.name is required" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
+if out=$(render -f testdata/ci-values.yaml -f testdata/ha-values.yaml --set ha.replicas=1 2>&1); then echo "ha with one replica rendered"; exit 1; fi
+grep -q "ha.replicas must be at least 2" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
+own=$(render -f testdata/ci-values.yaml -f testdata/ha-values.yaml --set affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].key=relay \
+  --set affinity.nodeAffinity.requiredDuringSchedulingIgnoredDuringExecution.nodeSelectorTerms[0].matchExpressions[0].operator=Exists --show-only templates/deployment.yaml)
+if grep -q podAntiAffinity <<<"$own" || ! grep -q nodeAffinity <<<"$own"; then echo "a given affinity does not replace the HA default"; exit 1; fi
 echo "chart: lint and golden templates ok"

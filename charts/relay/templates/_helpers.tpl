@@ -41,3 +41,13 @@ not the filesystem's blocks and directories).
 {{- end -}}
 {{- div (mul (int64 $digits) (get $units $unit) 9) 10 -}}
 {{- end -}}
+
+{{/* HA (SPEC §16): the Lease the replicas compete for. */}}
+{{- define "relay.haLeaseName" -}}
+{{- .Values.ha.leaseName | default (include "relay.fullname" .) -}}
+{{- end -}}
+
+{{/* HA: the ServiceAccount the replicas run as, bound to the Role for the Lease and their Pods. */}}
+{{- define "relay.serviceAccountName" -}}
+{{- include "relay.fullname" . -}}
+{{- end -}}
