@@ -42,6 +42,9 @@ const (
 	apiTimeout = 2 * time.Second
 )
 
+// quietKlog silences klog once per process: setting it races with electors already running.
+var quietKlog sync.Once
+
 // Config is what an Elector is told.
 type Config struct {
 	LeaseName, Namespace string // the Lease (coordination.k8s.io/v1) the relays compete for
@@ -105,8 +108,9 @@ func New(cfg Config) (*Elector, error) {
 	if err != nil {
 		return nil, err
 	}
-	// client-go's leader election logs through klog; the relay logs the transitions itself.
-	klog.SetLogger(logr.Discard())
+	// client-go's leader election logs through klog, a process-wide logger; the relay logs the
+	// transitions itself.
+	quietKlog.Do(func() { klog.SetLogger(logr.Discard()) })
 	e := &Elector{cfg: cfg, log: cfg.Logger.With().Str("component", "ha").Logger(), m: m, role: RoleStandby, since: time.Now()}
 	e.rep = newReplication(e)
 	return e, nil

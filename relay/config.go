@@ -29,6 +29,10 @@ type Config struct {
 	InsecurePlaintext bool   // --insecure-plaintext: ws:// and http:// everywhere (development only)
 	HubListen         string // --hub-listen: the VPN hub's UDP address; empty: hub off
 	HubKeyFile        string // --hub-key-file: the hub's static Noise key, created 0600 when missing
+	// HubAdvertiseAddress is --hub-advertise-address: the IPv4 address the hub report names when
+	// it is not the one the hub binds (several relays behind one Service: each binds its own,
+	// every one reports the Service's). Empty: the bound address.
+	HubAdvertiseAddress string
 	RegistryUpstream  string // --registry-upstream: where /v2/ is forwarded; empty: off
 	RegistryCacheDir  string // --registry-cache-dir: digest cache; empty: no cache
 	AdminListen       string // --admin-listen (default 127.0.0.1:9464)
@@ -148,6 +152,14 @@ func (c *Config) Complete() error {
 		}
 		if c.HubKeyFile == "" {
 			return bad("hub-key-file", "is required with --hub-listen")
+		}
+	}
+	if c.HubAdvertiseAddress != "" {
+		switch {
+		case c.HubListen == "":
+			return bad("hub-advertise-address", "needs --hub-listen")
+		case !contracts.IsPlausibleUnicastIPv4(c.HubAdvertiseAddress):
+			return bad("hub-advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
 		}
 	}
 	if c.RegistryUpstream != "" {

@@ -106,6 +106,7 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.BoolVar(&cfg.InsecurePlaintext, "insecure-plaintext", false, "allow ws:// and plain HTTP (development only)")
 	fs.StringVar(&cfg.HubListen, "hub-listen", "", "VPN hub UDP listen address (empty: hub off)")
 	fs.StringVar(&cfg.HubKeyFile, "hub-key-file", "", "VPN hub static key file (created 0600 when missing)")
+	fs.StringVar(&cfg.HubAdvertiseAddress, "hub-advertise-address", "", "IPv4 address the hub report names, when not the bound one (several relays behind one Service)")
 	fs.StringVar(&cfg.RegistryUpstream, "registry-upstream", "", "registry /v2/ is forwarded to (empty: off)")
 	fs.StringVar(&cfg.RegistryCacheDir, "registry-cache-dir", "", "digest cache directory for registry forwarding")
 	fs.Int64Var(&cfg.RegistryCacheMaxBytes, "registry-cache-max-bytes", relay.DefaultRegistryCacheMaxBytes,

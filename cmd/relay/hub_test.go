@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"net/http"
 	"net/netip"
@@ -162,5 +163,28 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 		if !strings.Contains(string(metrics), want) {
 			t.Errorf("/metrics lacks %q", want)
 		}
+	}
+}
+
+// TestHubAdvertiseAddress: behind a Service, each replica's hub binds its own address and reports
+// the Service's (--hub-advertise-address); without --hub-listen the flag is refused by name.
+func TestHubAdvertiseAddress(t *testing.T) {
+	dir := t.TempDir()
+	cfg := relay.Config{HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(dir, "hub.key"), HubAdvertiseAddress: "192.0.2.53"}
+	hub, err := buildHub(cfg, zerolog.Nop(), nil, netip.Addr{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer hub.Close()
+	if got := hub.Endpoint().Address; got != "192.0.2.53" {
+		t.Fatalf("the hub reports %s, want the advertised 192.0.2.53", got)
+	}
+	token := filepath.Join(dir, "jwt")
+	os.WriteFile(token, []byte("jwt"), 0o600)
+	bad := relay.Config{ClusterID: "cluster-a", NodeID: "relay-node", CloudlyURL: "ws://127.0.0.1:1/", CloudlyTokenFile: token,
+		AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, HubAdvertiseAddress: "192.0.2.53"}
+	var ce *relay.ConfigError
+	if err := bad.Complete(); !errors.As(err, &ce) || ce.Flag != "hub-advertise-address" {
+		t.Fatalf("--hub-advertise-address without --hub-listen: %v", err)
 	}
 }

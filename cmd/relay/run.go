@@ -152,6 +152,9 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 // before the relay registers and reports it. A listen address without a concrete IPv4 host and an unreadable key
 // file are configuration errors naming their flag.
 func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
+	if !report.IsValid() && cfg.HubAdvertiseAddress != "" {
+		report = netip.MustParseAddr(cfg.HubAdvertiseAddress) // Complete checked it
+	}
 	at, err := vpnhub.ParseListen(cfg.HubListen)
 	if err != nil {
 		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
