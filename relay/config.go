@@ -33,11 +33,11 @@ type Config struct {
 	// it is not the one the hub binds (several relays behind one Service: each binds its own,
 	// every one reports the Service's). Empty: the bound address.
 	HubAdvertiseAddress string
-	RegistryUpstream  string // --registry-upstream: where /v2/ is forwarded; empty: off
-	RegistryCacheDir  string // --registry-cache-dir: digest cache; empty: no cache
-	AdminListen       string // --admin-listen (default 127.0.0.1:9464)
-	MaxMessageBytes   int64  // --max-message-bytes (default 8 MiB)
-	PeerMemoryBytes   int64  // --peer-memory-bytes: the budget of bytes held for downstream peers (default 256 MiB)
+	RegistryUpstream    string // --registry-upstream: where /v2/ is forwarded; empty: off
+	RegistryCacheDir    string // --registry-cache-dir: digest cache; empty: no cache
+	AdminListen         string // --admin-listen (default 127.0.0.1:9464)
+	MaxMessageBytes     int64  // --max-message-bytes (default 8 MiB)
+	PeerMemoryBytes     int64  // --peer-memory-bytes: the budget of bytes held for downstream peers (default 256 MiB)
 	// MaxUnregisteredPerSource is --max-unregistered-per-source: unregistered connections from one
 	// source address (the flag's default is 64). Zero turns the limit off — where every node
 	// arrives from one translated address, and in `relay dev` — so here, unlike elsewhere in
