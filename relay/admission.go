@@ -36,7 +36,7 @@ const (
 	refuseLinger = time.Second
 )
 
-// refusedAtAccept is what a connection refused at accept is answered, before its request is read.
+// refusedAtAccept is what a connection refused at accept is answered, once its request's head is read.
 var refusedAtAccept = []byte("HTTP/1.1 503 Service Unavailable\r\nRetry-After: " + retryAfterSeconds +
 	"\r\nContent-Type: text/plain; charset=utf-8\r\nConnection: close\r\nContent-Length: 40\r\n\r\nthe relay's peer memory budget is spent\n")
 
@@ -133,6 +133,11 @@ func (a *admission) refuse(ac *admitted) {
 		defer func() { <-a.refusals }()
 		defer ac.Close()
 		ac.SetDeadline(time.Now().Add(refuseLinger))
+		// The request is read (and dropped) first: a client that is still writing it would take
+		// an answer before its request for a response on an idle connection and discard it.
+		if !skipRequestHead(ac) {
+			return
+		}
 		if _, err := ac.Write(refusedAtAccept); err != nil {
 			return
 		}
@@ -141,6 +146,27 @@ func (a *admission) refuse(ac *admitted) {
 		}
 		io.Copy(io.Discard, io.LimitReader(ac, maxHeaderBytes))
 	}()
+}
+
+// skipRequestHead reads and drops r's bytes through the blank line that ends a request's head,
+// at most maxHeaderBytes of them, in a buffer of its own size; false if r ended or failed first.
+// A request that has not ended its head by then is answered all the same.
+func skipRequestHead(r io.Reader) bool {
+	var buf [512]byte
+	var tail uint32 // the last four bytes read, the newest lowest
+	for n := 0; n < maxHeaderBytes; {
+		k, err := r.Read(buf[:])
+		for _, b := range buf[:k] {
+			if tail = tail<<8 | uint32(b); tail == 0x0d0a0d0a {
+				return true
+			}
+		}
+		n += k
+		if err != nil {
+			return false
+		}
+	}
+	return true
 }
 
 // upgraded: the connection's request is read; its headers are charged no more.
