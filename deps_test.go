@@ -58,10 +58,11 @@ var layers = map[string]layer{
 	"ha":                         {floor: parts, own: []string{"feature", "internal/backoff"}, third: []string{"github.com/flynn/noise", "github.com/go-logr/logr", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/klog"}},
 	"relay":                      {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"internal/testenv":           {floor: harness},
+	"internal/testenv/await":     {floor: harness},
 	"internal/testenv/sim":       {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"internal/testenv/kubeapi":   {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 	"interop":                    {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
-	"internal/testenv/relaytest": {floor: harness2, own: []string{"contracts", "relay", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"internal/testenv/relaytest": {floor: harness2, own: []string{"contracts", "relay", "internal/testenv/await", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"faults":                     {floor: harness2, testsOnly: true},
 	"charts/relay":               {floor: harness2, testsOnly: true}, // the chart against a real API server
 	"cmd/relay":                  {floor: top},

@@ -114,7 +114,7 @@ func TestClosureStall(t *testing.T) {
 		w.(http.Flusher).Flush()
 		if r.URL.Path == "/platform/backups/slow/closure" {
 			for range 5 {
-				time.Sleep(100 * time.Millisecond)
+				time.Sleep(100 * time.Millisecond) // slow but moving: the pace is the behaviour
 				w.Write([]byte("b"))
 				w.(http.Flusher).Flush()
 			}

@@ -48,7 +48,7 @@ func nowMs() int64 { return time.Now().UnixMilli() }
 
 // sleepUntil sleeps until the Unix ms instant at, then lets the bubble settle.
 func sleepUntil(at int64) {
-	time.Sleep(time.Until(time.UnixMilli(at)))
+	time.Sleep(time.Until(time.UnixMilli(at))) // the bubble's fake clock: time passing is what these tests test
 	synctest.Wait()
 }
 

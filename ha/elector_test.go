@@ -13,6 +13,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"code.foss.global/serve.zone/relay/ha"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
 )
 
@@ -120,13 +121,7 @@ func (m *member) stop() { m.cancel(); <-m.done }
 
 func eventually(t *testing.T, what string, d time.Duration, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %s waiting for: %s", d, what)
-		}
-		time.Sleep(20 * time.Millisecond) // a poll of state two processes own: no event to wait on
-	}
+	await.Until(t, what, d, cond)
 }
 
 func roleOf(t *testing.T, s *kubeapi.Server, ns, pod string) string {
@@ -243,7 +238,10 @@ func TestElection(t *testing.T) {
 		a.rep.set("run/node-a", "secret")
 		b := startMember(t, s, ns, "relay-b", other)
 		eventually(t, "b sees a as the holder", 5*time.Second, func() bool { h, _ := b.el.Holder(); return h == "relay-a" })
-		time.Sleep(4 * retryPeriod) // a copy, if the key were not checked, would have come by now
+		// A standby with the right key, started after b, has its copy: b, had the key not been
+		// checked, would have had its own by now.
+		c := startMember(t, s, ns, "relay-c", key)
+		eventually(t, "c, with the leader's key, copies its records", 10*time.Second, func() bool { return c.rep.get("run/node-a") == "secret" })
 		if b.rep.get("run/node-a") != "" || b.el.Status().(ha.Status).Replication.Complete {
 			t.Fatal("a standby with another key copied the leader's records")
 		}

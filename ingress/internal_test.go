@@ -16,6 +16,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -227,11 +228,7 @@ func series(t *testing.T, reg *prometheus.Registry, name, label string) map[stri
 // eventually polls cond for up to five seconds.
 func eventually(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); !cond(); time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting: %s", what)
-		}
-	}
+	await.Until(t, what, 5*time.Second, cond)
 }
 
 // TestOutcomeLabelsAreAFixedSet: every outcome a peer's answer decides is counted under a name of

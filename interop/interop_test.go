@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/interop"
 )
 
@@ -180,27 +181,24 @@ func (s *suite) attach(t *testing.T) {
 	if !s.viaRelay {
 		t.Skip("direct: there is no relay to attach")
 	}
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := s.cloudly.Status(ctxFor(t, 10*time.Second))
-		if err != nil {
+	var st interop.CloudlyStatus
+	var ready error
+	if !await.Within(30*time.Second, func() bool {
+		var err error
+		if st, err = s.cloudly.Status(ctxFor(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		ready := s.relay.Ready()
-		if st.RelayRegistrations >= 1 && st.ConfigPushes >= 1 && ready == nil {
-			if len(st.Violations) > 0 || !reflect.DeepEqual(st.Sequences, []int64{0}) {
-				t.Fatalf("attached, but Cloudly saw violations %q and registration sequences %v", st.Violations, st.Sequences)
-			}
-			if st.Received["registerCloudlyClientSession"] != 1 {
-				t.Fatalf("registerCloudlyClientSession arrived %d times", st.Received["registerCloudlyClientSession"])
-			}
-			return
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("not attached after 30 s: relay registrations %d, config pushes answered %d, readyz %v, violations %q",
-				st.RelayRegistrations, st.ConfigPushes, ready, st.Violations)
-		}
-		time.Sleep(100 * time.Millisecond)
+		ready = s.relay.Ready()
+		return st.RelayRegistrations >= 1 && st.ConfigPushes >= 1 && ready == nil
+	}) {
+		t.Fatalf("not attached after 30 s: relay registrations %d, config pushes answered %d, readyz %v, violations %q",
+			st.RelayRegistrations, st.ConfigPushes, ready, st.Violations)
+	}
+	if len(st.Violations) > 0 || !reflect.DeepEqual(st.Sequences, []int64{0}) {
+		t.Fatalf("attached, but Cloudly saw violations %q and registration sequences %v", st.Violations, st.Sequences)
+	}
+	if st.Received["registerCloudlyClientSession"] != 1 {
+		t.Fatalf("registerCloudlyClientSession arrived %d times", st.Received["registerCloudlyClientSession"])
 	}
 }
 
@@ -220,30 +218,26 @@ func (s *suite) hubReport(t *testing.T) {
 		t.Skipf("skipped: %v", s.hubErr)
 	}
 	const series = `relay_upstream_hub_reports_total{outcome="unknown-method"}`
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := s.cloudly.Status(ctxFor(t, 10*time.Second))
-		if err != nil {
+	var st interop.CloudlyStatus
+	var n float64
+	if !await.Within(30*time.Second, func() bool {
+		var err error
+		if st, err = s.cloudly.Status(ctxFor(t, 10*time.Second)); err != nil {
 			t.Fatal(err)
 		}
-		n, _, err := s.relay.Sample(series)
-		if err != nil {
+		if n, _, err = s.relay.Sample(series); err != nil {
 			t.Fatal(err)
 		}
-		if st.Routed[contracts.MethodRegisterClusterVpnHub] >= 1 && n >= 1 {
-			if st.Routed[contracts.MethodRegisterClusterVpnHub] != 1 || n != 1 || st.Received[contracts.MethodRegisterClusterVpnHub] != 0 {
-				t.Fatalf("Cloudly routed %d hub reports (served %d), the relay counts %v unknown-method: want one report, answered by the library",
-					st.Routed[contracts.MethodRegisterClusterVpnHub], st.Received[contracts.MethodRegisterClusterVpnHub], n)
-			}
-			if st.RelayRegistrations != 1 || !reflect.DeepEqual(st.Sequences, []int64{0}) || len(st.Violations) > 0 {
-				t.Fatalf("after the hub report: relay registrations %d (sequences %v), violations %q", st.RelayRegistrations, st.Sequences, st.Violations)
-			}
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("no hub report outcome after 30 s: Cloudly routed %v, the relay counts %s = %v", st.Routed, series, n)
-		}
-		time.Sleep(100 * time.Millisecond)
+		return st.Routed[contracts.MethodRegisterClusterVpnHub] >= 1 && n >= 1
+	}) {
+		t.Fatalf("no hub report outcome after 30 s: Cloudly routed %v, the relay counts %s = %v", st.Routed, series, n)
+	}
+	if st.Routed[contracts.MethodRegisterClusterVpnHub] != 1 || n != 1 || st.Received[contracts.MethodRegisterClusterVpnHub] != 0 {
+		t.Fatalf("Cloudly routed %d hub reports (served %d), the relay counts %v unknown-method: want one report, answered by the library",
+			st.Routed[contracts.MethodRegisterClusterVpnHub], st.Received[contracts.MethodRegisterClusterVpnHub], n)
+	}
+	if st.RelayRegistrations != 1 || !reflect.DeepEqual(st.Sequences, []int64{0}) || len(st.Violations) > 0 {
+		t.Fatalf("after the hub report: relay registrations %d (sequences %v), violations %q", st.RelayRegistrations, st.Sequences, st.Violations)
 	}
 	if err := s.relay.Ready(); err != nil {
 		t.Fatalf("the relay is not ready after Cloudly did not know its hub report: %v", err)

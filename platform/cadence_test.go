@@ -125,23 +125,19 @@ func TestCadence(t *testing.T) {
 		if l := cs.times(cs.lists, "https://a.example"); len(l) != 1 || !l[0].Equal(start) {
 			t.Fatalf("listing at attach: %v", l)
 		}
-		time.Sleep(30*time.Second - time.Nanosecond)
-		synctest.Wait()
+		advance(30*time.Second - time.Nanosecond)
 		if l := cs.times(cs.lists, "https://a.example"); len(l) != 1 {
 			t.Fatalf("a listing before 30 s: %v", l)
 		}
-		time.Sleep(time.Nanosecond)
-		synctest.Wait()
+		advance(time.Nanosecond)
 		if l := cs.times(cs.lists, "https://a.example"); len(l) != 2 || l[1].Sub(start) != 30*time.Second {
 			t.Fatalf("the second listing: %v", l)
 		}
-		time.Sleep(30*time.Second - time.Nanosecond)
-		synctest.Wait()
+		advance(30*time.Second - time.Nanosecond)
 		if n := up.count(contracts.MethodGetClusterPlatformDesiredState); n != 1 {
 			t.Fatalf("pulls before 60 s: %d", n)
 		}
-		time.Sleep(time.Nanosecond)
-		synctest.Wait()
+		advance(time.Nanosecond)
 		if n := up.count(contracts.MethodGetClusterPlatformDesiredState); n != 2 {
 			t.Fatalf("pulls at 60 s: %d", n)
 		}
@@ -170,16 +166,14 @@ func TestCadence(t *testing.T) {
 		// Detached: no more listings or pulls; the credentials go after the horizon.
 		p.Detached()
 		lists := len(cs.times(cs.lists, "https://a.example"))
-		time.Sleep(DefaultCredentialHorizon - time.Second)
-		synctest.Wait()
+		advance(DefaultCredentialHorizon - time.Second)
 		if got := len(cs.times(cs.lists, "https://a.example")); got != lists || up.count(contracts.MethodGetClusterPlatformDesiredState) != 2 {
 			t.Fatalf("listed %d times or pulled while detached", got-lists)
 		}
 		if !p.Status().(Status).Nodes[0].Credential {
 			t.Fatal("the credential went before the horizon")
 		}
-		time.Sleep(time.Second)
-		synctest.Wait()
+		advance(time.Second)
 		if p.Status().(Status).Nodes[0].Credential {
 			t.Fatal("the credential outlived the horizon")
 		}
@@ -306,8 +300,7 @@ func TestStandbyWorksForNoOne(t *testing.T) {
 			t.Fatalf("leading: %d hand-overs, %d listings", puts, lists)
 		}
 		p.Leading(false)
-		time.Sleep(10 * time.Minute)
-		synctest.Wait()
+		advance(10 * time.Minute)
 		if got, l := len(cs.times(cs.puts, "https://a.example")), len(cs.times(cs.lists, "https://a.example")); got != puts || l != lists {
 			t.Fatalf("a standby handed over %d states and listed %d times", got-puts, l-lists)
 		}
@@ -321,4 +314,11 @@ func TestStandbyWorksForNoOne(t *testing.T) {
 			t.Fatalf("leading again with a credential: %d listings, want %d", l, lists+1)
 		}
 	})
+}
+
+// advance moves the bubble's fake clock on by d and waits until every goroutine in it is blocked:
+// the one place these tests let time pass, and time passing is what they test.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
 }

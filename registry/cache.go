@@ -37,6 +37,7 @@ type cache struct {
 	reserved int64                    // guarded by mu: bytes reserved by fills in progress
 	fills    map[string]*fill         // guarded by mu: fills in progress by hex
 	pauseTil time.Time                // guarded by mu: after a disk error, no new fills before this
+	now      func() time.Time         // set before the cache is shared: the clock of pauseTil
 }
 
 // diskPause is how long the cache takes no new fills after a disk error (full, read-only,
@@ -52,7 +53,7 @@ type entry struct {
 // openCache prepares dir and indexes what it holds. An unusable directory is an error; the
 // caller then serves without a cache.
 func openCache(dir string, max int64, m *metrics, log zerolog.Logger) (*cache, error) {
-	c := &cache{dir: dir, max: max, m: m, log: log, entries: make(map[string]*list.Element), fills: make(map[string]*fill)}
+	c := &cache{dir: dir, max: max, m: m, log: log, entries: make(map[string]*list.Element), fills: make(map[string]*fill), now: time.Now}
 	if err := os.MkdirAll(filepath.Join(dir, "sha256"), 0o755); err != nil {
 		return nil, err
 	}
@@ -131,7 +132,7 @@ func (c *cache) acquire(hex string) (obj *os.File, size int64, f *fill, leader b
 	if f := c.fills[hex]; f != nil {
 		return nil, 0, f, false
 	}
-	if time.Now().Before(c.pauseTil) {
+	if c.now().Before(c.pauseTil) {
 		return nil, 0, nil, false
 	}
 	f = newFill(c, hex)
@@ -160,7 +161,7 @@ func (c *cache) open(hex string) (*os.File, int64, bool) {
 // suspend pauses new fills after a disk error.
 func (c *cache) suspend(err error) {
 	c.mu.Lock()
-	c.pauseTil = time.Now().Add(diskPause)
+	c.pauseTil = c.now().Add(diskPause)
 	c.mu.Unlock()
 	c.log.Warn().Err(err).Str("outcome", "cache-paused").Dur("wait", diskPause).Msg("cache disk error; serving uncached")
 }

@@ -1,6 +1,9 @@
 package registry
 
-import "net/netip"
+import (
+	"net/netip"
+	"time"
+)
 
 // LoopbackIsPublic makes a registry treat loopback addresses as public, so that a test's storage
 // on loopback can stand in for public storage; every other address keeps the rule.
@@ -10,3 +13,6 @@ func LoopbackIsPublic(o *Options) {
 
 // PublicAddr is the address rule for redirects off the upstream's origin.
 var PublicAddr = publicAddr
+
+// Clock makes a registry keep its cache's disk pause by now instead of time.Now.
+func Clock(o *Options, now func() time.Time) { o.now = now }

@@ -236,10 +236,7 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 		_, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
 		errs <- err
 	}()
-	for e.Metric("relay_registry_cache_fills_in_flight") == 0 {
-		time.Sleep(5 * time.Millisecond)
-	}
-	time.Sleep(50 * time.Millisecond)
+	e.Eventually("a fill in progress", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 1 })
 	e.reg.Close() // returns once the fill has ended
 	if err := <-errs; err == nil {
 		t.Fatal("a caller of a fill ended by Close got a whole answer")
@@ -312,11 +309,11 @@ func TestCacheDisk(t *testing.T) {
 	// An operator who empties the cache directory of a running relay (rm -rf cache/*) to free disk
 	// costs it the stored objects and, for a pause, fills: not the cache for good.
 	t.Run("an emptied directory comes back after its pause", func(t *testing.T) {
-		if testing.Short() {
-			t.Skip("may wait out the cache's one-minute pause after a disk error")
-		}
 		up := newTestUpstream(t, testUsers)
-		e := startRelay(t, up.URL(), "", nil)
+		var skew atomic.Int64 // how far the registry's clock is ahead of the wall clock
+		e := startRelay(t, up.URL(), "", func(o *registry.Options) {
+			registry.Clock(o, func() time.Time { return time.Now().Add(time.Duration(skew.Load())) })
+		})
 		img := pushImage(t, up, "team/app", 32<<10, 2)
 		layers := layerDigests(t, img)
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
@@ -341,7 +338,7 @@ func TestCacheDisk(t *testing.T) {
 		}
 		get(layers[1].String()) // may fail to cache and pause the cache: a disk error
 		if _, err := os.Stat(blobPath(e.cacheDir, layers[1].String())); err != nil {
-			time.Sleep(61 * time.Second) // the pause
+			skew.Add(int64(61 * time.Second)) // past the pause
 			get(layers[1].String())
 		}
 		if _, err := os.Stat(blobPath(e.cacheDir, layers[1].String())); err != nil {
@@ -616,7 +613,7 @@ func TestUpstreamTransport(t *testing.T) {
 			}()
 		}
 		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
-		time.Sleep(200 * time.Millisecond) // room for any connection beyond the limit to open
+		time.Sleep(200 * time.Millisecond) // a connection beyond the limit would open unannounced: time for one to try
 		close(release)
 		for range callers {
 			if err := <-errs; err != nil {

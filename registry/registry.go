@@ -92,6 +92,9 @@ type Options struct {
 	// publicAddr decides which addresses a redirect off the upstream's origin may reach; nil:
 	// publicAddr. Tests set it (export_test.go) to stand loopback storage in for public storage.
 	publicAddr func(netip.Addr) bool
+	// now is the clock the cache's disk pause is kept by; nil: time.Now. Tests set it
+	// (export_test.go) to pass the pause without waiting it out.
+	now func() time.Time
 }
 
 // Registry serves /v2/: an http.Handler for the relay's downstream listener.
@@ -103,17 +106,18 @@ type Registry struct {
 	cacheMax         int64           // set at construction
 	cache            atomic.Pointer[cache]
 	reopenMu         sync.Mutex
-	reopenTried      time.Time      // guarded by reopenMu: the last attempt to open an unusable cache
-	m                *metrics       // set at construction
-	log              zerolog.Logger // set at construction
-	stallTimeout     time.Duration  // set at construction
-	authorizeTimeout time.Duration  // set at construction
-	progressTimeout  time.Duration  // set at construction
-	fetches          *slotPool      // set at construction: forwards and fills
-	auths            *slotPool      // set at construction: the authorization HEADs of hits and joins
-	slotWait         time.Duration  // set at construction
-	retryAfter       string         // set at construction: a refused wait's Retry-After, in seconds
-	readRate         readRate       // set at construction
+	reopenTried      time.Time        // guarded by reopenMu: the last attempt to open an unusable cache
+	now              func() time.Time // set at construction: the clock of the disk pause
+	m                *metrics         // set at construction
+	log              zerolog.Logger   // set at construction
+	stallTimeout     time.Duration    // set at construction
+	authorizeTimeout time.Duration    // set at construction
+	progressTimeout  time.Duration    // set at construction
+	fetches          *slotPool        // set at construction: forwards and fills
+	auths            *slotPool        // set at construction: the authorization HEADs of hits and joins
+	slotWait         time.Duration    // set at construction
+	retryAfter       string           // set at construction: a refused wait's Retry-After, in seconds
+	readRate         readRate         // set at construction
 
 	ctx     context.Context         // set at construction: the life of fills; ends at Close
 	cancel  context.CancelCauseFunc // set at construction
@@ -197,6 +201,10 @@ func New(opts Options) (*Registry, error) {
 		bound = DefaultCacheMaxBytes
 	}
 	r.cacheDir, r.cacheMax = opts.CacheDir, bound
+	r.now = opts.now
+	if r.now == nil {
+		r.now = time.Now
+	}
 	upstreamLog := u.Scheme + "://" + u.Host
 	if c := r.currentCache(); c != nil {
 		used, objects := c.stats()
@@ -220,15 +228,16 @@ func (r *Registry) currentCache() *cache {
 	if c := r.cache.Load(); c != nil {
 		return c
 	}
-	if !r.reopenTried.IsZero() && time.Since(r.reopenTried) < diskPause {
+	if !r.reopenTried.IsZero() && r.now().Sub(r.reopenTried) < diskPause {
 		return nil
 	}
-	r.reopenTried = time.Now()
+	r.reopenTried = r.now()
 	c, err := openCache(r.cacheDir, r.cacheMax, r.m, r.log)
 	if err != nil {
 		r.log.Warn().Err(err).Str("outcome", "cache-off").Msg("registry cache directory unusable; serving uncached")
 		return nil
 	}
+	c.now = r.now
 	r.cache.Store(c)
 	return c
 }

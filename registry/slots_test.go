@@ -77,7 +77,7 @@ func TestSlotPool(t *testing.T) {
 			}
 			// A caller who leaves while waiting is no refusal.
 			cctx, cancel := context.WithCancel(ctx)
-			go func() { time.Sleep(time.Second); cancel() }()
+			time.AfterFunc(time.Second, cancel) // a second into its wait, on the bubble's clock
 			if _, err := p.acquire(cctx, "c", wait); !errors.Is(err, context.Canceled) {
 				t.Fatalf("a waiter whose caller left: %v", err)
 			}

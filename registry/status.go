@@ -43,7 +43,7 @@ func (r *Registry) Status() any {
 	st.UsedBytes, st.ReservedBytes, st.Objects, st.Fills = c.used, c.reserved, len(c.entries), len(c.fills)
 	pause := c.pauseTil
 	c.mu.Unlock()
-	if time.Now().Before(pause) {
+	if c.now().Before(pause) {
 		p := pause.UTC()
 		st.PausedUntil = &p
 	}

@@ -211,7 +211,7 @@ func (c *countingUpstreamWriter) Write(p []byte) (int, error) {
 			if f, ok := c.ResponseWriter.(http.Flusher); ok {
 				f.Flush()
 			}
-			time.Sleep(time.Duration(int64(n) * int64(time.Second) / bps))
+			time.Sleep(time.Duration(int64(n) * int64(time.Second) / bps)) // the upstream's rate: the wait is the behaviour
 		}
 		p = p[n:]
 	}

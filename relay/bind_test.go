@@ -15,6 +15,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/escrow"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
@@ -121,8 +122,12 @@ func TestNodeRegistration(t *testing.T) {
 			return e.Metric("relay_downstream_registrations_total", "outcome", "accepted") >= 2 ||
 				e.Metric("relay_downstream_refusals_total") > 0
 		})
-		time.Sleep(100 * time.Millisecond)
 		e.cloudly.SetSlowness(0)
+		// A round trip on the upstream socket the late answer came by: what the relay did with
+		// that answer, it has done by the time this call reaches node-a.
+		if _, err := e.cloudly.Call(ctx5(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
+			t.Fatalf("Cloudly → node-a after the dead connection's late registration: %v", err)
+		}
 
 		select {
 		case <-live.Conn().Done():
@@ -191,9 +196,7 @@ func TestNodeRegistration(t *testing.T) {
 			// The relay has bound the second connection and not yet told escrow: the connection ends
 			// now, and the relay unbinds it (the nodes gauge drops).
 			second.Close()
-			for e.Metric("relay_downstream_nodes") != 0 {
-				time.Sleep(time.Millisecond)
-			}
+			await.Within(10*time.Second, func() bool { return e.Metric("relay_downstream_nodes") == 0 })
 		}
 		w.armed.Store(true)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)

@@ -255,7 +255,7 @@ func TestBudgetComesBackToZero(t *testing.T) {
 		e.cloudly.CallAsync("applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"`+strings.Repeat("p", 32<<10)+`"}`), func(typedsocket.Reply) {})
 	}
 	stalled.ws.Write(ctx, websocket.MessageText, []byte(`{"method":"m","request":0,"correlation":{"id":"x","phase":"request"}}`))
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // the request may wait for budget unread: no event says where it is
 	stalled.ws.CloseNow()
 	// Node requests queued to Cloudly while it reads nothing, dropped with its socket.
 	hold := make(chan struct{})
@@ -267,7 +267,7 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	// A registration in flight at Cloudly when its socket goes.
 	lost := newNode(t, e, "node-lost")
 	lost.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, lost.RegistrationBody(), time.Minute, func(typedsocket.Reply) {})
-	time.Sleep(100 * time.Millisecond)
+	time.Sleep(100 * time.Millisecond) // no event says a request is queued to a Cloudly that reads nothing: time to queue it
 	go e.cloudly.Drop()
 	close(hold)
 	// A registration answered (refused) once Cloudly is back.

@@ -54,7 +54,7 @@ func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 			default:
 			}
 			if e.cloudly.QueueLen() >= 16 {
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // Cloudly's own send queue announces no room: the flood polls it
 				continue
 			}
 			e.cloudly.CallAsync("applyRuntimeAssignment", big, func(r typedsocket.Reply) {
@@ -150,16 +150,21 @@ func TestFlappingCloudly(t *testing.T) {
 					unnamed[err.Error()]++
 					mu.Unlock()
 				}
-				time.Sleep(5 * time.Millisecond)
+				time.Sleep(5 * time.Millisecond) // the load's shape: each node reports 200 times a second at most
 			}
 		}()
 	}
+	// Each session carries traffic before Cloudly drops it, and the last one after.
+	flowing := func(what string) {
+		before := answered.Load()
+		e.eventually(what, func() bool { return answered.Load() >= before+20 })
+	}
 	for i := range 20 {
-		time.Sleep(100 * time.Millisecond)
+		flowing(fmt.Sprintf("answers on session %d", i+1))
 		e.cloudly.Drop()
 		e.eventually(fmt.Sprintf("re-attach %d", i+1), func() bool { return e.cloudly.Registrations() == int64(i+2) })
 	}
-	time.Sleep(200 * time.Millisecond)
+	flowing("answers after the last re-attach")
 	close(stop)
 	senders.Wait()
 
@@ -240,7 +245,7 @@ func TestShutdownMidTrafficLosesNothing(t *testing.T) {
 			}()
 		}
 	}
-	time.Sleep(300 * time.Millisecond)
+	e.eventually("requests answered and more in flight", func() bool { return answered.Load() >= 40 })
 	e.shutdown()
 	wg.Wait()
 	t.Logf("answered %d, refused by name %d, lost %d", answered.Load(), refused.Load(), lost.Load())

@@ -55,9 +55,8 @@ func TestLocalStreams(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("the part's frame did not reach Cloudly")
 	}
-	if got := e.Metric("relay_downstream_budget_used_bytes"); got != 0 {
-		t.Fatalf("the budget holds %v bytes after the frame was written", got)
-	}
+	// The write's charge is given back once the write returns, which Cloudly's read may precede.
+	e.Eventually("the frame's charge given back once it is written", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
 
 	// Cloudly's answer to it reaches the part (the stand-in answers a stream it does not know).
 	select {

@@ -312,8 +312,7 @@ func TestUpstreamSession(t *testing.T) {
 			}}
 			u, _, stop := startUpstream(t, c)
 			defer stop()
-			time.Sleep(contracts.RefusedOfferRetryInterval + time.Second) // the fake clock: the wait is the behaviour
-			synctest.Wait()
+			advance(contracts.RefusedOfferRetryInterval + time.Second) // the fake clock: the wait is the behaviour
 			d := c.dialTimes()
 			if u.Attached() || len(d) != 2 || d[1].Sub(d[0]) < contracts.RefusedOfferRetryInterval {
 				t.Fatalf("attached %v; dials %v: want a second one %s after the refusal", u.Attached(), d, contracts.RefusedOfferRetryInterval)
@@ -331,8 +330,7 @@ func TestUpstreamSession(t *testing.T) {
 			}}
 			u, h, stop := startUpstream(t, c)
 			defer stop()
-			time.Sleep(backoff.Cap + time.Second)
-			synctest.Wait()
+			advance(backoff.Cap + time.Second)
 			_, attached, _, names := h.counts()
 			if u.Attached() || attached != 0 || len(names) < 2 || names[0] != contracts.RelayNodeForeign {
 				t.Fatalf("attached %v (%d), undispatched %v: want relay-node-foreign each time, never attached", u.Attached(), attached, names)
@@ -345,8 +343,7 @@ func TestUpstreamSession(t *testing.T) {
 			c := &pipeCloudly{t: t, answer: acceptBoth, fail: true}
 			u, _, stop := startUpstream(t, c)
 			defer stop()
-			time.Sleep(5 * time.Minute)
-			synctest.Wait()
+			advance(5 * time.Minute)
 			d := c.dialTimes()
 			if len(d) < 10 {
 				t.Fatalf("%d dials in 5 minutes", len(d))
@@ -359,11 +356,17 @@ func TestUpstreamSession(t *testing.T) {
 			c.mu.Lock()
 			c.fail = false
 			c.mu.Unlock()
-			time.Sleep(backoff.Cap)
-			synctest.Wait()
+			advance(backoff.Cap)
 			if !u.Attached() {
 				t.Fatal("not attached once Cloudly answered")
 			}
 		})
 	})
+}
+
+// advance moves the bubble's fake clock on by d and waits until every goroutine in it is blocked:
+// the one place these tests let time pass, and time passing is what they test.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
 }

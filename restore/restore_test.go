@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/restore"
@@ -417,11 +418,7 @@ func TestBurstIsBounded(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	for deadline := time.Now().Add(10 * time.Second); len(h.corestore.Received()) < 2; time.Sleep(5 * time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatal("the two calls did not reach Corestore")
-		}
-	}
+	await.Until(t, "the two calls to reach Corestore", 10*time.Second, func() bool { return len(h.corestore.Received()) >= 2 })
 	start := time.Now()
 	_, err := h.call(contracts.MethodGetIsolatedRestoreProgressOnNode, status)
 	wantRefusal(t, err, contracts.RelayNodeBusy, "relay-node-busy: node node-a already has 2 isolated-restore calls in flight")

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 )
 
 func newRestore(t *testing.T, cs Corestore, opts Options) *Restore {
@@ -107,9 +108,7 @@ func TestCloseAnswersCallsInFlight(t *testing.T) {
 	for range 3 {
 		r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), func(_ json.RawMessage, err error) { replies <- err })
 	}
-	for port.calls.Load() < 3 {
-		time.Sleep(time.Millisecond)
-	}
+	await.Until(t, "three calls at Corestore", 10*time.Second, func() bool { return port.calls.Load() >= 3 })
 	r.Close()
 	for range 3 {
 		if err := <-replies; !errors.Is(err, contracts.RestoreNodeUnreachable) {

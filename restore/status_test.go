@@ -10,6 +10,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 )
 
 // TestStatusShowsCallsInFlightWhileCorestoreBlocks: calls waiting for a Corestore that has not
@@ -27,9 +28,7 @@ func TestStatusShowsCallsInFlightWhileCorestoreBlocks(t *testing.T) {
 	for _, body := range []string{requestB, statusRequest, statusRequest, statusRequest} {
 		r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(body), reply)
 	}
-	for port.calls.Load() < 4 {
-		time.Sleep(time.Millisecond)
-	}
+	await.Until(t, "four calls at Corestore", 10*time.Second, func() bool { return port.calls.Load() >= 4 })
 	r.Serve(contracts.MethodGetIsolatedRestoreProgressOnNode, json.RawMessage(statusRequest), reply) // node-a's fourth: busy
 	if err := <-replies; !errors.Is(err, contracts.RelayNodeBusy) {
 		t.Fatalf("node-a's fourth call: %v", err)

@@ -28,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/interop"
@@ -90,12 +91,7 @@ func start(b *testing.B, n int) *env {
 	if err := e.cloudly.WaitAttached(ctx); err != nil {
 		b.Fatal(err)
 	}
-	for e.cloudly.Platform().CredentialsPushed() < int64(n) {
-		if ctx.Err() != nil {
-			b.Fatal("credentials not pushed")
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.Until(b, "the credentials pushed", time.Minute, func() bool { return e.cloudly.Platform().CredentialsPushed() >= int64(n) })
 	return e
 }
 
@@ -141,17 +137,12 @@ func (e *env) through(b *testing.B, k int, size int64, tag string) (time.Duratio
 		if time.Now().After(deadline) {
 			b.Fatalf("no backup started: %s", e.relay.Log())
 		}
-		time.Sleep(time.Millisecond)
+		time.Sleep(time.Millisecond) // polled each millisecond: the first byte's time is the measurement's start
 	}
-	for i := 0; i < k; {
-		if e.stores[i].Platform().Delivered() > before[i] {
-			i++
-			continue
-		}
-		if time.Now().After(deadline) {
+	for i := range k {
+		if !await.Within(time.Until(deadline), func() bool { return e.stores[i].Platform().Delivered() > before[i] }) {
 			b.Fatalf("backup %d not delivered: %s", i, e.relay.Log())
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
 	elapsed := time.Since(begin)
 	close(stop)

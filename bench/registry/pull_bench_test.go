@@ -105,7 +105,7 @@ func (l *link) wait(n int) {
 	l.next = l.next.Add(time.Duration(float64(n) / l.rate * float64(time.Second)))
 	until := l.next
 	l.mu.Unlock()
-	time.Sleep(time.Until(until))
+	time.Sleep(time.Until(until)) // the link's rate: the wait is the behaviour
 }
 
 type shapedListener struct {

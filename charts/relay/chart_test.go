@@ -42,6 +42,7 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"code.foss.global/serve.zone/relay/ha"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
 )
 
@@ -290,15 +291,9 @@ func haRoleSuffices(t *testing.T, s *kubeapi.Server, ns string, rel haRelease) {
 		pod("get", "relay-7d9f-abcde"), pod("patch", "relay-7d9f-abcde"),
 	} {
 		ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
-		for {
-			ok, err := review(ctx, attrs)
-			if ok {
-				break
-			}
-			if ctx.Err() != nil {
-				t.Fatalf("%s may not %s %s %q in %s (%v)", user, attrs.Verb, attrs.Resource, attrs.Name, ns, err)
-			}
-			time.Sleep(20 * time.Millisecond)
+		var err error
+		if !await.Within(15*time.Second, func() bool { ok, e := review(ctx, attrs); err = e; return ok }) {
+			t.Fatalf("%s may not %s %s %q in %s (%v)", user, attrs.Verb, attrs.Resource, attrs.Name, ns, err)
 		}
 		cancel()
 	}
@@ -451,18 +446,9 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// poll reports whether cond held within d, looking every 50 ms: it waits on another process (the
-// API server) and the election's own timers, so there is no event to wait on instead.
-func poll(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
-	return true
-}
+// poll reports whether cond held within d: it waits on another process (the API server) and the
+// election's own timers, so there is no event to wait on instead.
+func poll(d time.Duration, cond func() bool) bool { return await.Within(d, cond) }
 
 // nothing is a replicated part with no records: enough for a standby to follow the leader.
 type nothing struct{}

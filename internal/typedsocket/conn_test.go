@@ -20,6 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -59,7 +60,7 @@ func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
 func echo() HandlerFunc {
 	return func(_ *Conn, r *Request) {
 		go func() {
-			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond)
+			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // answers out of order: the delay is the behaviour
 			r.Respond(r.Body)
 		}()
 	}
@@ -334,7 +335,7 @@ func TestSilentPeerIsDropped(t *testing.T) {
 func TestLivePeerSurvivesPings(t *testing.T) {
 	opts := Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 150 * time.Millisecond, Handler: echo()}
 	_, cli := pair(t, opts, opts)
-	time.Sleep(500 * time.Millisecond)
+	time.Sleep(500 * time.Millisecond) // 25 ping intervals, past three dead timeouts: living through them is the behaviour
 	if _, err := cli.Call(context.Background(), "m", json.RawMessage(`{}`)); err != nil {
 		t.Fatalf("a quiet but live peer was dropped: %v", err)
 	}
@@ -407,11 +408,7 @@ func TestInflightCountsEveryRequest(t *testing.T) {
 			}
 		}
 	}
-	for deadline := time.Now().Add(2 * time.Second); srv.Inflight() != 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("inflight is %d with every answer written, want 0", srv.Inflight())
-		}
-	}
+	await.Until(t, "inflight 0 with every answer written", 2*time.Second, func() bool { return srv.Inflight() == 0 })
 }
 
 // TestStalledWriteEndsTheConnection: a peer that drains nothing is gone once one write has been

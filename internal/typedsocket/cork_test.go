@@ -16,6 +16,8 @@ import (
 	"time"
 
 	"github.com/coder/websocket"
+
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 )
 
 // countingConn counts the writes that reach a real socket.
@@ -219,9 +221,5 @@ func TestCorkedBurstLeavesInOneWrite(t *testing.T) {
 		}
 	}
 	mu.Unlock()
-	for deadline := time.Now().Add(5 * time.Second); srv.Inflight() != 0; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("server holds %d requests in flight after answering all", srv.Inflight())
-		}
-	}
+	await.Until(t, "the server to hold no request in flight after answering all", 5*time.Second, func() bool { return srv.Inflight() == 0 })
 }

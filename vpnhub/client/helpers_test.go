@@ -120,6 +120,29 @@ func gauge(t *testing.T, reg *prometheus.Registry, name string) float64 {
 	return 0
 }
 
+// refusedHandshakes is the hub's count of handshakes it did not accept, whatever the reason.
+func refusedHandshakes(t *testing.T, th *testHub) float64 {
+	t.Helper()
+	mfs, err := th.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var n float64
+	for _, mf := range mfs {
+		if mf.GetName() != "relay_vpnhub_handshakes_total" {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "outcome" && l.GetValue() != "accepted" {
+					n += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	return n
+}
+
 // receiveWithin returns the next packet c receives within d, or nil.
 func receiveWithin(c *Conn, d time.Duration) []byte {
 	ctx, cancel := context.WithTimeout(context.Background(), d)

@@ -63,8 +63,9 @@ func TestTunnelCarriesPacketsAndRejoinsAfterRemoval(t *testing.T) {
 	if p := dev.next(t); !bytes.Contains(p, []byte("to the tunnel")) {
 		t.Fatalf("device got %q", p)
 	}
+	refusedBefore := refusedHandshakes(t, th)
 	th.push(t, 2, testMember(kb, "node-b", 3)) // a removed: its session closes, redials are refused
-	time.Sleep(600 * time.Millisecond)
+	eventually(t, "node-a's redial refused", func() bool { return refusedHandshakes(t, th) > refusedBefore })
 	th.push(t, 3, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
 	joined(t, joins, 35*time.Second)
 	if tu.Dropped() < 1 || tu.Sent() < 1 || tu.Received() < 1 {
@@ -143,7 +144,7 @@ func TestTunnelRedialsAfterAForgedReplacedClose(t *testing.T) {
 	path := newUDPProxy(t, forger)
 	tu, _, joins := runTunnel(t, th.client(t, ka, "node-a", path.addr(), nil))
 	eventually(t, "a forged close", func() bool { return forged.Load() >= 1 })
-	time.Sleep(time.Second)
+	time.Sleep(time.Second) // the redials' count in a second is the behaviour: the backoff's schedule
 	if n := forged.Load(); n < 2 || n > 8 {
 		t.Fatalf("%d dials in the second after a forged vpn-member-replaced; want a few, by the backoff schedule", n)
 	}
@@ -176,14 +177,14 @@ func TestConnSendsKeepAlivesWhileIdle(t *testing.T) {
 		t.Fatalf("the first keep-alives took %s", waited)
 	}
 	base := th.metric(t, "relay_vpnhub_keepalives_total")
-	time.Sleep(10 * interval)
+	time.Sleep(10 * interval) // idle for ten intervals: the keep-alives' count over them is the behaviour
 	idle := th.metric(t, "relay_vpnhub_keepalives_total") - base
 	// a sends one per interval, b (at 10 s) none: 10, give or take scheduling.
 	if idle < 7 || idle > 11 {
 		t.Fatalf("%v keep-alives in %s idle at one per %s", idle, 10*interval, interval)
 	}
 	base = th.metric(t, "relay_vpnhub_keepalives_total")
-	for end := time.Now().Add(10 * interval); time.Now().Before(end); time.Sleep(interval / 10) {
+	for end := time.Now().Add(10 * interval); time.Now().Before(end); time.Sleep(interval / 10) { // busy: a packet every tenth of an interval
 		if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("busy"))); err != nil {
 			t.Fatal(err)
 		}

@@ -93,7 +93,7 @@ func Eventually(t testing.TB, what string, cond func() bool) {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
-		time.Sleep(5 * time.Millisecond)
+		time.Sleep(5 * time.Millisecond) // the poll: the VPN tests' states announce themselves to no one
 	}
 }
 

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -166,13 +167,7 @@ func (e *Env) WaitAttached() {
 // Eventually polls cond for up to 15 s.
 func (e *Env) Eventually(what string, cond func() bool) {
 	e.T.Helper()
-	deadline := time.Now().Add(15 * time.Second)
-	for !cond() {
-		if time.Now().After(deadline) {
-			e.T.Fatalf("timed out waiting for: %s", what)
-		}
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.Until(e.T, what, 15*time.Second, cond)
 }
 
 // Dial connects a simulated node without registering it; it is closed when the test ends.
