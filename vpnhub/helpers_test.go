@@ -313,3 +313,17 @@ func waitClosed(t *testing.T, c *client.Conn) error {
 		return nil
 	}
 }
+
+// pop returns the oldest packet, or nil when the queue is empty.
+func (q *packetQueue) pop() []byte {
+	q.mu.Lock()
+	defer q.mu.Unlock()
+	if q.n == 0 {
+		return nil
+	}
+	p := q.ring[q.head]
+	q.ring[q.head] = nil
+	q.head = (q.head + 1) % len(q.ring)
+	q.n--
+	return p
+}

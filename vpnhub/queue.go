@@ -38,20 +38,6 @@ func (q *packetQueue) push(p []byte) (dropped bool) {
 	return dropped
 }
 
-// pop returns the oldest packet, or nil when the queue is empty.
-func (q *packetQueue) pop() []byte {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	if q.n == 0 {
-		return nil
-	}
-	p := q.ring[q.head]
-	q.ring[q.head] = nil
-	q.head = (q.head + 1) % len(q.ring)
-	q.n--
-	return p
-}
-
 // popAll appends every queued packet to dst, oldest first, and empties the queue: one lock for a
 // whole burst.
 func (q *packetQueue) popAll(dst [][]byte) [][]byte {

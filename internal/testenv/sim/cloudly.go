@@ -36,7 +36,6 @@ type Cloudly struct {
 	conn        *typedsocket.Conn          // guarded by mu: the relay's newest socket
 	attachedTo  *typedsocket.Conn          // guarded by mu: the socket whose registration was accepted
 	sequences   newest[int64]              // guarded by mu: registrationSequence of the newest registrations
-	refusals    []error                    // guarded by mu: answers for the next registrations
 	refuseAll   error                      // guarded by mu: the answer to every registration while set
 	last        map[string][]byte          // guarded by mu: the newest request body per method
 	handlers    map[string]MethodFunc      // guarded by mu
@@ -134,13 +133,6 @@ func (c *Cloudly) Handle(method string, f MethodFunc) {
 func (c *Cloudly) HandleAsync(method string, f AsyncMethodFunc) {
 	c.mu.Lock()
 	c.async[method] = f
-	c.mu.Unlock()
-}
-
-// RefuseNextRegistration makes the next registerClusterRelay fail with err.
-func (c *Cloudly) RefuseNextRegistration(err error) {
-	c.mu.Lock()
-	c.refusals = append(c.refusals, err)
 	c.mu.Unlock()
 }
 
@@ -561,9 +553,6 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 			contracts.RelaySequenceNotAdvancing, reg.RegistrationSequence, last), Data: json.RawMessage("null")})
 	}
 	refusal := c.refuseAll
-	if refusal == nil && len(c.refusals) > 0 {
-		refusal, c.refusals = c.refusals[0], c.refusals[1:]
-	}
 	c.mu.Unlock()
 	if refusal != nil {
 		return nil, refusal

@@ -15,17 +15,16 @@ import (
 type IngressControl struct {
 	c *Cloudly
 
-	mu           sync.Mutex
-	designated   map[string]string // guarded by mu: node → the bearer it accepts there
-	table        json.RawMessage   // guarded by mu: what getClusterRouteTable answers; null at first
-	outcomes     map[string]int    // guarded by mu: registrations by outcome
-	retryAfterMs int64             // guarded by mu
+	mu         sync.Mutex
+	designated map[string]string // guarded by mu: node → the bearer it accepts there
+	table      json.RawMessage   // guarded by mu: what getClusterRouteTable answers; null at first
+	outcomes   map[string]int    // guarded by mu: registrations by outcome
 }
 
 // ServeIngress installs Cloudly's ingress handlers on c and returns their control.
 func ServeIngress(c *Cloudly) *IngressControl {
 	ic := &IngressControl{c: c, designated: make(map[string]string), table: json.RawMessage("null"),
-		outcomes: make(map[string]int), retryAfterMs: 5_000}
+		outcomes: make(map[string]int)}
 	c.Handle(contracts.MethodRegisterClusterIngress, ic.register)
 	c.Handle(contracts.MethodGetClusterRouteTable, ic.routeTable)
 	return ic
@@ -35,13 +34,6 @@ func ServeIngress(c *Cloudly) *IngressControl {
 func (ic *IngressControl) Designate(node, bearer string) {
 	ic.mu.Lock()
 	ic.designated[node] = bearer
-	ic.mu.Unlock()
-}
-
-// SetRetryAfter sets the retryAfterMs of the refusals (default 5 000).
-func (ic *IngressControl) SetRetryAfter(ms int64) {
-	ic.mu.Lock()
-	ic.retryAfterMs = ms
 	ic.mu.Unlock()
 }
 
@@ -113,12 +105,12 @@ func (ic *IngressControl) judge(body json.RawMessage) (json.RawMessage, string, 
 	return resp, "accepted", nil
 }
 
+// refusalRetryAfterMs is the retryAfterMs of every refusal.
+const refusalRetryAfterMs = 5_000
+
 // refuse answers IClusterIngressRegistrationRefusal in the error's data. It never quotes the bearer.
 func (ic *IngressControl) refuse(reason string) (json.RawMessage, string, error) {
-	ic.mu.Lock()
-	retry := ic.retryAfterMs
-	ic.mu.Unlock()
-	r := contracts.ClusterIngressRegistrationRefusal{Code: contracts.ClusterIngressRegistrationRefusedCode, Reason: reason, RetryAfterMs: retry}
+	r := contracts.ClusterIngressRegistrationRefusal{Code: contracts.ClusterIngressRegistrationRefusedCode, Reason: reason, RetryAfterMs: refusalRetryAfterMs}
 	return nil, reason, &typedsocket.Error{Text: r.Text(), Data: r.Data()}
 }
 
