@@ -8,6 +8,8 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
 )
@@ -33,23 +35,43 @@ func (p *Platform) closureShare() int64 {
 
 // backup carries one ready backup to Cloudly and, when Cloudly accepts it, tells Corestore.
 func (n *node) backup(origin string, cred contracts.Secret, b contracts.CorestoreBackup) {
-	p := n.p
 	start := time.Now()
 	sent, err := n.sendBackup(origin, cred, b)
-	out := outcome(err, outcomeDelivered)
-	p.metrics.backups.WithLabelValues(out).Inc()
+	n.carried(carriedBackup, b.BackupID, sent, err, start)
+}
+
+// carriage is what a carried closure is counted, kept and logged as: a backup or a restore.
+type carriage struct {
+	ok     string                                  // the outcome when it went whole
+	metric func(*metrics) *prometheus.CounterVec   // its outcome counter
+	count  func(*node) (last *string, done *int64) // guarded by the node's mu: its status fields
+	msg    string
+}
+
+var (
+	carriedBackup = carriage{outcomeDelivered, func(m *metrics) *prometheus.CounterVec { return m.backups },
+		func(n *node) (*string, *int64) { return &n.lastBackup, &n.delivered }, "database backup carried to Cloudly"}
+	carriedRestore = carriage{outcomeSettled, func(m *metrics) *prometheus.CounterVec { return m.restores },
+		func(n *node) (*string, *int64) { return &n.lastRestor, &n.settled }, "database restore carried to Corestore"}
+)
+
+// carried counts, keeps on the node's status and logs one closure carried (or not) with c.
+func (n *node) carried(c carriage, backupID string, bytes int64, err error, start time.Time) {
+	p := n.p
+	out := outcome(err, c.ok)
+	c.metric(p.metrics).WithLabelValues(out).Inc()
 	n.mu.Lock()
-	n.lastBackup = out
+	last, done := c.count(n)
+	*last = out
 	if err == nil {
-		n.delivered++
+		*done++
 	}
 	n.mu.Unlock()
 	ev := p.log.Debug()
 	if err != nil {
 		ev = p.log.Info()
 	}
-	ev.Str("node", n.id).Str("backup", b.BackupID).Int64("bytes", sent).Str("outcome", out).Dur("latency", time.Since(start)).
-		Msg("database backup carried to Cloudly")
+	ev.Str("node", n.id).Str("backup", backupID).Int64("bytes", bytes).Str("outcome", out).Dur("latency", time.Since(start)).Msg(c.msg)
 }
 
 // errNotAccepted is Cloudly's { accepted: false }: the backup stays ready and is offered again.

@@ -23,23 +23,9 @@ const maxQueuedChunks = 4
 
 // restore asks Cloudly for one wanted restore's closure and writes it into the node's Corestore.
 func (n *node) restore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) {
-	p := n.p
 	start := time.Now()
 	got, err := n.receiveRestore(origin, cred, r)
-	out := outcome(err, outcomeSettled)
-	p.metrics.restores.WithLabelValues(out).Inc()
-	n.mu.Lock()
-	n.lastRestor = out
-	if err == nil {
-		n.settled++
-	}
-	n.mu.Unlock()
-	ev := p.log.Debug()
-	if err != nil {
-		ev = p.log.Info()
-	}
-	ev.Str("node", n.id).Str("backup", r.BackupID).Int64("bytes", got).Str("outcome", out).Dur("latency", time.Since(start)).
-		Msg("database restore carried to Corestore")
+	n.carried(carriedRestore, r.BackupID, got, err, start)
 }
 
 func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) (int64, error) {

@@ -54,27 +54,13 @@ func sortParts(list []Part, up feature.Upstream) parts {
 		if u, ok := v.(feature.UpstreamUser); ok {
 			u.UseUpstream(up)
 		}
-		if w, ok := v.(feature.AttachWatcher); ok {
-			ps.attach = append(ps.attach, w)
-		}
-		if w, ok := v.(feature.DetachWatcher); ok {
-			ps.detach = append(ps.detach, w)
-		}
-		if w, ok := v.(feature.CustodyWatcher); ok {
-			ps.custody = append(ps.custody, w)
-		}
-		if w, ok := v.(feature.ConfigWatcher); ok {
-			ps.config = append(ps.config, w)
-		}
-		if w, ok := v.(feature.NodeWatcher); ok {
-			ps.nodeBound = append(ps.nodeBound, w)
-		}
-		if w, ok := v.(feature.PeerWatcher); ok {
-			ps.peerGone = append(ps.peerGone, w)
-		}
-		if w, ok := v.(feature.LeadWatcher); ok {
-			ps.lead = append(ps.lead, w)
-		}
+		optIn(v, &ps.attach)
+		optIn(v, &ps.detach)
+		optIn(v, &ps.custody)
+		optIn(v, &ps.config)
+		optIn(v, &ps.nodeBound)
+		optIn(v, &ps.peerGone)
+		optIn(v, &ps.lead)
 		if rb, ok := v.(feature.Rebinder); ok && ps.rebinder == nil {
 			ps.rebinder = rb
 		}
@@ -95,4 +81,11 @@ func (f Features) withRegistry() []Part {
 		list = append(list[:len(list):len(list)], Part{Name: "registry", Impl: f.Registry})
 	}
 	return list
+}
+
+// optIn adds v to a part list when it implements that list's interface.
+func optIn[T any](v any, to *[]T) {
+	if w, ok := v.(T); ok {
+		*to = append(*to, w)
+	}
 }
