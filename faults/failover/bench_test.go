@@ -2,6 +2,7 @@ package failover
 
 import (
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
@@ -9,10 +10,10 @@ import (
 // BenchmarkHA measures SPEC §16's goals on two relay processes, ten nodes and the real API
 // server; each iteration is one of each:
 //
-//   - handover-refused-ms: the longest run of refused requests of any node across a graceful
+//   - handover-refused-max-ms and -p50-ms: the longest run of refused requests of any node across a graceful
 //     handover (SIGTERM of the leader), from its first refused request to its next answered one
 //     (goal ≤ 2000);
-//   - sigkill-failover-ms: from the leader's SIGKILL to Cloudly accepting the standby's
+//   - sigkill-failover-max-ms and -p50-ms: from the leader's SIGKILL to Cloudly accepting the standby's
 //     registration (goal ≤ lease duration + 3 s, 7000 here);
 //   - renewals-missed: renewal slots that opened during a Cloudly outage across a SIGKILL
 //     failover and did not reach a node while current (goal 0);
@@ -21,7 +22,7 @@ import (
 //
 // Each stopped replica is replaced, as its ReplicaSet would, before the next step.
 //
-//	go test -run '^$' -bench HA -benchtime 1x -count 3 ./faults/failover/
+//	go test -run '^$' -bench HA -benchtime 5x ./faults/failover/
 func BenchmarkHA(b *testing.B) {
 	c := newCluster(b)
 	c.start("relay-0")
@@ -36,11 +37,11 @@ func BenchmarkHA(b *testing.B) {
 		c.start(fmt.Sprintf("relay-%d", next))
 		next++
 	}
-	var handover, failover time.Duration
+	var handovers, failovers []time.Duration
 	var missed int
 	for range b.N {
 		l := c.waitLeader(takeover)
-		c.waitStandbysFollow(l, 0)
+		c.waitStandbysFollow(l, anyRuns)
 		at := time.Now()
 		if err := l.terminate(); err != nil {
 			b.Errorf("the leader's exit on SIGTERM: %v", err)
@@ -48,13 +49,13 @@ func BenchmarkHA(b *testing.B) {
 		replace(l)
 		c.waitLeader(takeover)
 		c.waitFlowing(f, time.Now())
-		handover = max(handover, f.refusedWindow(at))
+		handovers = append(handovers, f.refusedWindow(at))
 
 		l = c.waitLeader(takeover)
 		regs := c.cloudly.Registrations()
 		at = time.Now()
 		l.kill()
-		failover = max(failover, c.waitAttachedAfter(regs, takeover).Sub(at))
+		failovers = append(failovers, c.waitAttachedAfter(regs, takeover).Sub(at))
 		replace(l)
 		l = c.waitLeader(takeover)
 		c.waitFlowing(f, time.Now())
@@ -90,8 +91,17 @@ func BenchmarkHA(b *testing.B) {
 		c.waitLeader(takeover)
 		c.waitFlowing(f, time.Now())
 	}
-	b.ReportMetric(float64(handover.Milliseconds()), "handover-refused-ms")
-	b.ReportMetric(float64(failover.Milliseconds()), "sigkill-failover-ms")
+	b.Logf("refused windows per handover %v; SIGKILL to attached %v", handovers, failovers)
+	b.ReportMetric(float64(slices.Max(handovers).Milliseconds()), "handover-refused-max-ms")
+	b.ReportMetric(float64(median(handovers).Milliseconds()), "handover-refused-p50-ms")
+	b.ReportMetric(float64(slices.Max(failovers).Milliseconds()), "sigkill-failover-max-ms")
+	b.ReportMetric(float64(median(failovers).Milliseconds()), "sigkill-failover-p50-ms")
 	b.ReportMetric(float64(missed), "renewals-missed")
 	b.ReportMetric(float64(c.cloudly.TwoAttached()), "two-attached")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
 }

@@ -29,7 +29,7 @@ func TestHAGracefulHandover(t *testing.T) {
 	f := startFleet(c.svc.URL(), 4)
 	defer f.close()
 	c.waitFlowing(f, time.Now())
-	c.waitStandbysFollow(first, 0)
+	c.waitStandbysFollow(first, anyRuns)
 
 	at := time.Now()
 	if err := first.terminate(); err != nil {
@@ -198,7 +198,7 @@ func (c *cluster) waitFlowing(f *fleet, t time.Time) {
 }
 
 // waitStandbysFollow waits until every running relay but leader stands by with a complete copy
-// of runs runs.
+// of what the leader replicates, and that is runs runs (anyRuns: whatever the leader holds).
 func (c *cluster) waitStandbysFollow(leader *relayProc, runs int) {
 	c.t.Helper()
 	for _, p := range c.running() {
@@ -206,12 +206,19 @@ func (c *cluster) waitStandbysFollow(leader *relayProc, runs int) {
 			continue
 		}
 		c.eventually(p.name+" follows the leader with a complete copy", flowDeadline, func() bool {
+			l, err := leader.status()
+			if err != nil || runs != anyRuns && l.HA.Replication.Runs != runs {
+				return false
+			}
 			st, err := p.status()
 			r := st.HA.Replication
-			return err == nil && st.HA.Role == "standby" && r.Connected == 1 && r.Complete && r.Runs == runs
+			return err == nil && st.HA.Role == "standby" && r.Connected == 1 && r.Complete && r.Runs == l.HA.Replication.Runs
 		})
 	}
 }
+
+// anyRuns tells waitStandbysFollow to expect as many runs as the leader holds.
+const anyRuns = -1
 
 // waitAttachedAfter waits until Cloudly has accepted a registration beyond before and holds an
 // attached socket, and returns when it saw that (polled every 5 ms).
@@ -233,10 +240,15 @@ type escrowRuns struct {
 }
 
 // holdRuns has Cloudly hold a run for every node of f on the leader: slots every 3 s from start,
-// 6 s windows (each overlapping the next), so the first is current at once.
+// 6 s windows (each overlapping the next), so the first is current at once. Its sequences
+// continue past every node's newest admitted renewal, as a real run after an earlier one does.
 func (c *cluster) holdRuns(t testing.TB, f *fleet, start time.Time) escrowRuns {
 	t.Helper()
-	r := escrowRuns{sim.EscrowRun{Start: start.Add(-500 * time.Millisecond), Count: 30, Step: 3 * time.Second, Window: 6 * time.Second}}
+	first := int64(1)
+	for _, d := range f.nodes {
+		first = max(first, d.n.AdmittedRenewalSequence()+1)
+	}
+	r := escrowRuns{sim.EscrowRun{Start: start, Count: 30, Step: 3 * time.Second, Window: 6 * time.Second, FirstSequence: first}}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	for _, d := range f.nodes {
@@ -255,7 +267,7 @@ func (c *cluster) holdRuns(t testing.TB, f *fleet, start time.Time) escrowRuns {
 
 // sequenceAt is the sequence whose slot is the newest opened at t.
 func (r escrowRuns) sequenceAt(t time.Time) int64 {
-	return 1 + int64(t.Sub(r.Start)/r.Step)
+	return r.FirstSequence + int64(t.Sub(r.Start)/r.Step)
 }
 
 // missed lists the sequences from…upto the node did not get while they were current: neither that
@@ -263,8 +275,8 @@ func (r escrowRuns) sequenceAt(t time.Time) int64 {
 func (r escrowRuns) missed(receipts []sim.RenewalReceipt, from, upto int64) []int64 {
 	windows := r.Windows()
 	var out []int64
-	for s := max(from, 1); s <= upto && int(s) <= len(windows); s++ {
-		w := windows[s-1]
+	for s := max(from, r.FirstSequence); s <= upto && s-r.FirstSequence < int64(len(windows)); s++ {
+		w := windows[s-r.FirstSequence]
 		covered := false
 		for _, rc := range receipts {
 			at := rc.At.UnixMilli()
