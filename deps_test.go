@@ -64,6 +64,7 @@ var layers = map[string]layer{
 	"interop":                    {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
 	"internal/testenv/relaytest": {floor: harness2, own: []string{"contracts", "relay", "internal/testenv/await", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"faults":                     {floor: harness2, testsOnly: true},
+	"faults/failover":            {floor: harness2, testsOnly: true}, // several relay processes against a real API server
 	"charts/relay":               {floor: harness2, testsOnly: true}, // the chart against a real API server
 	"cmd/relay":                  {floor: top},
 }

@@ -54,6 +54,9 @@ var suites = []suite{
 		"Throughput of 1 and 10 concurrent pullers, direct, through the relay with a cold cache and with a warm one (targets: cold ≥ 0.9× direct, warm 10-puller aggregate ≥ 5× cold).",
 		"./bench/registry/", "Pull200MiB", "1x", 3)},
 	{"faults", runFaults},
+	{"ha", goBench("HA: handover, failover, escrow across a failover (SPEC §16)",
+		"Two relay processes against a real kube-apiserver and etcd (bash internal/testenv/kubeapi/build.sh builds them), ten nodes through a Service stand-in: node requests refused across a graceful handover (goal ≤ 2000 ms), SIGKILL to the standby attached (goal ≤ lease + 3 s; lease 4 s here), renewals missed across a failover during a Cloudly outage (goal 0), two relays attached at once (goal 0).",
+		"./faults/failover/", "HA", "5x", 1)},
 	{"streams", runStreams},
 }
 

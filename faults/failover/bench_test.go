@@ -1,0 +1,107 @@
+package failover
+
+import (
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+)
+
+// BenchmarkHA measures SPEC §16's goals on two relay processes, ten nodes and the real API
+// server; each iteration is one of each:
+//
+//   - handover-refused-max-ms and -p50-ms: the longest run of refused requests of any node across a graceful
+//     handover (SIGTERM of the leader), from its first refused request to its next answered one
+//     (goal ≤ 2000);
+//   - sigkill-failover-max-ms and -p50-ms: from the leader's SIGKILL to Cloudly accepting the standby's
+//     registration (goal ≤ lease duration + 3 s, 7000 here);
+//   - renewals-missed: renewal slots that opened during a Cloudly outage across a SIGKILL
+//     failover and did not reach a node while current (goal 0);
+//   - two-attached: registrations Cloudly accepted while another relay's socket was attached
+//     (goal 0).
+//
+// Each stopped replica is replaced, as its ReplicaSet would, before the next step.
+//
+//	go test -run '^$' -bench HA -benchtime 5x ./faults/failover/
+func BenchmarkHA(b *testing.B) {
+	c := newCluster(b)
+	c.start("relay-0")
+	c.start("relay-1")
+	c.waitLeader(startDeadline)
+	f := startFleet(c.svc.URL(), 10)
+	defer f.close()
+	c.waitFlowing(f, time.Now())
+	next := 2
+	replace := func(p *relayProc) {
+		c.deletePod(p.name)
+		c.start(fmt.Sprintf("relay-%d", next))
+		next++
+	}
+	var handovers, failovers []time.Duration
+	var missed int
+	for range b.N {
+		l := c.waitLeader(takeover)
+		c.waitStandbysFollow(l, anyRuns)
+		at := time.Now()
+		if err := l.terminate(); err != nil {
+			b.Errorf("the leader's exit on SIGTERM: %v", err)
+		}
+		replace(l)
+		c.waitLeader(takeover)
+		c.waitFlowing(f, time.Now())
+		handovers = append(handovers, f.refusedWindow(at))
+
+		l = c.waitLeader(takeover)
+		regs := c.cloudly.Registrations()
+		at = time.Now()
+		l.kill()
+		failovers = append(failovers, c.waitAttachedAfter(regs, takeover).Sub(at))
+		replace(l)
+		l = c.waitLeader(takeover)
+		c.waitFlowing(f, time.Now())
+
+		runs := c.holdRuns(b, f, time.Now())
+		c.waitStandbysFollow(l, len(f.nodes))
+		c.cloudly.SetAvailable(false)
+		from := runs.sequenceAt(time.Now())
+		c.eventually("the current renewal released while detached", flowDeadline, func() bool {
+			for _, d := range f.nodes {
+				if d.n.AdmittedRenewalSequence() < from {
+					return false
+				}
+			}
+			return true
+		})
+		killed := time.Now()
+		l.kill()
+		want := runs.sequenceAt(killed) + 2
+		c.eventually("two more renewals released by the new leader", takeover+2*runs.Step, func() bool {
+			for _, d := range f.nodes {
+				if d.n.AdmittedRenewalSequence() < want {
+					return false
+				}
+			}
+			return true
+		})
+		for _, d := range f.nodes {
+			missed += len(runs.missed(d.renewals.Receipts(), from, want))
+		}
+		c.cloudly.SetAvailable(true)
+		replace(l)
+		c.waitLeader(takeover)
+		c.waitFlowing(f, time.Now())
+	}
+	b.Logf("refused windows per handover %v; SIGKILL to attached %v", handovers, failovers)
+	b.ReportMetric(float64(slices.Max(handovers).Milliseconds()), "handover-refused-max-ms")
+	b.ReportMetric(float64(median(handovers).Milliseconds()), "handover-refused-p50-ms")
+	b.ReportMetric(float64(slices.Max(failovers).Milliseconds()), "sigkill-failover-max-ms")
+	b.ReportMetric(float64(median(failovers).Milliseconds()), "sigkill-failover-p50-ms")
+	b.ReportMetric(float64(missed), "renewals-missed")
+	b.ReportMetric(float64(c.cloudly.TwoAttached()), "two-attached")
+}
+
+func median(d []time.Duration) time.Duration {
+	s := slices.Clone(d)
+	slices.Sort(s)
+	return s[len(s)/2]
+}
