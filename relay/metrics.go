@@ -92,10 +92,10 @@ func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
 	}
 	// relay_build_info is the one metric outside a subsystem, as the Prometheus Go client's own
 	// build_info collector names it: 1, its labels the build.
-	build := prometheus.NewGauge(prometheus.GaugeOpts{Namespace: "relay", Name: "build_info",
-		Help:        "1; the labels are the relay build (version), the @serve.zone/interfaces release it speaks (protocol) and the Go release it was built with.",
-		ConstLabels: prometheus.Labels{"version": r.cfg.BuildVersion, "protocol": contracts.InterfacesVersion, "goversion": runtime.Version()}})
-	build.Set(1)
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "relay", Name: "build_info",
+		Help: "1; the labels are the relay build (version), the @serve.zone/interfaces release it speaks (protocol) and the Go release it was built with (goversion)."},
+		[]string{"version", "protocol", "goversion"})
+	build.WithLabelValues(r.cfg.BuildVersion, contracts.InterfacesVersion, runtime.Version()).Set(1)
 	for _, c := range []prometheus.Collector{
 		build, m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
 		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.rebound,
