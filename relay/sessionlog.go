@@ -244,5 +244,6 @@ func dialFailure(err error) sessionFailure {
 		errors.As(err, &record) || errors.As(err, &alert) {
 		kind = failTLS
 	}
-	return sessionFailure{Kind: kind, Message: err.Error()}
+	// The WebSocket library's own prefix says only what the kind says already.
+	return sessionFailure{Kind: kind, Message: strings.TrimPrefix(err.Error(), "failed to WebSocket dial: ")}
 }

@@ -510,15 +510,6 @@ summary{cursor:pointer;color:#555}
 <tr><th>frames queued to Cloudly</th><td>{{.Downstream.UpstreamQueued}}</td></tr>
 </table>
 
-<h2>Nodes{{if lt .Shown .Nodes.Count}} — the busiest {{.Shown}} of {{.Nodes.Count}}{{end}}</h2>
-{{if .Nodes.Busiest}}<table>
-<tr><th>node</th><th>connected</th><th>requests to Cloudly</th><th>requests to the node</th><th>busy refusals</th><th>queued frames</th><th>held</th></tr>
-{{range .Nodes.Busiest}}<tr><td>{{.Node}}</td><td>{{since .ConnectedSince}}</td><td>{{.RequestsToCloudly}}</td><td>{{.RequestsToNode}}</td><td>{{.BusyRefusals}}</td><td>{{.QueuedFrames}}</td><td>{{mib .HeldBytes}}</td></tr>
-{{end}}</table>{{else}}<p>No node is connected.</p>{{end}}
-
-{{range .Rendered}}<h2>{{.Name}} <small class="{{if or (eq .Ready "ready") (eq .Ready "leader")}}ok{{else}}bad{{end}}">{{.Ready}}</small></h2>
-{{.Facts}}
-{{end}}
 <h2>Counters <small>(totals since start, and per minute over the last minute)</small></h2>
 {{if .Counting}}<table id="counters">
 <tr><th>counter</th><th>labels</th><th>total</th><th>rate</th></tr>
@@ -528,5 +519,15 @@ summary{cursor:pointer;color:#555}
 {{if .Zero}}<details id="zero-counters"><summary>{{len .Zero}} counter groups still at zero</summary>
 <ul>{{range .Zero}}<li title="{{.Help}}">{{.Name}}</li>
 {{end}}</ul></details>{{end}}
+
+<h2>Nodes{{if lt .Shown .Nodes.Count}} — the busiest {{.Shown}} of {{.Nodes.Count}}{{end}}</h2>
+{{if .Nodes.Busiest}}<table>
+<tr><th>node</th><th>connected</th><th>requests to Cloudly</th><th>requests to the node</th><th>busy refusals</th><th>queued frames</th><th>held</th></tr>
+{{range .Nodes.Busiest}}<tr><td>{{.Node}}</td><td>{{since .ConnectedSince}}</td><td>{{.RequestsToCloudly}}</td><td>{{.RequestsToNode}}</td><td>{{.BusyRefusals}}</td><td>{{.QueuedFrames}}</td><td>{{mib .HeldBytes}}</td></tr>
+{{end}}</table>{{else}}<p>No node is connected.</p>{{end}}
+
+{{range .Rendered}}<h2>{{.Name}} <small class="{{if or (eq .Ready "ready") (eq .Ready "leader")}}ok{{else}}bad{{end}}">{{.Ready}}</small></h2>
+{{.Facts}}
+{{end}}
 </body></html>
 `))

@@ -421,8 +421,10 @@ func statusGet(t *testing.T, e *relaytest.Env, path string) (int, string) {
 }
 
 // TestStatusPageInABrowser loads /status in a real headless Chromium while the relay carries
-// nodes, and reads the attached state and the node count from the page it rendered. CI installs
-// Chromium (RELAY_REQUIRE_BROWSER=1 there); elsewhere the test skips without it.
+// nodes, and reads the attached state and the node count from the page it rendered; then, with
+// Cloudly refusing the registration, the detach reason naming the refusal. CI installs Chromium
+// (RELAY_REQUIRE_BROWSER=1 there); elsewhere the test skips without it, naming the command that
+// installs it.
 func TestStatusPageInABrowser(t *testing.T) {
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
@@ -440,6 +442,19 @@ func TestStatusPageInABrowser(t *testing.T) {
 	nodes := regexp.MustCompile(`id="nodes">(\d+)<`).FindStringSubmatch(dom)
 	if attached == nil || attached[1] != "attached" || nodes == nil || nodes[1] != "3" {
 		t.Fatalf("the browser rendered attached=%v nodes=%v:\n%s", attached, nodes, dom)
+	}
+
+	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
+	e.cloudly.Drop()
+	e.eventually("the refusal on the status page", func() bool {
+		_, page := e.admin("/status")
+		return strings.Contains(page, "registration refused relay-node-foreign")
+	})
+	dom = headless(t, browser, "--dump-dom", "http://"+e.relay.AdminAddr().String()+"/status")
+	attached = regexp.MustCompile(`id="attached">([a-z]+)<`).FindStringSubmatch(dom)
+	reason := regexp.MustCompile(`id="detach-reason"[^>]*>([^<]+)<`).FindStringSubmatch(dom)
+	if attached == nil || attached[1] != "detached" || reason == nil || !strings.HasPrefix(reason[1], "registration refused relay-node-foreign: ") {
+		t.Fatalf("the browser rendered attached=%v reason=%v while Cloudly refuses the registration:\n%s", attached, reason, dom)
 	}
 }
 
