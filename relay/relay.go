@@ -119,7 +119,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 			admin:   log.With().Str("component", "admin").Logger(),
 			refusal: log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
 		},
-		streams: newStreamTable(), started: time.Now()}
+		streams: newStreamTable(), started: time.Now(), elector: opts.Elector}
 	if h := opts.VPNHub; h != nil {
 		r.hubAddr = net.JoinHostPort(h.Address, strconv.Itoa(h.QUICPort))
 	}

@@ -142,6 +142,34 @@ func TestStatusPageSaysWhyDetached(t *testing.T) {
 	}
 }
 
+// TestStatusPageHidesTheURLQuery: a Cloudly URL may carry a credential in its query; when the
+// dial fails with an error that quotes the URL, the page and /readyz show the failure without it.
+func TestStatusPageHidesTheURLQuery(t *testing.T) {
+	const secret = "url-query-status-secret"
+	x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.CloudlyURL += "?access=" + secret }})
+	x.Cloudly.Close() // the next dial is refused at TCP: the error quotes the URL it dialled
+	var st relay.Status
+	x.Eventually("a dial failure", func() bool {
+		_, body := statusGet(t, x, "/status.json")
+		st = relay.Status{}
+		return json.Unmarshal([]byte(body), &st) == nil && st.Cloudly.LastFailure != nil && st.Cloudly.LastFailure.Kind == "dial"
+	})
+	_, doc := statusGet(t, x, "/status.json")
+	_, page := statusGet(t, x, "/status")
+	_, ready := statusGet(t, x, "/readyz")
+	if !strings.Contains(ready, "detached: dial failed: ") || !strings.Contains(page, "dial failed: ") {
+		t.Fatalf("/readyz %q; the page does not show the dial failure", ready)
+	}
+	if msg := st.Cloudly.LastFailure.Message; !strings.Contains(msg, "?…") {
+		t.Fatalf("the failure does not quote the URL with its query cut (the test proves nothing): %q", msg)
+	}
+	for what, text := range map[string]string{"/status.json": doc, "/status": page, "/readyz": ready} {
+		if strings.Contains(text, secret) || strings.Contains(text, x.Cloudly.Token) {
+			t.Errorf("%s shows the URL's query or the token", what)
+		}
+	}
+}
+
 // TestStatusPageListsTheBusiest100: a relay carrying more nodes lists only the busiest 100, so the
 // page's cost does not grow with the cluster.
 func TestStatusPageListsTheBusiest100(t *testing.T) {
