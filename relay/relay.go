@@ -112,14 +112,14 @@ type Options struct {
 // registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry,
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, elector: opts.Elector,
 		log: logs{
 			relay:   log.With().Str("component", "relay").Logger(),
 			up:      log.With().Str("component", "upstream").Logger(),
 			admin:   log.With().Str("component", "admin").Logger(),
 			refusal: log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
 		},
-		streams: newStreamTable(), started: time.Now(), elector: opts.Elector}
+		streams: newStreamTable(), started: time.Now()}
 	if h := opts.VPNHub; h != nil {
 		r.hubAddr = net.JoinHostPort(h.Address, strconv.Itoa(h.QUICPort))
 	}
