@@ -6,7 +6,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/tally"
 )
 
 // metrics are the escrow's Prometheus metrics: namespace relay, subsystem escrow.
@@ -20,17 +19,13 @@ type metrics struct {
 
 	releasesBy map[string]prometheus.Counter // releases by outcome, resolved once
 
-	// The same counts again, kept beside the Prometheus counters for the status page (Status),
-	// which never reads Prometheus back. Each tally's names are fixed at construction.
-	holdCounts    tally.Tally
-	dropCounts    tally.Tally
-	releaseCounts tally.Tally
-	pushes        atomic.Int64 // applyRuntimeNetworkDnsLeaseRenewal pushes sent, answered or not
+	// pushes counts applyRuntimeNetworkDnsLeaseRenewal pushes sent, answered or not, for Status.
+	// The outcomes are counted once, in the Prometheus counters above, which the status page lists.
+	pushes atomic.Int64
 }
 
 // released counts one release outcome.
 func (m *metrics) released(outcome string) {
-	m.releaseCounts.Add(outcome)
 	if c, ok := m.releasesBy[outcome]; ok {
 		c.Inc()
 		return
@@ -40,13 +35,11 @@ func (m *metrics) released(outcome string) {
 
 // held counts one hold outcome: held, cleared or the refusal name.
 func (m *metrics) held(outcome string) {
-	m.holdCounts.Add(outcome)
 	m.holds.WithLabelValues(outcome).Inc()
 }
 
 // droppedRun counts one run dropped, by reason.
 func (m *metrics) droppedRun(why string) {
-	m.dropCounts.Add(why)
 	m.dropped.WithLabelValues(why).Inc()
 }
 
@@ -84,7 +77,6 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	for _, o := range releaseOutcomes {
 		m.releasesBy[o] = m.releases.WithLabelValues(o)
 	}
-	m.holdCounts, m.dropCounts, m.releaseCounts = tally.New(holdOutcomes), tally.New(dropReasons), tally.New(releaseOutcomes)
 	if reg == nil {
 		return m, nil
 	}

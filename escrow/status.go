@@ -24,10 +24,9 @@ type Status struct {
 	NextRelease *time.Time `json:"nextRelease"`
 	// ReleasesWhileDetached counts the renewals pushed to nodes since the relay started; every
 	// push happens while detached.
-	ReleasesWhileDetached int64            `json:"releasesWhileDetached"`
-	Releases              map[string]int64 `json:"releases"` // answered pushes by outcome: accepted, replay, refused, mismatch, failed
-	Holds                 map[string]int64 `json:"holds"`    // hold requests by outcome: held, cleared or the refusal name
-	Dropped               map[string]int64 `json:"dropped"`  // runs dropped by reason: expired, cleared, custody-ended, foreign-session
+	// The outcomes of pushes, holds and drops are the escrow's Prometheus counters, which the
+	// status page lists itself (relay_escrow_releases_total, _holds_total, _runs_dropped_total).
+	ReleasesWhileDetached int64 `json:"releasesWhileDetached"`
 	// Nodes lists at most 100 nodes holding a run, the most renewals first (then by node id).
 	Nodes []StatusNode `json:"nodes"`
 }
@@ -65,9 +64,6 @@ func (e *Escrow) Status() any {
 	st := Status{
 		Runs: len(rows), Renewals: renewals, Releasing: !attached,
 		ReleasesWhileDetached: e.metrics.pushes.Load(),
-		Releases:              e.metrics.releaseCounts.Snapshot(),
-		Holds:                 e.metrics.holdCounts.Snapshot(),
-		Dropped:               e.metrics.dropCounts.Snapshot(),
 	}
 	if !attached {
 		next := int64(-1)

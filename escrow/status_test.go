@@ -7,6 +7,9 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
 // TestStatusShowsRunsPerNodeAndTheNextRelease: two nodes' runs, attached then detached, a node
@@ -31,7 +34,7 @@ func TestStatusShowsRunsPerNodeAndTheNextRelease(t *testing.T) {
 
 		// Attached: both runs held, nothing is released, so no next release.
 		st := b.status(t)
-		if st.Runs != 2 || st.Renewals != 28 || st.Releasing || st.NextRelease != nil || st.Holds["held"] != 2 {
+		if st.Runs != 2 || st.Renewals != 28 || st.Releasing || st.NextRelease != nil || count(b.e.metrics.holds, "held") != 2 {
 			t.Fatalf("attached: %+v", st)
 		}
 		if len(st.Nodes) != 2 || st.Nodes[0].Node != "node-a" || st.Nodes[0].Renewals != 23 || !st.Nodes[0].Carried ||
@@ -52,7 +55,7 @@ func TestStatusShowsRunsPerNodeAndTheNextRelease(t *testing.T) {
 		b.e.Detached()
 		synctest.Wait()
 		st = b.status(t)
-		if !st.Releasing || st.ReleasesWhileDetached != 1 || st.Releases[outcomeAccepted] != 1 {
+		if !st.Releasing || st.ReleasesWhileDetached != 1 || count(b.e.metrics.releases, outcomeAccepted) != 1 {
 			t.Fatalf("detached: %+v", st)
 		}
 		if st.NextRelease == nil || !st.NextRelease.Equal(at(startB)) {
@@ -67,17 +70,22 @@ func TestStatusShowsRunsPerNodeAndTheNextRelease(t *testing.T) {
 			t.Fatalf("node-b gone: next release %v, nodes %+v", st.NextRelease, st.Nodes)
 		}
 		sleepUntil(startA + 10*minute)
-		if st = b.status(t); st.ReleasesWhileDetached != 2 || st.Releases[outcomeAccepted] != 2 {
+		if st = b.status(t); st.ReleasesWhileDetached != 2 || count(b.e.metrics.releases, outcomeAccepted) != 2 {
 			t.Fatalf("after node-a's second slot: %+v", st)
 		}
 
 		b.e.CustodyEnded()
 		st = b.status(t)
-		if st.Runs != 0 || st.Renewals != 0 || len(st.Nodes) != 0 || st.NextRelease != nil || st.Dropped[dropCustody] != 2 {
+		if st.Runs != 0 || st.Renewals != 0 || len(st.Nodes) != 0 || st.NextRelease != nil || count(b.e.metrics.dropped, dropCustody) != 2 {
 			t.Fatalf("after custody ended: %+v", st)
 		}
 		a.end()
 	})
+}
+
+// count is one series of a counter the status page lists beside the escrow's status.
+func count(v *prometheus.CounterVec, label string) float64 {
+	return testutil.ToFloat64(v.WithLabelValues(label))
 }
 
 // TestStatusListsTheBusiest100 bounds the page: 120 nodes holding runs, the 100 holding the most

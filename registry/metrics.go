@@ -1,8 +1,6 @@
 package registry
 
 import (
-	"sync/atomic"
-
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -24,35 +22,26 @@ type metrics struct {
 	slotsInUse       *prometheus.GaugeVec   // pool: fetch, authorize
 	slotWaitsRefused *prometheus.CounterVec // pool, limit: source, total
 	slowReadersCut   prometheus.Counter
-
-	// The same counts again, summed over their labels, kept beside the Prometheus counters for
-	// the status page (Status), which never reads Prometheus back.
-	nHits, nMisses, nCoalesced, nEvictions, nBypass atomic.Int64
 }
 
 func (m *metrics) hit(k kind) {
-	m.nHits.Add(1)
 	m.hits.WithLabelValues(k.String()).Inc()
 }
 
 func (m *metrics) miss(k kind) {
-	m.nMisses.Add(1)
 	m.misses.WithLabelValues(k.String()).Inc()
 }
 
 func (m *metrics) coalesce(k kind) {
-	m.nCoalesced.Add(1)
 	m.coalesced.WithLabelValues(k.String()).Inc()
 }
 
 func (m *metrics) evicted() {
-	m.nEvictions.Add(1)
 	m.evictions.Inc()
 }
 
 // bypassed counts a GET by digest served without the cache, by reason.
 func (m *metrics) bypassed(reason string) {
-	m.nBypass.Add(1)
 	m.bypass.WithLabelValues(reason).Inc()
 }
 

@@ -36,6 +36,7 @@ type Config struct {
 	RegistryUpstream    string // --registry-upstream: where /v2/ is forwarded; empty: off
 	RegistryCacheDir    string // --registry-cache-dir: digest cache; empty: no cache
 	AdminListen         string // --admin-listen (default 127.0.0.1:9464)
+	AdminPprof          bool   // --admin-pprof: net/http/pprof under /debug/pprof/ on the admin listener
 	MaxMessageBytes     int64  // --max-message-bytes (default 8 MiB)
 	PeerMemoryBytes     int64  // --peer-memory-bytes: the budget of bytes held for downstream peers (default 256 MiB)
 	// MaxUnregisteredPerSource is --max-unregistered-per-source: unregistered connections from one

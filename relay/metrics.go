@@ -3,6 +3,7 @@ package relay
 import (
 	"errors"
 	"fmt"
+	"runtime"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -89,8 +90,14 @@ func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
 		return prometheus.NewCounterFunc(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: name, Help: help},
 			func() float64 { return float64(f()) })
 	}
+	// relay_build_info is the one metric outside a subsystem, as the Prometheus Go client's own
+	// build_info collector names it: 1, its labels the build.
+	build := prometheus.NewGaugeVec(prometheus.GaugeOpts{Namespace: "relay", Name: "build_info",
+		Help: "1; the labels are the relay build (version), the @serve.zone/interfaces release it speaks (protocol) and the Go release it was built with (goversion)."},
+		[]string{"version", "protocol", "goversion"})
+	build.WithLabelValues(r.cfg.BuildVersion, contracts.InterfacesVersion, runtime.Version()).Set(1)
 	for _, c := range []prometheus.Collector{
-		m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
+		build, m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
 		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.rebound,
 		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
 		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.down.peers.queued),

@@ -9,13 +9,13 @@ import (
 	"code.foss.global/serve.zone/relay/relay"
 )
 
-var metricName = regexp.MustCompile(`^relay_(upstream|downstream)_[a-z_]+$`)
+var metricName = regexp.MustCompile(`^relay_((upstream|downstream)_[a-z_]+|build_info)$`)
 
 var wantMetrics = []string{
 	"relay_upstream_attached", "relay_upstream_attaches_total", "relay_upstream_detaches_total",
 	"relay_upstream_registrations_total", "relay_upstream_queued_frames", "relay_downstream_connections",
 	"relay_downstream_nodes", "relay_downstream_registrations_total", "relay_downstream_queued_frames",
-	"relay_downstream_forwarded_requests_total", "relay_downstream_refusals_total",
+	"relay_downstream_forwarded_requests_total", "relay_downstream_refusals_total", "relay_build_info",
 }
 
 // TestMetricNames: namespace relay, subsystems upstream and downstream, counters end in _total and

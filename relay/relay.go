@@ -9,7 +9,9 @@ import (
 	"fmt"
 	"net"
 	"net/http"
+	"net/http/pprof"
 	"net/url"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -53,6 +55,9 @@ type Relay struct {
 	v2        http.Handler  // set at construction: registry forwarding under /v2/; nil: off
 	hubReport *hubReporter  // set at construction: registerClusterVpnHub after each accepted registration
 	certs     *certReloader // set at construction: the downstream certificate; nil with --insecure-plaintext
+	started   time.Time     // set at construction: the status page's uptime counts from it
+	hubAddr   string        // set at construction: the VPN hub's reported address:port; empty while off
+	rates     counterRates  // samples of the counters for the status page's rates (counters.go)
 
 	custody custody
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
@@ -114,7 +119,10 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 			admin:   log.With().Str("component", "admin").Logger(),
 			refusal: log.With().Str("component", "upstream").Logger().Sample(&zerolog.BurstSampler{Burst: 20, Period: time.Second}),
 		},
-		streams: newStreamTable()}
+		streams: newStreamTable(), started: time.Now()}
+	if h := opts.VPNHub; h != nil {
+		r.hubAddr = net.JoinHostPort(h.Address, strconv.Itoa(h.QUICPort))
+	}
 	if r.registry == nil {
 		r.registry = NewRegistry()
 	}
@@ -168,6 +176,17 @@ func NewRegistry() *prometheus.Registry {
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	return reg
+}
+
+// role is the relay's part in its cluster: leader or standby with HA (SPEC §16), single without.
+func (r *Relay) role() string {
+	switch {
+	case r.elector == nil:
+		return "single"
+	case r.leading.Load():
+		return "leader"
+	}
+	return "standby"
 }
 
 // Upstream is the Cloudly session as parts see it.
@@ -250,6 +269,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 		})
 	}
 	g.Go(func() error { r.sweepStreams(gctx); return nil })
+	g.Go(func() error { r.sampleCounters(gctx); return nil })
 	r.log.relay.Info().Str("listen", r.downLn.Addr().String()).Str("admin", r.adminLn.Addr().String()).
 		Str("cloudly", redactURL(r.cfg.CloudlyURL)).Msg("relay serving")
 
@@ -391,7 +411,8 @@ func ignoreClosed(err error) error {
 }
 
 // adminHandler serves /healthz (the process is alive), /readyz (attached to Cloudly, and every
-// component ready) and /metrics.
+// component ready; the body says why not), /metrics, /status and /status.json, and with
+// --admin-pprof net/http/pprof under /debug/pprof/.
 func (r *Relay) adminHandler() http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, _ *http.Request) { fmt.Fprintln(w, "ok") })
@@ -400,24 +421,39 @@ func (r *Relay) adminHandler() http.Handler {
 			http.Error(w, "not ready: "+err.Error(), http.StatusServiceUnavailable)
 			return
 		}
+		if r.elector != nil && !r.leading.Load() {
+			fmt.Fprintln(w, "ready: standby, could lead")
+			return
+		}
 		fmt.Fprintln(w, "ready")
 	})
 	mux.Handle("GET /metrics", promhttp.HandlerFor(r.registry, promhttp.HandlerOpts{}))
 	mux.HandleFunc("GET /status", r.serveStatusPage)
 	mux.HandleFunc("GET /status.json", r.serveStatusJSON)
+	if r.cfg.AdminPprof {
+		// The profiles say what the relay does, not what it carries; the admin listener is on
+		// loopback by default, and this is off unless asked for.
+		mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+		mux.HandleFunc("GET /debug/pprof/cmdline", pprof.Cmdline)
+		mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+		mux.HandleFunc("GET /debug/pprof/symbol", pprof.Symbol)
+		mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
+	}
 	return mux
 }
 
-// ready says why the relay cannot serve now: detached from Cloudly, or a component not ready. An
-// HA standby is ready while it could lead.
+// ready says why the relay cannot serve now: shutting down, detached from Cloudly (and why), or
+// a component not ready. An HA standby is ready while it could lead.
 func (r *Relay) ready() error {
 	switch {
+	case r.draining.Load():
+		return errors.New("shutting down")
 	case r.elector != nil && !r.leading.Load():
 		if err := r.elector.Ready(); err != nil {
 			return fmt.Errorf("standby: %w", err)
 		}
 	case !r.up.Attached():
-		return errors.New("upstream detached")
+		return errors.New("detached: " + r.up.hist.history().detachedReason(time.Now()))
 	}
 	for _, c := range r.parts.components {
 		if err := c.v.Ready(); err != nil {

@@ -68,6 +68,108 @@ func TestStatusPage(t *testing.T) {
 	}
 }
 
+// TestStatusPageSaysWhyDetached: detached because Cloudly refuses the registration, the page,
+// status.json and /readyz name the refusal and the next retry, the outage is listed open with the
+// loss that began it, and closed at the next attach; counters are listed with their rates, the
+// groups at zero folded away, and no secret is shown.
+func TestStatusPageSaysWhyDetached(t *testing.T) {
+	e := start(t, relay.Features{})
+	e.node("node-a").Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
+	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
+	e.cloudly.Drop()
+	var st relay.Status
+	e.eventually("the refusal on status.json", func() bool {
+		_, body := e.admin("/status.json")
+		st = relay.Status{}
+		return json.Unmarshal([]byte(body), &st) == nil && !st.Cloudly.Attached && st.Cloudly.LastFailure != nil &&
+			st.Cloudly.LastFailure.Refusal == "relay-node-foreign" && st.Cloudly.NextRetry != nil
+	})
+	if f := st.Cloudly.LastFailure; f.Kind != "refused" || f.Step != "cluster relay registration" || f.At.IsZero() ||
+		!strings.Contains(f.Message, "not in cluster-sim") || st.Cloudly.Attempts < 1 {
+		t.Fatalf("last failure %+v, attempts %d", f, st.Cloudly.Attempts)
+	}
+	if !strings.HasPrefix(st.Cloudly.Reason, "registration refused relay-node-foreign: ") || !strings.HasPrefix(st.Ready, "detached: ") {
+		t.Fatalf("reason %q, ready %q", st.Cloudly.Reason, st.Ready)
+	}
+	if n := len(st.Cloudly.Outages); n != 1 || st.Cloudly.Outages[0].End != nil || !strings.HasPrefix(st.Cloudly.Outages[0].Cause, "session lost: ") {
+		t.Fatalf("outages = %+v", st.Cloudly.Outages)
+	}
+	if st.Role != "single" || st.UptimeSeconds < 0 || st.Started.IsZero() || st.Addresses.Listen != e.relay.DownstreamAddr().String() ||
+		st.Addresses.Admin != e.relay.AdminAddr().String() || st.Addresses.Advertise != e.cfg.AdvertiseAddress {
+		t.Fatalf("role %q, started %v, addresses %+v", st.Role, st.Started, st.Addresses)
+	}
+	code, body := e.admin("/readyz")
+	if code != 503 || !strings.Contains(body, "detached: registration refused relay-node-foreign: ") ||
+		!(strings.Contains(body, "next retry in ") || strings.Contains(body, "retrying now")) {
+		t.Fatalf("/readyz = %d %q while refused", code, body)
+	}
+	code, page := e.admin("/status")
+	reason := regexp.MustCompile(`id="detach-reason"[^>]*>([^<]*)<`).FindStringSubmatch(page)
+	if code != 200 || reason == nil || !strings.Contains(reason[1], "registration refused relay-node-foreign") {
+		t.Fatalf("/status (%d) does not say why it is detached: %v", code, reason)
+	}
+	for _, want := range []string{`<meta http-equiv="refresh" content="10">`, `id="outages"`, "ongoing", `id="role">single<`,
+		`<details id="zero-counters">`, "relay_upstream_registrations_total", "outcome=relay-node-foreign"} {
+		if !strings.Contains(page, want) {
+			t.Errorf("/status does not show %q", want)
+		}
+	}
+
+	e.cloudly.SetRegistrationRefusal(nil)
+	e.waitAttached()
+	_, body = e.admin("/status.json")
+	st = relay.Status{}
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Cloudly.Outages) != 1 || st.Cloudly.Outages[0].End == nil || st.Cloudly.Reason != "" || st.Ready != "ready" || st.Cloudly.Attempts != 0 {
+		t.Fatalf("after attaching again: ready %q reason %q attempts %d outages %+v", st.Ready, st.Cloudly.Reason, st.Cloudly.Attempts, st.Cloudly.Outages)
+	}
+	var counted bool
+	for _, g := range st.Counters {
+		if g.Name == "relay_upstream_attaches_total" && len(g.Series) == 1 && g.Series[0].Total == 2 {
+			counted = true
+		}
+	}
+	if !counted {
+		t.Fatalf("the counters do not show two attaches: %+v", st.Counters)
+	}
+	_, page = e.admin("/status")
+	for _, secret := range []string{"bearer-node-a", e.cloudly.Token} {
+		if strings.Contains(body, secret) || strings.Contains(page, secret) {
+			t.Fatalf("the status page shows a secret (%.12s…)", secret)
+		}
+	}
+}
+
+// TestStatusPageHidesTheURLQuery: a Cloudly URL may carry a credential in its query; when the
+// dial fails with an error that quotes the URL, the page and /readyz show the failure without it.
+func TestStatusPageHidesTheURLQuery(t *testing.T) {
+	const secret = "url-query-status-secret"
+	x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.CloudlyURL += "?access=" + secret }})
+	x.Cloudly.Close() // the next dial is refused at TCP: the error quotes the URL it dialled
+	var st relay.Status
+	x.Eventually("a dial failure", func() bool {
+		_, body := statusGet(t, x, "/status.json")
+		st = relay.Status{}
+		return json.Unmarshal([]byte(body), &st) == nil && st.Cloudly.LastFailure != nil && st.Cloudly.LastFailure.Kind == "dial"
+	})
+	_, doc := statusGet(t, x, "/status.json")
+	_, page := statusGet(t, x, "/status")
+	_, ready := statusGet(t, x, "/readyz")
+	if !strings.Contains(ready, "detached: dial failed: ") || !strings.Contains(page, "dial failed: ") {
+		t.Fatalf("/readyz %q; the page does not show the dial failure", ready)
+	}
+	if msg := st.Cloudly.LastFailure.Message; !strings.Contains(msg, "?…") {
+		t.Fatalf("the failure does not quote the URL with its query cut (the test proves nothing): %q", msg)
+	}
+	for what, text := range map[string]string{"/status.json": doc, "/status": page, "/readyz": ready} {
+		if strings.Contains(text, secret) || strings.Contains(text, x.Cloudly.Token) {
+			t.Errorf("%s shows the URL's query or the token", what)
+		}
+	}
+}
+
 // TestStatusPageListsTheBusiest100: a relay carrying more nodes lists only the busiest 100, so the
 // page's cost does not grow with the cluster.
 func TestStatusPageListsTheBusiest100(t *testing.T) {
@@ -347,8 +449,10 @@ func statusGet(t *testing.T, e *relaytest.Env, path string) (int, string) {
 }
 
 // TestStatusPageInABrowser loads /status in a real headless Chromium while the relay carries
-// nodes, and reads the attached state and the node count from the page it rendered. CI installs
-// Chromium (RELAY_REQUIRE_BROWSER=1 there); elsewhere the test skips without it.
+// nodes, and reads the attached state and the node count from the page it rendered; then, with
+// Cloudly refusing the registration, the detach reason naming the refusal. CI installs Chromium
+// (RELAY_REQUIRE_BROWSER=1 there); elsewhere the test skips without it, naming the command that
+// installs it.
 func TestStatusPageInABrowser(t *testing.T) {
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
@@ -366,6 +470,19 @@ func TestStatusPageInABrowser(t *testing.T) {
 	nodes := regexp.MustCompile(`id="nodes">(\d+)<`).FindStringSubmatch(dom)
 	if attached == nil || attached[1] != "attached" || nodes == nil || nodes[1] != "3" {
 		t.Fatalf("the browser rendered attached=%v nodes=%v:\n%s", attached, nodes, dom)
+	}
+
+	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
+	e.cloudly.Drop()
+	e.eventually("the refusal on the status page", func() bool {
+		_, page := e.admin("/status")
+		return strings.Contains(page, "registration refused relay-node-foreign")
+	})
+	dom = headless(t, browser, "--dump-dom", "http://"+e.relay.AdminAddr().String()+"/status")
+	attached = regexp.MustCompile(`id="attached">([a-z]+)<`).FindStringSubmatch(dom)
+	reason := regexp.MustCompile(`id="detach-reason"[^>]*>([^<]+)<`).FindStringSubmatch(dom)
+	if attached == nil || attached[1] != "detached" || reason == nil || !strings.HasPrefix(reason[1], "registration refused relay-node-foreign: ") {
+		t.Fatalf("the browser rendered attached=%v reason=%v while Cloudly refuses the registration:\n%s", attached, reason, dom)
 	}
 }
 

@@ -44,6 +44,13 @@ func (c *certReloader) load() error {
 	return nil
 }
 
+// info is the certificate served now: its names and expiry.
+func (c *certReloader) info() *certInfo {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return certOf(c.cert.Leaf)
+}
+
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()

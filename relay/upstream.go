@@ -78,6 +78,7 @@ type upstream struct {
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
 	state    atomic.Pointer[sessionState]
+	hist     *sessionLog // set at construction: why detached, retries, outages (sessionlog.go)
 	stopping atomic.Bool // set by close: the session ends for shutdown or a step down
 	runMu    sync.Mutex
 	cancel   context.CancelFunc // guarded by runMu: ends run
@@ -119,7 +120,7 @@ func (s attachStep) String() string {
 }
 
 func newUpstream(host upstreamHost, cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics) *upstream {
-	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m}
+	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m, hist: newSessionLog(cfg.url)}
 }
 
 // Attached reports whether the relay holds an accepted registration with Cloudly.
@@ -238,6 +239,7 @@ func (u *upstream) close(ctx context.Context, reason string) {
 	u.cancel()
 	<-u.done
 	u.done = nil
+	u.hist.stopped(time.Now())
 }
 
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.
@@ -249,6 +251,7 @@ func (u *upstream) run(ctx context.Context) {
 			return
 		}
 		u.log.Info().Dur("wait", wait).Msg("re-dialling Cloudly")
+		u.hist.waiting(time.Now().Add(wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -262,7 +265,7 @@ func (u *upstream) run(ctx context.Context) {
 // dial opens a WebSocket to Cloudly and returns it with the TCP socket under it (below TLS), so
 // that the send loop can cork it (every node's traffic shares this socket: bursts leave in one
 // write) and a shutdown can close it under the WebSocket when the close handshake overruns.
-func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websocket.Conn, *typedsocket.CorkConn, error) {
+func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websocket.Conn, *typedsocket.CorkConn, *tls.ConnectionState, error) {
 	var raw *typedsocket.CorkConn
 	var d net.Dialer
 	t := &http.Transport{
@@ -283,15 +286,24 @@ func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websock
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
 	defer cancel()
-	ws, _, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}, OnPingReceived: pongs.OnPingReceived})
-	return ws, raw, err
+	ws, resp, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}, OnPingReceived: pongs.OnPingReceived})
+	var state *tls.ConnectionState
+	if resp != nil {
+		state = resp.TLS
+	}
+	return ws, raw, state, err
 }
 
 // session runs one socket from dial to loss and returns how long to wait before the next.
 func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Duration {
 	pongs := new(typedsocket.Pongs)
-	ws, raw, err := u.dial(ctx, pongs)
+	u.hist.dialling()
+	ws, raw, state, err := u.dial(ctx, pongs)
+	u.hist.connected(state)
 	if err != nil {
+		if ctx.Err() == nil {
+			u.hist.failed(time.Now(), dialFailure(err))
+		}
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
 		return bo.Next()
 	}
@@ -336,7 +348,13 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 	if ctx.Err() != nil || u.stopping.Load() {
 		u.log.Info().Str("outcome", "detached").Msg("Cloudly session closed for shutdown")
 	} else {
-		u.log.Warn().Err(context.Cause(s.conn.Context())).Str("outcome", "detached").Msg("Cloudly session lost")
+		cause := context.Cause(s.conn.Context())
+		msg := "closed"
+		if cause != nil {
+			msg = cause.Error()
+		}
+		u.hist.failed(time.Now(), sessionFailure{Kind: failLost, Message: msg})
+		u.log.Warn().Err(cause).Str("outcome", "detached").Msg("Cloudly session lost")
 	}
 	u.host.upstreamDetached()
 	return bo.Next()
@@ -347,6 +365,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (time.Duration, bool) {
 	jwt, err := ReadToken(u.cfg.tokenFile)
 	if err != nil {
+		u.hist.failed(time.Now(), sessionFailure{Kind: failToken, Message: err.Error()})
 		u.log.Error().Err(err).Msg("cannot open a Cloudly session")
 		return bo.Next(), false
 	}
@@ -372,6 +391,7 @@ func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (
 		return u.unusable(stepRegistration, err, bo), false
 	}
 	u.state.Store(&sessionState{Attached: true, Since: time.Now(), Sequence: seq, Origin: s.origin})
+	u.hist.attached(time.Now())
 	u.m.attached.Set(1)
 	u.m.attaches.Inc()
 	ev := u.log.Info().Int64("sequence", seq)
@@ -428,9 +448,11 @@ func (u *upstream) unusable(step attachStep, err error, bo *backoff.Backoff) tim
 	var refusal *contracts.ProtocolRefusal
 	if errors.As(err, &refusal) {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
+		u.hist.failed(time.Now(), sessionFailure{Kind: failOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(*refusal)})
 		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(*refusal))
 		return contracts.RefusedOfferRetryInterval
 	}
+	u.hist.failed(time.Now(), sessionFailure{Kind: failMalformed, Step: step.String(), Message: "Cloudly's answer carries no readable offer"})
 	u.log.Warn().Stringer("step", step).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
 	return bo.Next()
 }
@@ -445,17 +467,22 @@ func (u *upstream) refused(step attachStep, err error, bo *backoff.Backoff) time
 	var remote *typedsocket.Error
 	if !errors.As(err, &remote) {
 		count("failed")
+		if !u.stopping.Load() { // a call cut by a shutdown is no failure
+			u.hist.failed(time.Now(), sessionFailure{Kind: failStep, Step: step.String(), Message: err.Error()})
+		}
 		u.log.Warn().Err(err).Stringer("step", step).Str("outcome", "failed").Msg("attach failed")
 		return bo.Next()
 	}
 	if pr, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
 		count(contracts.ProtocolIncompatibleCode)
+		u.hist.failed(time.Now(), sessionFailure{Kind: failOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(pr)})
 		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(pr))
 		return contracts.RefusedOfferRetryInterval
 	}
 	label := contracts.RefusalLabel(err)
 	count(label)
+	u.hist.failed(time.Now(), sessionFailure{Kind: failRefused, Step: step.String(), Refusal: string(remote.Name()), Message: remote.Text})
 	u.log.Warn().Stringer("step", step).Str("refusal", label).Str("outcome", "refused").Msg("Cloudly refused the relay")
 	if name := remote.Name(); contracts.IsUndispatchedRefusal(name) {
 		u.host.undispatched(name)

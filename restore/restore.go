@@ -55,8 +55,6 @@ type Restore struct {
 	inflight map[string]int    // guarded by mu: calls in flight per node
 	total    int               // guarded by mu: calls in flight
 	closed   bool              // guarded by mu
-	answered int64             // guarded by mu: calls answered with a progress
-	refused  map[string]int64  // guarded by mu: calls refused, by refusal name (a fixed set: contracts.RefusalLabel)
 }
 
 // New returns a Restore that reaches Corestores through cs. It fails only when its metrics cannot
@@ -69,7 +67,7 @@ func New(cs Corestore, opts Options) (*Restore, error) {
 		opts.MaxInflight = DefaultMaxInflight
 	}
 	r := &Restore{cs: cs, opts: opts, log: opts.Logger.With().Str("component", "restore").Logger(),
-		origins: make(map[string]string), inflight: make(map[string]int), refused: make(map[string]int64)}
+		origins: make(map[string]string), inflight: make(map[string]int)}
 	m, err := newMetrics(opts.Registerer, r.inflightNow)
 	if err != nil {
 		return nil, fmt.Errorf("register restore metrics: %w", err)
@@ -210,14 +208,7 @@ func (r *Restore) finish(method, op, node string, size, answerSize int, err erro
 	if op == "" {
 		op = contracts.RefusalLabelOther
 	}
-	r.metrics.requests.WithLabelValues(op, out).Inc()
-	r.mu.Lock()
-	if err == nil {
-		r.answered++
-	} else {
-		r.refused[out]++
-	}
-	r.mu.Unlock()
+	r.metrics.requests.WithLabelValues(op, out).Inc() // counted once: the status page lists it
 	ev := r.log.Debug()
 	if err != nil {
 		ev = r.log.Info()

@@ -2,7 +2,6 @@ package restore
 
 import (
 	"cmp"
-	"maps"
 	"slices"
 	"strings"
 )
@@ -20,9 +19,8 @@ type Status struct {
 	MaxInflightPerNode int `json:"maxInflightPerNode"` // the bound per node
 	Corestores         int `json:"corestores"`         // nodes whose Corestore origin the newest configuration names
 	// Nodes lists the nodes with calls in flight, the most first (then by node id), at most 100.
-	Nodes    []StatusNode     `json:"nodes"`
-	Answered int64            `json:"answered"` // calls answered with a progress since start
-	Refused  map[string]int64 `json:"refused"`  // calls refused since start, by refusal name
+	// Calls answered and refused are relay_restore_requests_total, which the status page lists.
+	Nodes []StatusNode `json:"nodes"`
 }
 
 // StatusNode is one node's calls in flight.
@@ -31,11 +29,11 @@ type StatusNode struct {
 	Inflight int    `json:"inflight"`
 }
 
-// Status reports the calls in flight and the answered and refused counts.
+// Status reports the calls in flight.
 func (r *Restore) Status() any {
 	st := Status{MaxInflight: r.opts.MaxInflight, MaxInflightPerNode: r.opts.MaxInflightPerNode}
 	r.mu.Lock()
-	st.Inflight, st.Corestores, st.Answered, st.Refused = r.total, len(r.origins), r.answered, maps.Clone(r.refused)
+	st.Inflight, st.Corestores = r.total, len(r.origins)
 	st.Nodes = make([]StatusNode, 0, len(r.inflight))
 	for n, k := range r.inflight {
 		st.Nodes = append(st.Nodes, StatusNode{Node: n, Inflight: k})

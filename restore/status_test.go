@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -39,8 +40,8 @@ func TestStatusShowsCallsInFlightWhileCorestoreBlocks(t *testing.T) {
 		len(st.Nodes) != 2 || st.Nodes[0] != (StatusNode{"node-a", 3}) || st.Nodes[1] != (StatusNode{"node-b", 1}) {
 		t.Fatalf("four calls waiting: %+v", st)
 	}
-	if st.Answered != 0 || st.Refused[string(contracts.RelayNodeBusy)] != 1 {
-		t.Fatalf("counts while waiting: answered %d, refused %v", st.Answered, st.Refused)
+	if n, busy := outcomes(r, "answered"), outcomes(r, string(contracts.RelayNodeBusy)); n != 0 || busy != 1 {
+		t.Fatalf("counts while waiting: answered %v, refused busy %v", n, busy)
 	}
 
 	close(port.release) // the stand-in fails every call: each is answered restore-node-unreachable
@@ -48,9 +49,19 @@ func TestStatusShowsCallsInFlightWhileCorestoreBlocks(t *testing.T) {
 		<-replies
 	}
 	st = restoreStatus(t, r)
-	if st.Inflight != 0 || len(st.Nodes) != 0 || st.Refused[string(contracts.RestoreNodeUnreachable)] != 4 {
+	if st.Inflight != 0 || len(st.Nodes) != 0 || outcomes(r, string(contracts.RestoreNodeUnreachable)) != 4 {
 		t.Fatalf("after Corestore answered: %+v", st)
 	}
+}
+
+// outcomes is relay_restore_requests_total{outcome} summed over the operations: the count the
+// status page lists beside the restore's Status.
+func outcomes(r *Restore, outcome string) float64 {
+	var n float64
+	for _, op := range []string{"prepare", "write", "status", "execute", "cleanup", contracts.RefusalLabelOther} {
+		n += testutil.ToFloat64(r.metrics.requests.WithLabelValues(op, outcome))
+	}
+	return n
 }
 
 // restoreStatus is the restore's Status, checked to marshal without a control, a grant or an

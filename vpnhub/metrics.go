@@ -1,12 +1,9 @@
 package vpnhub
 
 import (
-	"sync/atomic"
-
 	"github.com/prometheus/client_golang/prometheus"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/tally"
 )
 
 // metrics are the hub's Prometheus metrics: namespace relay, subsystem vpnhub. Per-packet
@@ -24,12 +21,6 @@ type metrics struct {
 	closes     *prometheus.CounterVec
 
 	dropBy [dropReasons]prometheus.Counter
-
-	// The same counts again, kept beside the Prometheus counters for the status page (Status),
-	// which never reads Prometheus back.
-	dropCounts      [dropReasons]atomic.Int64
-	handshakeCounts tally.Tally // names fixed at construction
-	closeCounts     tally.Tally // names fixed at construction
 }
 
 // dropReason is why the data plane dropped a packet.
@@ -115,7 +106,6 @@ func newMetrics() *metrics {
 	for _, r := range closes {
 		m.closes.WithLabelValues(r)
 	}
-	m.handshakeCounts, m.closeCounts = tally.New(handshakes), tally.New(closes)
 	return m
 }
 
@@ -134,17 +124,14 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 
 func (m *metrics) drop(r dropReason) {
 	m.dropBy[r].Inc()
-	m.dropCounts[r].Add(1)
 }
 
 // handshake counts one handshake by outcome: accepted, a refusal name, rate-limited or broken.
 func (m *metrics) handshake(outcome string) {
-	m.handshakeCounts.Add(outcome)
 	m.handshakes.WithLabelValues(outcome).Inc()
 }
 
 // closed counts one session's end by reason: a refusal name, left or shutdown.
 func (m *metrics) closed(reason string) {
-	m.closeCounts.Add(reason)
 	m.closes.WithLabelValues(reason).Inc()
 }

@@ -9,12 +9,14 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // TestStatusShowsMembersSessionsAndDropsByReason: members join, one sends a spoofed packet and
-// one to a member who never joined, then a membership push removes one; the status follows, and
-// never shows a key.
+// one to a member who never joined, then a membership push removes one; the status and the
+// counters the status page lists follow, and the status never shows a key.
 func TestStatusShowsMembersSessionsAndDropsByReason(t *testing.T) {
 	th := startHub(t, nil)
 	if st := hubStatus(t, th, nil); st.Generation != -1 || st.Members != 0 || st.Sessions != 0 {
@@ -26,18 +28,17 @@ func TestStatusShowsMembersSessionsAndDropsByReason(t *testing.T) {
 	b := th.mustDial(t, kb, "node-b")
 	keys := [][32]byte{ka.Public, kb.Public, kc.Public, ka.Private(), kb.Private(), kc.Private(), th.key.Private()}
 	st := hubStatus(t, th, keys)
-	if st.Generation != 1 || st.Members != 3 || st.Sessions != 2 || st.Handshakes[outcomeAccepted] != 2 {
+	if st.Generation != 1 || st.Members != 3 || st.Sessions != 2 || testutil.ToFloat64(th.m.handshakes.WithLabelValues(outcomeAccepted)) != 2 {
 		t.Fatalf("two of three members joined: %+v", st)
 	}
 
 	a.WritePacket(ipv4Packet(addrB, addrB, []byte("a pretending to be b")))
 	a.WritePacket(ipv4Packet(addrA, netip.MustParseAddr("10.64.0.4"), []byte("to node-c, who never joined")))
 	eventually(t, "a spoofed and an unknown-destination drop", func() bool {
-		st := hubStatus(t, th, keys)
-		return st.Drops["spoofed"] == 1 && st.Drops["unknown-destination"] == 1
+		return testutil.ToFloat64(th.m.dropBy[dropSpoofed]) == 1 && testutil.ToFloat64(th.m.dropBy[dropUnknownDest]) == 1
 	})
-	if st := hubStatus(t, th, keys); st.Drops["replayed"] != 0 || len(st.Drops) != int(dropReasons)-1 {
-		t.Fatalf("drops %v: want every reason listed, only the two counted", st.Drops)
+	if n := testutil.CollectAndCount(th.m.drops); testutil.ToFloat64(th.m.dropBy[dropReplayed]) != 0 || n != int(dropReasons)-1 {
+		t.Fatalf("%d drop series: want every reason listed, only the two counted", n)
 	}
 
 	th.push(t, 2, testMember(ka, "node-a", 2), testMember(kc, "node-c", 4))
@@ -45,7 +46,8 @@ func TestStatusShowsMembersSessionsAndDropsByReason(t *testing.T) {
 		t.Fatalf("node-b ended with %v", err)
 	}
 	st = hubStatus(t, th, keys)
-	if st.Generation != 2 || st.Members != 2 || st.Sessions != 1 || st.Closes[string(contracts.VPNMemberRemoved)] != 1 {
+	if st.Generation != 2 || st.Members != 2 || st.Sessions != 1 ||
+		testutil.ToFloat64(th.m.closes.WithLabelValues(string(contracts.VPNMemberRemoved))) != 1 {
 		t.Fatalf("after node-b was removed: %+v", st)
 	}
 }

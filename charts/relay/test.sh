@@ -32,6 +32,15 @@ if ! diff -u dashboards/relay.json <(sed -n '/^  relay.json: |-$/,$p' <<<"$dashb
 fi
 grep -q '^  namespace: monitoring$' <<<"$dashboard" || { echo "grafana.dashboard.namespace is not the ConfigMap's"; exit 1; }
 grep -q '^    dashboards: "relay"$' <<<"$dashboard" || { echo "grafana.dashboard.labelKey/labelValue is not on the ConfigMap"; exit 1; }
+# values.schema.json: lint refuses a value of the wrong kind and a key the chart does not know,
+# naming the value's path.
+for bad in "log.level=verbose:/log/level" "admin.port=70000:/admin/port" "registry.cacheSize=10GB:/registry/cacheSize" \
+  "hub.adress=192.0.2.1:additional properties 'adress'"; do
+  if out=$("$helm" lint --strict . -f testdata/ci-values.yaml --set "${bad%%:*}" 2>&1); then
+    echo "helm lint accepted --set ${bad%%:*}"; exit 1
+  fi
+  grep -q "${bad#*:}" <<<"$out" || { echo "helm lint refused --set ${bad%%:*} without naming ${bad#*:}: $out"; exit 1; }
+done
 # A missing required value fails, naming it.
 if out=$(render 2>&1); then echo "rendering without values succeeded"; exit 1; fi
 grep -q "clusterId is required" <<<"$out" || { echo "unexpected error: $out"; exit 1; }

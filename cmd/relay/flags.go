@@ -112,6 +112,7 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.Int64Var(&cfg.RegistryCacheMaxBytes, "registry-cache-max-bytes", relay.DefaultRegistryCacheMaxBytes,
 		"bound of the registry digest cache; least recently used objects are evicted beyond it")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", relay.DefaultAdminListen, "admin listen address (/metrics, /healthz, /readyz)")
+	fs.BoolVar(&cfg.AdminPprof, "admin-pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin listener")
 	fs.Int64Var(&cfg.MaxMessageBytes, "max-message-bytes", relay.DefaultMaxMessageBytes, "largest WebSocket message after registration")
 	fs.Int64Var(&cfg.PeerMemoryBytes, "peer-memory-bytes", relay.DefaultPeerMemoryBytes,
 		"budget of bytes held for downstream peers (queued answers, requests, stream frames, registrations)")
