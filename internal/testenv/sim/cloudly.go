@@ -35,6 +35,7 @@ type Cloudly struct {
 	mu          sync.Mutex
 	conn        *typedsocket.Conn          // guarded by mu: the relay's newest socket
 	attachedTo  *typedsocket.Conn          // guarded by mu: the socket whose registration was accepted
+	attachedAll map[*typedsocket.Conn]bool // guarded by mu: every open socket whose registration was accepted
 	sequences   newest[int64]              // guarded by mu: registrationSequence of the newest registrations
 	refuseAll   error                      // guarded by mu: the answer to every registration while set
 	last        map[string][]byte          // guarded by mu: the newest request body per method
@@ -56,6 +57,7 @@ type Cloudly struct {
 	platform *PlatformCloudly // set at construction: the platform agent's side (platformcloudly.go)
 
 	registrations atomic.Int64 // accepted relay registrations
+	twoAttached   atomic.Int64 // registrations accepted while another accepted socket was still open
 	slowness      atomic.Int64 // nanoseconds added before every answer
 	direct        atomic.Bool  // nodes may talk to this Cloudly without a relay (AcceptNodesDirectly)
 	unavailable   atomic.Bool  // refuse the relay's sockets, as an unreachable Cloudly would
@@ -89,6 +91,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		log:    log.With().Str("component", "sim-cloudly").Logger(), ln: ln,
 		handlers: make(map[string]MethodFunc), async: make(map[string]AsyncMethodFunc), received: make(map[string]int), nodes: make(map[string]int),
 		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
+		attachedAll: make(map[*typedsocket.Conn]bool),
 		last:        make(map[string][]byte),
 		attachedSig: make(chan struct{}),
 		hubSig:      make(chan struct{}),
@@ -304,6 +307,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 		c.conn = nil
 	}
 	delete(c.authed, conn)
+	delete(c.attachedAll, conn)
 	c.mu.Unlock()
 	if current {
 		c.streams.abandon() // what was streaming to Cloudly came over this socket
@@ -561,8 +565,47 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	// Accepted: the socket is the relay's before the answer leaves, so whatever the relay sends
 	// once it reads the answer is judged as coming from the registered relay.
 	c.lastSeq, c.attachedTo = reg.RegistrationSequence, conn
+	c.judgeOneAttachedLocked(conn)
 	c.mu.Unlock()
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
+}
+
+// judgeOneAttachedLocked records, as a violation, a registration accepted on conn while another
+// socket whose registration was accepted is still open: two relays attached to one cluster at
+// once (SPEC §16: the invariant every HA test checks here). A socket counts as closed from the
+// moment it ends on this side (its context is cancelled), before its goroutines have unwound.
+// The registration is still accepted, as Cloudly takes the newest connection.
+func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
+	for other := range c.attachedAll {
+		if other == conn {
+			continue
+		}
+		if other.Context().Err() != nil {
+			delete(c.attachedAll, other)
+			continue
+		}
+		c.twoAttached.Add(1)
+		c.violations = firstFew(c.violations, "two relays attached at once: a registration was accepted while another accepted socket is still open")
+	}
+	c.attachedAll[conn] = true
+}
+
+// TwoAttached is how many registrations Cloudly accepted while another socket holding an
+// accepted registration was still open (also listed in Violations); the goal is 0.
+func (c *Cloudly) TwoAttached() int64 { return c.twoAttached.Load() }
+
+// AttachedSockets is the number of open sockets holding an accepted registration now: 0 or 1
+// unless two relays are attached at once.
+func (c *Cloudly) AttachedSockets() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for conn := range c.attachedAll {
+		if conn.Context().Err() == nil {
+			n++
+		}
+	}
+	return n
 }
 
 // registerHub serves registerClusterVpnHub (project-defined, SPEC §4 step 2): the hub of the

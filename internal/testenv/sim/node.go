@@ -58,7 +58,9 @@ func NewNode(id string, log zerolog.Logger) *Node {
 	}
 }
 
-// Connect dials the relay's downstream WebSocket.
+// Connect dials the relay's downstream WebSocket. A new connection starts attached: what an
+// earlier connection was told (pushRelayUpstreamChanged { attached: false }) was that relay's
+// state, not this one's (after a failover the node reaches another relay).
 func (n *Node) Connect(ctx context.Context, url string) error {
 	conn, err := dialRelay(ctx, url, n.serve, n.streams.serve, n.log)
 	if err != nil {
@@ -67,6 +69,7 @@ func (n *Node) Connect(ctx context.Context, url string) error {
 	n.mu.Lock()
 	n.conn = conn
 	n.mu.Unlock()
+	n.detached.Store(false)
 	return nil
 }
 
