@@ -107,7 +107,7 @@ type Options struct {
 // registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry,
+	r := &Relay{cfg: cfg, v2: feats.Registry, registry: opts.Registry, elector: opts.Elector,
 		log: logs{
 			relay:   log.With().Str("component", "relay").Logger(),
 			up:      log.With().Str("component", "upstream").Logger(),
