@@ -78,6 +78,9 @@ type Elector struct {
 	lastAPI   atomic.Int64 // unix nanos of the last call the API server answered
 	lastRenew atomic.Int64 // unix nanos of the last successful Lease update while leading
 
+	labelMu  sync.Mutex // serialises the Pod's role label writes, so the newest role lands last
+	labelled string     // guarded by labelMu: the role the Pod was last labelled with ("": none yet)
+
 	mu     sync.Mutex
 	role   string    // guarded by mu
 	holder string    // guarded by mu: who holds the Lease, as last seen
@@ -123,9 +126,10 @@ func New(cfg Config) (*Elector, error) {
 func (e *Elector) Run(ctx context.Context, lead func(ctx context.Context)) error {
 	e.annotate(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); e.rep.serve(ctx) }()
 	go func() { defer wg.Done(); e.rep.follow(ctx) }()
+	go func() { defer wg.Done(); e.keepLabel(ctx) }()
 	defer wg.Wait()
 	lock := &observedLock{Interface: &resourcelock.LeaseLock{
 		LeaseMeta:  metav1.ObjectMeta{Name: e.cfg.LeaseName, Namespace: e.cfg.Namespace},
@@ -208,7 +212,7 @@ func (e *Elector) setRole(role string) {
 	if changed {
 		e.m.transitions.WithLabelValues(role).Inc()
 	}
-	e.label(role)
+	e.label()
 }
 
 // newHolder records who holds the Lease now.
@@ -226,14 +230,43 @@ func (e *Elector) Holder() (string, bool) {
 	return e.holder, e.holder == e.cfg.Identity && e.role == RoleLeader
 }
 
-// label sets the Pod's role label (SPEC §16), bounded by apiTimeout; a failure is logged and
-// tried again at the next change.
-func (e *Elector) label(role string) {
+// label sets the Pod's role label to the relay's current role (SPEC §16), bounded by apiTimeout;
+// a failure is logged, and keepLabel tries again.
+func (e *Elector) label() {
 	if e.cfg.PodName == "" {
 		return
 	}
+	e.labelMu.Lock()
+	defer e.labelMu.Unlock()
+	e.mu.Lock()
+	role := e.role
+	e.mu.Unlock()
+	if role == e.labelled {
+		return
+	}
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"labels": map[string]string{RoleLabel: role}}})
-	e.patchPod(patch, "label the Pod "+role)
+	if e.patchPod(patch, "label the Pod "+role) {
+		e.labelled = role
+	}
+}
+
+// keepLabel labels the Pod again, every retry period, while its label is not the relay's role: a
+// leader fenced while the API server was away could not relabel itself standby, and the Service
+// would keep sending nodes to it once another relay leads.
+func (e *Elector) keepLabel(ctx context.Context) {
+	if e.cfg.PodName == "" {
+		return
+	}
+	t := time.NewTicker(e.cfg.RetryPeriod)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+			e.label()
+		}
+	}
 }
 
 // annotate labels the Pod a standby and names its replication address, before the relay
@@ -253,6 +286,11 @@ func (e *Elector) annotate(ctx context.Context) {
 		case <-ctx.Done():
 		case <-time.After(e.cfg.RetryPeriod):
 		}
+	}
+	if ctx.Err() == nil {
+		e.labelMu.Lock()
+		e.labelled = RoleStandby
+		e.labelMu.Unlock()
 	}
 }
 
