@@ -86,7 +86,6 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 	defer f.close()
 	scriptDone := make(chan struct{})
 	go func() { defer close(scriptDone); c.script(ctx, f, say) }()
-	defer func() { <-scriptDone }()
 
 	status := time.NewTicker(time.Second)
 	defer status.Stop()
@@ -183,7 +182,9 @@ func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devC
 	if err := c.cfg.Complete(); err != nil {
 		return nil, err
 	}
-	c.svc = startDevService(c.client, devHANamespace, c.downstream)
+	if c.svc, err = startDevService(c.client, devHANamespace, c.downstream); err != nil {
+		return nil, err
+	}
 	c.undo = append(c.undo, c.svc.close)
 	for i := range replicas {
 		name := fmt.Sprintf("relay-%d", i)
@@ -380,17 +381,17 @@ type devService struct {
 	conns  map[net.Conn]struct{}           // guarded by mu: both ends of every forwarded connection
 }
 
-func startDevService(client kubernetes.Interface, ns string, addr func(string) (string, bool)) *devService {
+func startDevService(client kubernetes.Interface, ns string, addr func(string) (string, bool)) (*devService, error) {
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
-		panic(err) // loopback with port 0 does not fail where the relays could bind either
+		return nil, err
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &devService{ln: ln, client: client, ns: ns, addr: addr, cancel: cancel, leader: map[string]bool{}, conns: map[net.Conn]struct{}{}}
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.watch(ctx) }()
 	go func() { defer s.wg.Done(); s.accept() }()
-	return s
+	return s, nil
 }
 
 func (s *devService) url() string { return "ws://" + s.ln.Addr().String() + "/" }
