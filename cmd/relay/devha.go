@@ -110,11 +110,11 @@ type devCluster struct {
 	kube     *kubeapi.Process // set at construction
 	cloudly  *sim.Cloudly     // set at construction
 	svc      *devService      // set at construction
-	client   kubernetes.Interface
-	dir      string       // set at construction: Cloudly's token, the replication key
-	cfg      relay.Config // set at construction: every relay's, but its listeners
-	key      []byte       // set at construction: the replicas' shared replication key
-	log      zerolog.Logger
+	client   kubernetes.Interface // set at construction: the Admin's, for the Service stand-in
+	dir      string               // set at construction: Cloudly's token, the replication key
+	cfg      relay.Config         // set at construction: every relay's (its listeners on port 0)
+	key      []byte               // set at construction: the replicas' shared replication key
+	log      zerolog.Logger       // set at construction
 	handover atomic.Int64 // handovers completed
 	mark     atomic.Int64 // the fleet's answered requests when the newest handover completed
 
@@ -323,6 +323,9 @@ func (c *devCluster) script(ctx context.Context, f *devFleet, say func(string, .
 			c.handover.Add(1)
 			say("scripted handover %d: %s leads %.1f s after %s began stepping down; the nodes register again through the Service",
 				n, next, time.Since(began).Seconds(), old.name)
+		}
+		if ctx.Err() != nil {
+			return
 		}
 		if err := c.startReplica(old.name); err != nil {
 			say("scripted handover %d: %s does not start again: %v", n, old.name, err)
