@@ -107,16 +107,16 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 // devCluster is the dev command's cluster: the API server, Cloudly, the Service stand-in and
 // the relays, one per Pod.
 type devCluster struct {
-	kube     *kubeapi.Process // set at construction
-	cloudly  *sim.Cloudly     // set at construction
-	svc      *devService      // set at construction
+	kube     *kubeapi.Process     // set at construction
+	cloudly  *sim.Cloudly         // set at construction
+	svc      *devService          // set at construction
 	client   kubernetes.Interface // set at construction: the Admin's, for the Service stand-in
 	dir      string               // set at construction: Cloudly's token, the replication key
 	cfg      relay.Config         // set at construction: every relay's (its listeners on port 0)
 	key      []byte               // set at construction: the replicas' shared replication key
 	log      zerolog.Logger       // set at construction
-	handover atomic.Int64 // handovers completed
-	mark     atomic.Int64 // the fleet's answered requests when the newest handover completed
+	handover atomic.Int64         // handovers completed
+	mark     atomic.Int64         // the fleet's answered requests when the newest handover completed
 
 	mu   sync.Mutex
 	pods map[string]*devReplica // guarded by mu: the running relay of each Pod, by Pod name
