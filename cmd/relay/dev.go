@@ -26,6 +26,7 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	nodes := fs.Int("nodes", 20, "simulated nodes")
 	duration := fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C)")
 	logLevel := fs.String("log-level", "warn", "relay log level")
+	replicas := fs.Int("replicas", 1, "relays, one elected through a Lease on a test Kubernetes API server (more than 1: needs its cached binaries)")
 	if err := parse(fs, args); err != nil {
 		return err
 	}
@@ -41,6 +42,9 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		var cancel context.CancelFunc
 		ctx, cancel = context.WithTimeout(ctx, *duration)
 		defer cancel()
+	}
+	if *replicas != 1 {
+		return cmdDevHA(ctx, *replicas, *nodes, newLogger(*logLevel, "console", stderr), *logLevel, stdout)
 	}
 	d, err := startDev(*nodes, newLogger(*logLevel, "console", stderr), *logLevel)
 	if err != nil {

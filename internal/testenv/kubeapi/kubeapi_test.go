@@ -2,6 +2,7 @@ package kubeapi
 
 import (
 	"context"
+	"os"
 	"testing"
 	"time"
 
@@ -100,5 +101,46 @@ func TestAPIServerRestartsAndServesPods(t *testing.T) {
 	}
 	if pod.Status.PodIP != "10.1.2.3" || pod.Labels["relay.serve.zone/role"] != "standby" {
 		t.Errorf("after the restart: podIP %q labels %v", pod.Status.PodIP, pod.Labels)
+	}
+}
+
+// TestProcessServesPods covers the process owner's entry point: the same control plane started
+// without a test, its objects created through errors rather than test failures, and its
+// temporary directory removed by Stop.
+func TestProcessServesPods(t *testing.T) {
+	Require(t)
+	p, err := StartProcess()
+	if err != nil {
+		t.Fatal(err)
+	}
+	dir := p.s.dir
+	const ns = "relay-dev"
+	if err := p.SetupNamespace(ns); err != nil {
+		t.Fatal(err)
+	}
+	if err := p.SetupNamespace(ns); err == nil {
+		t.Errorf("SetupNamespace of an existing namespace succeeded")
+	}
+	if pod, err := p.CreatePod(ns, "relay-0", "127.0.0.1"); err != nil || pod.Status.PodIP != "127.0.0.1" {
+		t.Fatalf("CreatePod: %v", err)
+	}
+	relay, err := p.Client(Relay)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := relay.CoreV1().Pods(ns).Get(context.Background(), "relay-0", metav1.GetOptions{}); err != nil {
+		t.Errorf("Relay reads its Pod: %v", err)
+	}
+	if _, err := p.Kubeconfig("nobody"); err == nil {
+		t.Errorf("Kubeconfig of an unknown user succeeded")
+	}
+	if err := p.Stop(); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := os.Stat(dir); !os.IsNotExist(err) {
+		t.Errorf("Stop left %s: %v", dir, err)
+	}
+	if err := p.Stop(); err != nil {
+		t.Errorf("a second Stop: %v", err)
 	}
 }

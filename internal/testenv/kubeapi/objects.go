@@ -2,6 +2,7 @@ package kubeapi
 
 import (
 	"context"
+	"fmt"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -32,17 +33,26 @@ func RelayRules() []rbacv1.PolicyRule {
 // the binding: every verb on every resource of the rules is allowed for Relay.
 func (s *Server) SetupNamespace(ns string, rules ...rbacv1.PolicyRule) {
 	s.t.Helper()
+	if err := s.setupNamespace(ns, rules); err != nil {
+		s.t.Fatalf("kubeapi: %v", err)
+	}
+}
+
+func (s *Server) setupNamespace(ns string, rules []rbacv1.PolicyRule) error {
 	if len(rules) == 0 {
 		rules = RelayRules()
 	}
 	ctx := context.Background()
-	admin := s.Client(Admin)
+	admin, err := s.client(Admin)
+	if err != nil {
+		return err
+	}
 	meta := metav1.ObjectMeta{Name: Relay, Namespace: ns}
 	if _, err := admin.CoreV1().Namespaces().Create(ctx, &corev1.Namespace{ObjectMeta: metav1.ObjectMeta{Name: ns}}, metav1.CreateOptions{}); err != nil {
-		s.t.Fatalf("kubeapi: create namespace %s: %v", ns, err)
+		return fmt.Errorf("create namespace %s: %w", ns, err)
 	}
 	if _, err := admin.RbacV1().Roles(ns).Create(ctx, &rbacv1.Role{ObjectMeta: meta, Rules: rules}, metav1.CreateOptions{}); err != nil {
-		s.t.Fatalf("kubeapi: create Role: %v", err)
+		return fmt.Errorf("create Role: %w", err)
 	}
 	binding := &rbacv1.RoleBinding{
 		ObjectMeta: meta,
@@ -50,7 +60,7 @@ func (s *Server) SetupNamespace(ns string, rules ...rbacv1.PolicyRule) {
 		Subjects:   []rbacv1.Subject{{APIGroup: rbacv1.GroupName, Kind: rbacv1.UserKind, Name: Relay}},
 	}
 	if _, err := admin.RbacV1().RoleBindings(ns).Create(ctx, binding, metav1.CreateOptions{}); err != nil {
-		s.t.Fatalf("kubeapi: create RoleBinding: %v", err)
+		return fmt.Errorf("create RoleBinding: %w", err)
 	}
 	// The authorizer reads Roles and bindings from an informer: wait until it has both.
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
@@ -59,27 +69,29 @@ func (s *Server) SetupNamespace(ns string, rules ...rbacv1.PolicyRule) {
 		for _, group := range rule.APIGroups {
 			for _, resource := range rule.Resources {
 				for _, verb := range rule.Verbs {
-					s.waitAllowed(ctx, admin, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: resource})
+					if err := waitAllowed(ctx, admin, authorizationv1.ResourceAttributes{Namespace: ns, Verb: verb, Group: group, Resource: resource}); err != nil {
+						return err
+					}
 				}
 			}
 		}
 	}
+	return nil
 }
 
 // waitAllowed polls a SubjectAccessReview until the authorizer allows Relay attrs.
-func (s *Server) waitAllowed(ctx context.Context, admin kubernetes.Interface, attrs authorizationv1.ResourceAttributes) {
-	s.t.Helper()
+func waitAllowed(ctx context.Context, admin kubernetes.Interface, attrs authorizationv1.ResourceAttributes) error {
 	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	review := &authorizationv1.SubjectAccessReview{Spec: authorizationv1.SubjectAccessReviewSpec{User: Relay, ResourceAttributes: &attrs}}
 	for {
 		got, err := admin.AuthorizationV1().SubjectAccessReviews().Create(ctx, review, metav1.CreateOptions{})
 		if err == nil && got.Status.Allowed {
-			return
+			return nil
 		}
 		select {
 		case <-ctx.Done():
-			s.t.Fatalf("kubeapi: Relay still may not %s %s in %s (%v)", attrs.Verb, attrs.Resource, attrs.Namespace, err)
+			return fmt.Errorf("Relay still may not %s %s in %s (%v)", attrs.Verb, attrs.Resource, attrs.Namespace, err)
 		case <-tick.C:
 		}
 	}
@@ -91,8 +103,20 @@ func (s *Server) waitAllowed(ctx context.Context, admin kubernetes.Interface, at
 // stored.
 func (s *Server) CreatePod(ns, name, podIP string) *corev1.Pod {
 	s.t.Helper()
+	pod, err := s.createPod(ns, name, podIP)
+	if err != nil {
+		s.t.Fatalf("kubeapi: %v", err)
+	}
+	return pod
+}
+
+func (s *Server) createPod(ns, name, podIP string) (*corev1.Pod, error) {
 	ctx := context.Background()
-	pods := s.Client(Admin).CoreV1().Pods(ns)
+	admin, err := s.client(Admin)
+	if err != nil {
+		return nil, err
+	}
+	pods := admin.CoreV1().Pods(ns)
 	pod := &corev1.Pod{
 		ObjectMeta: metav1.ObjectMeta{Name: name, Namespace: ns, Labels: map[string]string{"app.kubernetes.io/name": "relay"}},
 		Spec: corev1.PodSpec{
@@ -100,19 +124,18 @@ func (s *Server) CreatePod(ns, name, podIP string) *corev1.Pod {
 			Containers: []corev1.Container{{Name: "relay", Image: "relay"}},
 		},
 	}
-	pod, err := pods.Create(ctx, pod, metav1.CreateOptions{})
-	if err != nil {
-		s.t.Fatalf("kubeapi: create Pod %s/%s: %v", ns, name, err)
+	if pod, err = pods.Create(ctx, pod, metav1.CreateOptions{}); err != nil {
+		return nil, fmt.Errorf("create Pod %s/%s: %w", ns, name, err)
 	}
 	if podIP == "" {
-		return pod
+		return pod, nil
 	}
 	pod.Status = corev1.PodStatus{
 		Phase: corev1.PodRunning, PodIP: podIP, PodIPs: []corev1.PodIP{{IP: podIP}},
 		HostIP: "127.0.0.1", HostIPs: []corev1.HostIP{{IP: "127.0.0.1"}},
 	}
 	if pod, err = pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
-		s.t.Fatalf("kubeapi: set status.podIP of Pod %s/%s: %v", ns, name, err)
+		return nil, fmt.Errorf("set status.podIP of Pod %s/%s: %w", ns, name, err)
 	}
-	return pod
+	return pod, nil
 }

@@ -25,23 +25,24 @@ const (
 	apiReadyTimeout  = 60 * time.Second
 )
 
-// Server is one etcd and one kube-apiserver on loopback, owned by the test that started them.
-// Its methods are called from the test's goroutine.
+// Server is one etcd and one kube-apiserver on loopback, owned by the test that started them
+// (Start) or by a process (StartProcess). Its methods are called from the owner's goroutine.
 type Server struct {
-	t        testing.TB     // owner: Start; the test the processes belong to
-	bin      string         // owner: Start; the directory holding kube-apiserver and etcd
-	dir      string         // owner: Start; the temporary directory of data, certificates and logs
-	pki      *pki           // owner: Start; certificates, keys and tokens
-	etcd     *proc          // owner: Start, then Stop
-	etcdURL  string         // owner: Start; etcd's client URL
-	port     int            // owner: Start; the API server's secure port, kept across restarts
-	apiArgs  []string       // owner: Start; kube-apiserver's flags, the same for each restart
-	caPool   *x509.CertPool // owner: Start; trusts the serving certificate, for /readyz
-	apiLog   string         // owner: Start; kube-apiserver's log file, appended to on each restart
-	etcdLog  string         // owner: Start; etcd's log file
+	t        testing.TB     // owner: Start; the test the processes belong to; nil for a Process
+	bin      string         // owner: newServer; the directory holding kube-apiserver and etcd
+	dir      string         // owner: newServer; the temporary directory of data, certificates and logs
+	pki      *pki           // owner: newServer; certificates, keys and tokens
+	etcd     *proc          // owner: start, then stop
+	etcdURL  string         // owner: start; etcd's client URL
+	port     int            // owner: newServer; the API server's secure port, kept across restarts
+	apiArgs  []string       // owner: start; kube-apiserver's flags, the same for each restart
+	caPool   *x509.CertPool // owner: newServer; trusts the serving certificate, for /readyz
+	apiLog   string         // owner: newServer; kube-apiserver's log file, appended to on each restart
+	etcdLog  string         // owner: newServer; etcd's log file
 	mu       sync.Mutex     // guards api
-	api      *proc          // owner: StartAPIServer and StopAPIServer; nil while stopped
-	stopOnce sync.Once      // owner: Stop
+	api      *proc          // owner: startAPIServer and stopAPIServer; nil while stopped
+	stopOnce sync.Once      // owner: stop
+	stopErr  error          // owner: stop
 }
 
 // Start starts etcd, then kube-apiserver, waits until the API server answers /readyz, and
@@ -49,41 +50,66 @@ type Server struct {
 // or fails like Require when the binaries are missing.
 func Start(t testing.TB) *Server {
 	t.Helper()
-	s := &Server{t: t, bin: Require(t), dir: t.TempDir()}
-	s.etcdLog, s.apiLog = filepath.Join(s.dir, "etcd.log"), filepath.Join(s.dir, "kube-apiserver.log")
-	t.Cleanup(s.printLogsOnFailure) // registered before Stop, so it runs after it
-	var err error
-	if s.pki, err = writePKI(s.dir); err != nil {
-		t.Fatalf("kubeapi: generate certificates and tokens: %v", err)
-	}
-	if s.port, err = freePort(); err != nil {
+	s, err := newServer(Require(t), t.TempDir())
+	if err != nil {
 		t.Fatalf("kubeapi: %v", err)
 	}
-	s.caPool = x509.NewCertPool()
-	if ca, err := os.ReadFile(s.pki.caFile); err != nil || !s.caPool.AppendCertsFromPEM(ca) {
-		t.Fatalf("kubeapi: read CA %s: %v", s.pki.caFile, err)
-	}
-	for user := range users {
-		if err := s.writeKubeconfig(user); err != nil {
-			t.Fatalf("kubeapi: write kubeconfig: %v", err)
-		}
-	}
+	s.t = t
+	t.Cleanup(s.printLogsOnFailure) // registered before Stop, so it runs after it
 	t.Cleanup(s.Stop)
-	began := time.Now()
-	s.startEtcd()
-	etcdReady := time.Since(began)
-	s.apiArgs = s.apiServerArgs()
-	s.StartAPIServer()
+	etcdReady, apiReady, err := s.start()
+	if err != nil {
+		t.Fatalf("kubeapi: %v", err)
+	}
 	t.Logf("kubeapi: etcd ready in %v, kube-apiserver ready %v later on https://127.0.0.1:%d (logs in %s)",
-		etcdReady.Round(time.Millisecond), (time.Since(began) - etcdReady).Round(time.Millisecond), s.port, s.dir)
+		etcdReady.Round(time.Millisecond), apiReady.Round(time.Millisecond), s.port, s.dir)
 	return s
 }
 
-func (s *Server) startEtcd() {
+// newServer prepares a Server of the binaries in bin, keeping its files in dir: certificates,
+// tokens, a kubeconfig per user, a port. Nothing runs yet.
+func newServer(bin, dir string) (*Server, error) {
+	s := &Server{bin: bin, dir: dir}
+	s.etcdLog, s.apiLog = filepath.Join(s.dir, "etcd.log"), filepath.Join(s.dir, "kube-apiserver.log")
+	var err error
+	if s.pki, err = writePKI(s.dir); err != nil {
+		return nil, fmt.Errorf("generate certificates and tokens: %w", err)
+	}
+	if s.port, err = freePort(); err != nil {
+		return nil, err
+	}
+	s.caPool = x509.NewCertPool()
+	if ca, err := os.ReadFile(s.pki.caFile); err != nil || !s.caPool.AppendCertsFromPEM(ca) {
+		return nil, fmt.Errorf("read CA %s: %v", s.pki.caFile, err)
+	}
+	for user := range users {
+		if err := s.writeKubeconfig(user); err != nil {
+			return nil, fmt.Errorf("write kubeconfig: %w", err)
+		}
+	}
+	return s, nil
+}
+
+// start starts etcd, then kube-apiserver, and waits until both are ready; it returns how long
+// each took.
+func (s *Server) start() (etcdReady, apiReady time.Duration, err error) {
+	began := time.Now()
+	if err := s.startEtcd(); err != nil {
+		return 0, 0, err
+	}
+	etcdReady = time.Since(began)
+	s.apiArgs = s.apiServerArgs()
+	if err := s.startAPIServer(); err != nil {
+		return 0, 0, err
+	}
+	return etcdReady, time.Since(began) - etcdReady, nil
+}
+
+func (s *Server) startEtcd() error {
 	client, err1 := freePort()
 	peer, err2 := freePort()
 	if err1 != nil || err2 != nil {
-		s.t.Fatalf("kubeapi: free ports for etcd: %v %v", err1, err2)
+		return fmt.Errorf("free ports for etcd: %v %v", err1, err2)
 	}
 	s.etcdURL = "http://127.0.0.1:" + strconv.Itoa(client)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peer)
@@ -96,16 +122,15 @@ func (s *Server) startEtcd() {
 		// A single member elects itself after one election timeout (default 1 s): shorten it.
 		"--heartbeat-interval=10", "--election-timeout=100",
 	}
-	if s.etcd, err1 = start("etcd", filepath.Join(s.bin, "etcd"), args, s.etcdLog); err1 != nil {
-		s.t.Fatalf("kubeapi: %v", err1)
+	var err error
+	if s.etcd, err = start("etcd", filepath.Join(s.bin, "etcd"), args, s.etcdLog); err != nil {
+		return err
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), etcdReadyTimeout)
 	defer cancel()
-	if err := s.etcd.waitReady(ctx, func(ctx context.Context) error {
+	return s.etcd.waitReady(ctx, func(ctx context.Context) error {
 		return get(ctx, http.DefaultClient, s.etcdURL+"/health", "")
-	}); err != nil {
-		s.t.Fatalf("kubeapi: %v", err)
-	}
+	})
 }
 
 func (s *Server) apiServerArgs() []string {
@@ -133,88 +158,137 @@ func (s *Server) apiServerArgs() []string {
 // same etcd, and waits until it is ready. Start calls it once.
 func (s *Server) StartAPIServer() {
 	s.t.Helper()
+	if err := s.startAPIServer(); err != nil {
+		s.t.Fatalf("kubeapi: %v", err)
+	}
+}
+
+func (s *Server) startAPIServer() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.api != nil {
-		s.t.Fatalf("kubeapi: StartAPIServer: kube-apiserver is already running")
+		return fmt.Errorf("StartAPIServer: kube-apiserver is already running")
 	}
 	p, err := start("kube-apiserver", filepath.Join(s.bin, "kube-apiserver"), s.apiArgs, s.apiLog)
 	if err != nil {
-		s.t.Fatalf("kubeapi: %v", err)
+		return err
 	}
 	s.api = p
 	token, err := os.ReadFile(s.pki.tokenFiles[Admin])
 	if err != nil {
-		s.t.Fatalf("kubeapi: %v", err)
+		return err
 	}
 	hc := &http.Client{Transport: &http.Transport{TLSClientConfig: &tls.Config{RootCAs: s.caPool}}}
 	defer hc.CloseIdleConnections()
 	ctx, cancel := context.WithTimeout(context.Background(), apiReadyTimeout)
 	defer cancel()
-	if err := p.waitReady(ctx, func(ctx context.Context) error {
+	return p.waitReady(ctx, func(ctx context.Context) error {
 		return get(ctx, hc, fmt.Sprintf("https://127.0.0.1:%d/readyz", s.port), string(token))
-	}); err != nil {
-		s.t.Fatalf("kubeapi: %v", err)
-	}
+	})
 }
 
 // StopAPIServer kills kube-apiserver alone; etcd and its data stay. Clients see connections
 // refused until StartAPIServer.
 func (s *Server) StopAPIServer() {
 	s.t.Helper()
+	if err := s.stopAPIServer(); err != nil {
+		s.t.Errorf("kubeapi: %v", err)
+	}
+}
+
+func (s *Server) stopAPIServer() error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	if s.api == nil {
-		return
+		return nil
 	}
-	if err := s.api.kill(); err != nil {
-		s.t.Errorf("kubeapi: %v", err)
-	}
+	err := s.api.kill()
 	s.api = nil
+	return err
 }
 
 // Stop kills kube-apiserver and etcd and reaps both. Start registers it with t.Cleanup; calling
 // it earlier is allowed, and later calls do nothing.
 func (s *Server) Stop() {
+	if err := s.stop(); err != nil {
+		s.t.Errorf("kubeapi: %v", err)
+	}
+}
+
+// stop is Stop's work, once; later calls return the first call's error.
+func (s *Server) stop() error {
 	s.stopOnce.Do(func() {
-		s.StopAPIServer()
+		s.stopErr = s.stopAPIServer()
 		if s.etcd != nil {
-			if err := s.etcd.kill(); err != nil {
-				s.t.Errorf("kubeapi: %v", err)
+			if err := s.etcd.kill(); err != nil && s.stopErr == nil {
+				s.stopErr = err
 			}
 		}
 	})
+	return s.stopErr
 }
 
 // Kubeconfig returns the path of a kubeconfig file for user (Admin or Relay). It names the CA
 // file and a file holding the user's token, so the token itself appears in no kubeconfig.
 func (s *Server) Kubeconfig(user string) string {
 	s.t.Helper()
-	if _, ok := users[user]; !ok {
-		s.t.Fatalf("kubeapi: no user %q: use kubeapi.Admin or kubeapi.Relay", user)
+	path, err := s.kubeconfig(user)
+	if err != nil {
+		s.t.Fatalf("kubeapi: %v", err)
 	}
-	return filepath.Join(s.dir, "kubeconfig-"+user)
+	return path
+}
+
+func (s *Server) kubeconfig(user string) (string, error) {
+	if _, ok := users[user]; !ok {
+		return "", fmt.Errorf("no user %q: use kubeapi.Admin or kubeapi.Relay", user)
+	}
+	return filepath.Join(s.dir, "kubeconfig-"+user), nil
 }
 
 // RESTConfig returns a new client configuration for user, loaded from its Kubeconfig file as
 // the relay's --kubeconfig flag would load it.
 func (s *Server) RESTConfig(user string) *rest.Config {
 	s.t.Helper()
-	cfg, err := clientcmd.BuildConfigFromFlags("", s.Kubeconfig(user))
+	cfg, err := s.restConfig(user)
 	if err != nil {
-		s.t.Fatalf("kubeapi: load kubeconfig for %s: %v", user, err)
+		s.t.Fatalf("kubeapi: %v", err)
 	}
 	return cfg
+}
+
+func (s *Server) restConfig(user string) (*rest.Config, error) {
+	path, err := s.kubeconfig(user)
+	if err != nil {
+		return nil, err
+	}
+	cfg, err := clientcmd.BuildConfigFromFlags("", path)
+	if err != nil {
+		return nil, fmt.Errorf("load kubeconfig for %s: %w", user, err)
+	}
+	return cfg, nil
 }
 
 // Client returns a clientset acting as user.
 func (s *Server) Client(user string) kubernetes.Interface {
 	s.t.Helper()
-	c, err := kubernetes.NewForConfig(s.RESTConfig(user))
+	c, err := s.client(user)
 	if err != nil {
-		s.t.Fatalf("kubeapi: clientset for %s: %v", user, err)
+		s.t.Fatalf("kubeapi: %v", err)
 	}
 	return c
+}
+
+func (s *Server) client(user string) (kubernetes.Interface, error) {
+	cfg, err := s.restConfig(user)
+	if err != nil {
+		return nil, err
+	}
+	c, err := kubernetes.NewForConfig(cfg)
+	if err != nil {
+		return nil, fmt.Errorf("clientset for %s: %w", user, err)
+	}
+	return c, nil
 }
 
 func (s *Server) writeKubeconfig(user string) error {

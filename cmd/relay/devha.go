@@ -1,0 +1,618 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net"
+	"net/netip"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/rs/zerolog"
+	corev1 "k8s.io/api/core/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/watch"
+	"k8s.io/client-go/kubernetes"
+
+	"code.foss.global/serve.zone/relay/feature"
+	"code.foss.global/serve.zone/relay/ha"
+	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
+)
+
+// `relay dev --replicas N` (SPEC §16): N relays in this process, one elected through a Lease on a
+// real kube-apiserver and etcd (internal/testenv/kubeapi, from the cached binaries), each with its
+// own Pod object; the simulated nodes reach the leader through a stand-in for the chart's Service
+// that watches the Pods' role label; and every devHAHandoverEvery the leader steps down as on
+// SIGTERM, another takes over, the nodes come back through the Service, and the stepped-down
+// relay starts again as a standby, as a Pod's container restarts.
+//
+//	start:     API server → namespace, Role → Pods relay-0… → relays (standby) → Service → nodes
+//	handover:  leader shuts down (SIGTERM's path) → Lease released → a standby leads → nodes
+//	           re-register through the Service → the old Pod's relay starts again, a standby
+
+// devHAHandoverEvery is how often the script hands the leadership over; tests shorten it.
+var devHAHandoverEvery = 30 * time.Second
+
+// The dev cluster's Kubernetes names.
+const (
+	devHANamespace = "relay-dev"
+	devHALease     = "relay"
+)
+
+// devHAMaxReplicas bounds --replicas: every replica is a relay in this process.
+const devHAMaxReplicas = 5
+
+// cmdDevHA is `relay dev --replicas N` for N > 1, until ctx ends; log is the relays' logger.
+func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logLevel string, stdout io.Writer) error {
+	if replicas < 2 || replicas > devHAMaxReplicas {
+		return usagef("--replicas: must be from 1 to %d", devHAMaxReplicas)
+	}
+	if dir, ok := kubeapi.Binaries(); !ok {
+		return usagef("--replicas %d needs kube-apiserver and etcd, which are not built in %s; build them once with: %s",
+			replicas, dir, kubeapi.BuildCommand)
+	}
+	start := time.Now()
+	var mu sync.Mutex // one line at a time on stdout
+	say := func(format string, args ...any) {
+		mu.Lock()
+		defer mu.Unlock()
+		fmt.Fprintf(stdout, "[%4.0fs] "+format+"\n", append([]any{time.Since(start).Seconds()}, args...)...)
+	}
+	c, err := startDevCluster(replicas, log, logLevel)
+	if err != nil {
+		return err
+	}
+	defer c.close()
+	fmt.Fprintf(stdout, "relay dev: %d relays, one elected through the Lease %s/%s on a test kube-apiserver at %s; "+
+		"%d simulated nodes reach the leader through a Service stand-in on %s; Cloudly stand-in on %s\n",
+		replicas, devHANamespace, devHALease, c.kube.URL(), nodes, c.svc.ln.Addr(), c.cloudly.URL())
+	for _, r := range c.replicas() {
+		fmt.Fprintf(stdout, "relay dev: %s: downstream %s, status page http://%s/status\n", r.name, r.relay.DownstreamAddr(), r.relay.AdminAddr())
+	}
+	fmt.Fprintf(stdout, "relay dev: every %s the script has the leader step down as on SIGTERM; another relay takes over, "+
+		"the nodes register again through the Service, and the old one starts again as a standby\n", devHAHandoverEvery)
+
+	f := startDevFleet(c.svc.url(), nodes, log)
+	defer f.close()
+	scriptDone := make(chan struct{})
+	go func() { defer close(scriptDone); c.script(ctx, f, say) }()
+
+	status := time.NewTicker(time.Second)
+	defer status.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			<-scriptDone
+			f.close()
+			mu.Lock()
+			fmt.Fprintln(stdout, c.summary(f))
+			mu.Unlock()
+			return nil
+		case <-status.C:
+			say("%s leader=%s attached=%v", c.summary(f), c.svc.leaderNames(), c.cloudly.Attached())
+		}
+	}
+}
+
+// devCluster is the dev command's cluster: the API server, Cloudly, the Service stand-in and
+// the relays, one per Pod.
+type devCluster struct {
+	kube     *kubeapi.Process     // set at construction
+	cloudly  *sim.Cloudly         // set at construction
+	svc      *devService          // set at construction
+	client   kubernetes.Interface // set at construction: the Admin's, for the Service stand-in
+	dir      string               // set at construction: Cloudly's token, the replication key
+	cfg      relay.Config         // set at construction: every relay's (its listeners on port 0)
+	key      []byte               // set at construction: the replicas' shared replication key
+	log      zerolog.Logger       // set at construction
+	handover atomic.Int64         // handovers completed
+	mark     atomic.Int64         // the fleet's answered requests when the newest handover completed
+
+	mu   sync.Mutex
+	pods map[string]*devReplica // guarded by mu: the running relay of each Pod, by Pod name
+	undo []func()               // guarded by mu: what close undoes, newest last
+}
+
+// devReplica is one relay of the dev cluster, serving until stop.
+type devReplica struct {
+	name  string
+	relay *relay.Relay
+	el    *ha.Elector
+	stop  context.CancelFunc
+	done  chan error // Serve's result
+}
+
+func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devCluster, err error) {
+	c := &devCluster{pods: map[string]*devReplica{}, log: log}
+	defer func() {
+		if err != nil {
+			c.close()
+		}
+	}()
+	if c.kube, err = kubeapi.StartProcess(); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, func() {
+		if err := c.kube.Stop(); err != nil {
+			log.Warn().Err(err).Msg("stop the test API server")
+		}
+	})
+	if err := c.kube.SetupNamespace(devHANamespace); err != nil {
+		return nil, err
+	}
+	if c.client, err = c.kube.Client(kubeapi.Admin); err != nil {
+		return nil, err
+	}
+	if c.cloudly, err = sim.NewCloudly(log); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, c.cloudly.Close)
+	if c.dir, err = os.MkdirTemp("", "relay-dev-ha-"); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, func() { os.RemoveAll(c.dir) })
+	tokenFile := filepath.Join(c.dir, "cloudly.jwt")
+	if err := os.WriteFile(tokenFile, []byte(c.cloudly.Token+"\n"), 0o600); err != nil {
+		return nil, err
+	}
+	keyFile := filepath.Join(c.dir, "replication.key")
+	if err := writeReplicationKey(keyFile); err != nil {
+		return nil, err
+	}
+	key, err := vpnkey.ReadSecretFile(keyFile, log)
+	if err != nil {
+		return nil, err
+	}
+	c.key = key[:]
+	c.cfg = relay.Config{
+		ClusterID: c.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: c.cloudly.URL(), CloudlyTokenFile: tokenFile,
+		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
+		LogLevel: logLevel, LogFormat: "console", BuildVersion: buildVersion,
+	}
+	if err := c.cfg.Complete(); err != nil {
+		return nil, err
+	}
+	if c.svc, err = startDevService(c.client, devHANamespace, c.downstream); err != nil {
+		return nil, err
+	}
+	c.undo = append(c.undo, c.svc.close)
+	for i := range replicas {
+		name := fmt.Sprintf("relay-%d", i)
+		// The Pods' IP is loopback: standbys dial the leader's replication listener there.
+		if _, err := c.kube.CreatePod(devHANamespace, name, "127.0.0.1"); err != nil {
+			return nil, err
+		}
+		if err := c.startReplica(name); err != nil {
+			return nil, err
+		}
+	}
+	return c, nil
+}
+
+// close stops every relay, then what they ran against.
+func (c *devCluster) close() {
+	for _, r := range c.replicas() {
+		c.stopReplica(r)
+	}
+	c.mu.Lock()
+	undo := c.undo
+	c.undo = nil
+	c.mu.Unlock()
+	for i := len(undo) - 1; i >= 0; i-- {
+		undo[i]()
+	}
+}
+
+// replicas is the running relays, by Pod name.
+func (c *devCluster) replicas() []*devReplica {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	out := make([]*devReplica, 0, len(c.pods))
+	for _, r := range c.pods {
+		out = append(out, r)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].name < out[j].name })
+	return out
+}
+
+// downstream is where the Service stand-in reaches Pod name's relay: the port its container
+// listens on.
+func (c *devCluster) downstream(name string) (string, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.pods[name]
+	if !ok {
+		return "", false
+	}
+	return r.relay.DownstreamAddr().String(), true
+}
+
+// startReplica starts the relay of Pod name as `relay run --ha-lease-name` would, with the Pod's
+// name where the downward API puts POD_NAME; it stands by until elected.
+func (c *devCluster) startReplica(name string) error {
+	log := c.log.With().Str("pod", name).Logger()
+	var el *ha.Elector
+	elect := func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error) {
+		client, err := c.kube.Client(kubeapi.Relay) // as the relay's service account
+		if err != nil {
+			return nil, err
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		el, err = ha.New(ha.Config{LeaseName: devHALease, Namespace: devHANamespace, Identity: name, PodName: name, PodIP: "127.0.0.1",
+			Client: client, Replication: ln, ReplicationKey: c.key, Replicated: rep, Logger: log, Registerer: reg})
+		if err != nil {
+			ln.Close()
+			return nil, err
+		}
+		return el, nil
+	}
+	r, _, err := buildParts(c.cfg, relay.Options{Logger: log}, netip.Addr{}, elect)
+	if err != nil {
+		return err
+	}
+	if err := r.Listen(); err != nil {
+		return err
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	rep := &devReplica{name: name, relay: r, el: el, stop: stop, done: make(chan error, 1)}
+	go func() { rep.done <- r.Serve(ctx) }()
+	c.mu.Lock()
+	c.pods[name] = rep
+	c.mu.Unlock()
+	return nil
+}
+
+// stopReplica shuts r down as SIGTERM does: it stops admitting, closes Cloudly, releases the
+// Lease, relabels its Pod standby, then closes the nodes' connections.
+func (c *devCluster) stopReplica(r *devReplica) {
+	r.stop()
+	if err := <-r.done; err != nil {
+		c.log.Warn().Err(err).Str("pod", r.name).Msg("relay stopped with an error")
+	}
+	c.mu.Lock()
+	if c.pods[r.name] == r {
+		delete(c.pods, r.name)
+	}
+	c.mu.Unlock()
+}
+
+// leader is the running relay that holds the Lease, by its own account; nil: none.
+func (c *devCluster) leader() *devReplica {
+	for _, r := range c.replicas() {
+		if _, me := r.el.Holder(); me {
+			return r
+		}
+	}
+	return nil
+}
+
+// script hands the leadership over every devHAHandoverEvery until ctx ends.
+func (c *devCluster) script(ctx context.Context, f *devFleet, say func(string, ...any)) {
+	for n := 1; ; n++ {
+		select {
+		case <-ctx.Done():
+			return
+		case <-time.After(devHAHandoverEvery):
+		}
+		old := c.leader()
+		if old == nil {
+			say("scripted handover %d: no relay leads now; trying again in %s", n, devHAHandoverEvery)
+			continue
+		}
+		say("scripted handover %d: %s steps down as on SIGTERM (Cloudly closed, Lease released, Pod relabelled standby, nodes closed)", n, old.name)
+		began := time.Now()
+		c.stopReplica(old)
+		next, err := c.waitNewLeader(ctx, old.name)
+		if err != nil {
+			say("scripted handover %d: %v", n, err)
+		} else {
+			c.mark.Store(f.requests.Load())
+			c.handover.Add(1)
+			say("scripted handover %d: %s leads %.1f s after %s began stepping down; the nodes register again through the Service",
+				n, next, time.Since(began).Seconds(), old.name)
+		}
+		if ctx.Err() != nil {
+			return
+		}
+		if err := c.startReplica(old.name); err != nil {
+			say("scripted handover %d: %s does not start again: %v", n, old.name, err)
+			continue
+		}
+		say("scripted handover %d: %s started again, a standby", n, old.name)
+	}
+}
+
+// waitNewLeader waits, up to a lease duration and 10 s more, until the Service stand-in routes to
+// a relay other than old and Cloudly holds its socket.
+func (c *devCluster) waitNewLeader(ctx context.Context, old string) (string, error) {
+	deadline := time.After(ha.DefaultLeaseDuration + 10*time.Second)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		if names := c.svc.leaders(); len(names) == 1 && names[0] != old && c.cloudly.Attached() {
+			return names[0], nil
+		}
+		select {
+		case <-ctx.Done():
+			return "", fmt.Errorf("the run ended before another relay led")
+		case <-deadline:
+			return "", fmt.Errorf("no other relay led within %s", ha.DefaultLeaseDuration+10*time.Second)
+		case <-tick.C:
+		}
+	}
+}
+
+// summary is the dev cluster's one line: what the nodes observed, and the handovers.
+func (c *devCluster) summary(f *devFleet) string {
+	handovers, mark := c.handover.Load(), c.mark.Load() // the count first: the mark is stored before it
+	requests := f.requests.Load()
+	since := int64(0)
+	if handovers > 0 {
+		since = requests - mark
+	}
+	return fmt.Sprintf("nodes=%d registrations=%d requests=%d requestsSinceHandover=%d refused=%d handovers=%d twoAttached=%d",
+		f.registered(), f.registrations.Load(), requests, since, f.refused.Load(), handovers, c.cloudly.TwoAttached())
+}
+
+// devService stands in for the chart's Service on role=leader: a loopback TCP listener that
+// forwards each new connection to a Pod labelled relay.serve.zone/role=leader, which it learns by
+// watching the Pods through the API, as kube-proxy learns a Service's endpoints. With none (or a
+// leader whose relay refuses the dial) the connection is closed at once, as a Service without
+// endpoints rejects. Connections already forwarded stay where they are.
+type devService struct {
+	ln     net.Listener                    // set at construction
+	client kubernetes.Interface            // set at construction
+	ns     string                          // set at construction
+	addr   func(pod string) (string, bool) // set at construction: a Pod's downstream address
+	cancel context.CancelFunc              // set at construction
+	wg     sync.WaitGroup                  // the watch loop, the accept loop, every forwarded connection
+	mu     sync.Mutex                      // guards leader and conns
+	leader map[string]bool                 // guarded by mu: the Pods labelled leader
+	conns  map[net.Conn]struct{}           // guarded by mu: both ends of every forwarded connection
+}
+
+func startDevService(client kubernetes.Interface, ns string, addr func(string) (string, bool)) (*devService, error) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return nil, err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &devService{ln: ln, client: client, ns: ns, addr: addr, cancel: cancel, leader: map[string]bool{}, conns: map[net.Conn]struct{}{}}
+	s.wg.Add(2)
+	go func() { defer s.wg.Done(); s.watch(ctx) }()
+	go func() { defer s.wg.Done(); s.accept() }()
+	return s, nil
+}
+
+func (s *devService) url() string { return "ws://" + s.ln.Addr().String() + "/" }
+
+func (s *devService) close() {
+	s.cancel()
+	s.ln.Close()
+	s.mu.Lock()
+	for c := range s.conns {
+		c.Close()
+	}
+	s.mu.Unlock()
+	s.wg.Wait()
+}
+
+// watch lists the Pods, then follows their changes; when the watch ends it lists again, 100 ms
+// apart, keeping what it knew meanwhile (as kube-proxy keeps its rules).
+func (s *devService) watch(ctx context.Context) {
+	pods := s.client.CoreV1().Pods(s.ns)
+	for ctx.Err() == nil {
+		list, err := pods.List(ctx, metav1.ListOptions{})
+		if err == nil {
+			s.mu.Lock()
+			clear(s.leader)
+			for i := range list.Items {
+				s.setLocked(&list.Items[i], false)
+			}
+			s.mu.Unlock()
+			var w watch.Interface
+			if w, err = pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion}); err == nil {
+				for ev := range w.ResultChan() {
+					pod, ok := ev.Object.(*corev1.Pod)
+					if !ok {
+						break // an error event: list again
+					}
+					s.mu.Lock()
+					s.setLocked(pod, ev.Type == watch.Deleted)
+					s.mu.Unlock()
+				}
+				w.Stop()
+			}
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+func (s *devService) setLocked(pod *corev1.Pod, deleted bool) {
+	if !deleted && pod.DeletionTimestamp == nil && pod.Labels[ha.RoleLabel] == ha.RoleLeader {
+		s.leader[pod.Name] = true
+	} else {
+		delete(s.leader, pod.Name)
+	}
+}
+
+// leaders is the Pods labelled leader, sorted.
+func (s *devService) leaders() []string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	out := make([]string, 0, len(s.leader))
+	for name := range s.leader {
+		out = append(out, name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// leaderNames is leaders for the live line: "none", one name, or several joined by commas.
+func (s *devService) leaderNames() string {
+	if l := s.leaders(); len(l) > 0 {
+		return strings.Join(l, ",")
+	}
+	return "none"
+}
+
+func (s *devService) accept() {
+	for {
+		c, err := s.ln.Accept()
+		if err != nil {
+			return
+		}
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.forward(c) }()
+	}
+}
+
+func (s *devService) forward(c net.Conn) {
+	var up net.Conn
+	for _, name := range s.leaders() {
+		if addr, ok := s.addr(name); ok {
+			if d, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
+				up = d
+				break
+			}
+		}
+	}
+	if up == nil {
+		c.Close()
+		return
+	}
+	s.mu.Lock()
+	s.conns[c], s.conns[up] = struct{}{}, struct{}{}
+	s.mu.Unlock()
+	done := make(chan struct{}, 2)
+	pipe := func(dst, src net.Conn) { io.Copy(dst, src); done <- struct{}{} }
+	go pipe(up, c)
+	go pipe(c, up)
+	<-done // either side ended: end both, as a connection through a gone endpoint ends
+	c.Close()
+	up.Close()
+	<-done
+	s.mu.Lock()
+	delete(s.conns, c)
+	delete(s.conns, up)
+	s.mu.Unlock()
+}
+
+// devFleet is the simulated nodes of `relay dev --replicas`, each driven as a Pallet node
+// behaves across a failover: it keeps one connection through the Service (dialling again 100 ms
+// after one ends or fails), registers on every new connection, and reports to Cloudly every
+// 200 ms.
+type devFleet struct {
+	nodes         []*sim.Node
+	ok            []atomic.Bool // per node: registered at least once
+	registrations atomic.Int64  // accepted registrations, every node
+	requests      atomic.Int64  // reports answered end to end
+	refused       atomic.Int64  // dials, registrations and reports that failed
+	stop          chan struct{}
+	stopOnce      sync.Once
+	wg            sync.WaitGroup
+}
+
+func startDevFleet(url string, n int, log zerolog.Logger) *devFleet {
+	f := &devFleet{stop: make(chan struct{}), ok: make([]atomic.Bool, n)}
+	for i := range n {
+		node := sim.NewNode(fmt.Sprintf("node-%03d", i), log)
+		f.nodes = append(f.nodes, node)
+		f.wg.Add(1)
+		go func() { defer f.wg.Done(); f.drive(i, node, url) }()
+	}
+	return f
+}
+
+// close stops every node and closes its connection; later calls do nothing.
+func (f *devFleet) close() {
+	f.stopOnce.Do(func() {
+		close(f.stop)
+		f.wg.Wait()
+		for _, n := range f.nodes {
+			n.Close()
+		}
+	})
+}
+
+// registered is how many nodes registered at least once.
+func (f *devFleet) registered() int64 {
+	var n int64
+	for i := range f.ok {
+		if f.ok[i].Load() {
+			n++
+		}
+	}
+	return n
+}
+
+func (f *devFleet) drive(i int, n *sim.Node, url string) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go func() {
+		select {
+		case <-f.stop:
+			cancel()
+		case <-ctx.Done():
+		}
+	}()
+	wait := func(d time.Duration) bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(d):
+			return true
+		}
+	}
+	for seq := 1; ctx.Err() == nil; seq++ {
+		if c := n.Conn(); c == nil || c.Context().Err() != nil {
+			if err := f.connect(ctx, n, url); err != nil {
+				f.refused.Add(1)
+				wait(100 * time.Millisecond)
+				continue
+			}
+			f.ok[i].Store(true)
+			f.registrations.Add(1)
+		}
+		rctx, rcancel := context.WithTimeout(ctx, 5*time.Second)
+		_, err := n.Report(rctx, "reportRuntimeAssignmentObservation", map[string]any{"sequence": seq})
+		rcancel()
+		if err == nil {
+			f.requests.Add(1)
+		} else if ctx.Err() == nil {
+			f.refused.Add(1)
+		}
+		wait(200 * time.Millisecond)
+	}
+}
+
+// connect dials the Service and registers, as a node does on every new connection.
+func (f *devFleet) connect(ctx context.Context, n *sim.Node, url string) error {
+	ctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	defer cancel()
+	n.Close()
+	if err := n.Connect(ctx, url); err != nil {
+		return err
+	}
+	if _, err := n.Register(ctx); err != nil {
+		n.Close()
+		return err
+	}
+	return nil
+}
