@@ -33,22 +33,3 @@ func cmdKeygen(args []string, stdout io.Writer) error {
 	fmt.Fprintln(stdout, contracts.EncodeKey32(k.Public))
 	return nil
 }
-
-func cmdVersion(args []string, stdout io.Writer) error {
-	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	if err := parse(fs, args); err != nil {
-		return err
-	}
-	fmt.Fprintf(stdout, "relay %s (interfaces %s, accepts peers from %s)\n", buildVersion,
-		contracts.InterfacesVersion, contracts.MinimumPeerVersion)
-	return checkBuildVersion()
-}
-
-// checkBuildVersion refuses a binary whose build version registerClusterRelay cannot report. It
-// is a build fault, not a flag: `relay version` fails too, so the Dockerfile's build fails.
-func checkBuildVersion() error {
-	if !contracts.IsReleaseVersion(buildVersion) {
-		return fmt.Errorf("built as version %q, which is not MAJOR.MINOR.PATCH (-ldflags -X main.buildVersion; the Dockerfile's VERSION)", buildVersion)
-	}
-	return nil
-}

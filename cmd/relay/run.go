@@ -174,19 +174,6 @@ func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, r
 	return hub, nil
 }
 
-func newLogger(level, format string, w io.Writer) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil {
-		lvl = zerolog.InfoLevel
-	}
-	if format == "console" {
-		// Colour only on a terminal: escape codes in a CI log or a file are noise. Timestamps
-		// carry whole seconds.
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05", NoColor: !isTerminal(w)}
-	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
-}
-
 // caPool is the system roots plus the PEM certificates in file; nil (the system roots) when file
 // is empty. A file without a certificate is a usage error naming its flag.
 func caPool(file, flag string) (*x509.CertPool, error) {
@@ -205,14 +192,4 @@ func caPool(file, flag string) (*x509.CertPool, error) {
 		return nil, usagef("--%s: %s holds no PEM certificate", flag, file)
 	}
 	return pool, nil
-}
-
-// isTerminal reports whether w is a character device, as a terminal is.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
-	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }

@@ -2,7 +2,9 @@ package main
 
 import (
 	"context"
+	"regexp"
 	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -10,6 +12,59 @@ import (
 
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
+
+// TestDevRunsAndSummarizes runs `relay dev` for a few seconds, as the README's first command does,
+// and checks every count the simulated peers observed is above zero.
+func TestDevRunsAndSummarizes(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs the whole relay for seconds")
+	}
+	code, out, stderr := runMain(t, nil, "dev", "--duration", "8s", "--nodes", "5")
+	if code != 0 {
+		t.Fatalf("exit %d\nstdout %s\nstderr %s", code, out, stderr)
+	}
+	lines := strings.Split(strings.TrimSpace(out), "\n")
+	summary := lines[len(lines)-1]
+	m := regexp.MustCompile(`^nodes=(\d+) requests=(\d+) vpnPackets=(\d+) escrowReleased=(\d+) routeTables=(\d+) restores=(\d+) streams=(\d+) outages=(\d+) recoveries=(\d+)` +
+		` platformStates=(\d+) backups=(\d+) platformRestores=(\d+)$`).FindStringSubmatch(summary)
+	if m == nil {
+		t.Fatalf("last line is not the summary: %q", summary)
+	}
+	if m[1] != "5" {
+		t.Fatalf("summary %q: want 5 nodes", summary)
+	}
+	for i, name := range []string{"requests", "vpnPackets", "escrowReleased", "routeTables", "restores", "streams", "outages", "recoveries",
+		"platformStates", "backups", "platformRestores"} {
+		if m[i+2] == "0" {
+			t.Errorf("summary %q: %s is 0; every part of the scenario must have run", summary, name)
+		}
+	}
+}
+
+// TestDevRefusesBadCounts checks `relay dev`'s flag edges exit 2 naming the flag before anything
+// starts: no nodes, a negative count, more than the bound, and a negative --duration (which
+// would otherwise run until Ctrl-C). A case that wrongly starts is stopped after a few seconds.
+func TestDevRefusesBadCounts(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--nodes", "0"}, "--nodes:"},
+		{[]string{"--nodes", "-1"}, "--nodes:"},
+		{[]string{"--nodes", "100001"}, "--nodes:"},
+		{[]string{"--duration", "-1s"}, "--duration:"},
+	} {
+		t.Run(strings.Join(c.args, " "), func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			var out, errOut strings.Builder
+			code := realMain(ctx, append([]string{"dev"}, c.args...), &out, &errOut)
+			if code != 2 || strings.Count(errOut.String(), "\n") != 1 || !strings.Contains(errOut.String(), c.want) {
+				t.Fatalf("exit %d, stderr %.200q; want 2 and one line naming %s", code, errOut.String(), c.want)
+			}
+		})
+	}
+}
 
 // TestDevHeapStaysFlat runs the `relay dev` scenario — the relay and the simulated peers in this
 // process — on a fast outage cycle and compares the live heap in the middle of the second outage
