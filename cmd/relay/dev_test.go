@@ -1,7 +1,9 @@
 package main
 
 import (
+	"bytes"
 	"context"
+	"net"
 	"regexp"
 	"runtime"
 	"strings"
@@ -86,7 +88,7 @@ func TestDevHeapStaysFlat(t *testing.T) {
 		restores     = 12      // and at least this many restores later
 		allowedBytes = 2 << 20 // growth allowed between the two
 	)
-	d, err := startDev(nodes, zerolog.Nop(), "warn")
+	d, err := startDev(nodes, zerolog.Nop(), "warn", defaultDevAddrs)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -142,5 +144,55 @@ func TestDevHeapStaysFlat(t *testing.T) {
 				float64(m.HeapAlloc-firstHeap)/(1<<20), float64(firstHeap)/(1<<20), first, float64(m.HeapAlloc)/(1<<20), seen, allowedBytes>>20)
 		}
 		return
+	}
+}
+
+// While the scenario holds the Cloudly stand-in away, every line `relay dev` logs is marked
+// script=outage (the session lost, the failed dials and their 503s are the script); other lines
+// are not.
+func TestDevMarksTheScriptedOutage(t *testing.T) {
+	var out bytes.Buffer
+	var script scriptMark
+	log := newLogger("info", "console", &out).Hook(&script)
+	log.Warn().Msg("before the stand-in exists")
+	c, err := sim.NewCloudly(zerolog.Nop())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	script.cloudly.Store(c)
+	log.Warn().Msg("attached")
+	c.SetAvailable(false)
+	log.Warn().Msg("Cloudly session lost")
+	c.SetAvailable(true)
+	log.Warn().Msg("back")
+	lines := strings.Split(strings.TrimSpace(out.String()), "\n")
+	for i, want := range []bool{false, false, true, false} {
+		if got := strings.Contains(lines[i], "script=outage"); got != want {
+			t.Errorf("line %q: marked %v, want %v", lines[i], got, want)
+		}
+	}
+}
+
+// `relay dev --listen/--admin-listen/--hub-listen` pin the ports; a bad one is refused naming
+// the flag before anything starts.
+func TestDevPinsPorts(t *testing.T) {
+	code, _, stderr := runMain(t, nil, "dev", "--admin-listen", "127.0.0.1:http")
+	if code != 2 || stderr != "relay dev: --admin-listen: port must be from 0 (any) to 65535\n" {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	admin := ln.Addr().String()
+	ln.Close()
+	d, err := startDev(2, zerolog.Nop(), "warn", devAddrs{listen: "127.0.0.1:0", admin: admin, hub: "127.0.0.1:0"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.close()
+	if got := d.relay.AdminAddr().String(); got != admin {
+		t.Fatalf("admin listener on %s, pinned to %s", got, admin)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"flag"
+	"net"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -128,5 +129,165 @@ func TestBadValuesAndFilesExit2NamingTheFlag(t *testing.T) {
 				t.Fatalf("stderr quotes a file's content: %q", stderr)
 			}
 		})
+	}
+}
+
+// runArgs is a `relay <cmd>` command line with every required flag, listeners on loopback port 0
+// and plaintext, followed by extra.
+func runArgs(t *testing.T, cmd string, extra ...string) []string {
+	t.Helper()
+	token := filepath.Join(t.TempDir(), "token")
+	if err := os.WriteFile(token, []byte("jwt\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	return append([]string{cmd, "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "ws://127.0.0.1:1/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0"}, extra...)
+}
+
+// Every size flag takes the sizes the docs write (8MiB, 256MiB, 10GiB) and plain bytes, and help
+// shows its default in the same units.
+func TestSizeFlagsTakeUnits(t *testing.T) {
+	for in, want := range map[string]int64{"65536": 65536, "64KiB": 64 << 10, "8MiB": 8 << 20, "8 MiB": 8 << 20,
+		"256MiB": 256 << 20, "10GiB": 10 << 30, "1TiB": 1 << 40, "4096B": 4096} {
+		if got, err := parseBytes(in); err != nil || got != want {
+			t.Errorf("parseBytes(%q) = %d, %v; want %d", in, got, err, want)
+		}
+	}
+	for _, in := range []string{"", "lots", "8MB", "8mib", "1.5GiB", "-1", "MiB", "9999999999TiB"} {
+		if got, err := parseBytes(in); err == nil {
+			t.Errorf("parseBytes(%q) = %d; want an error", in, got)
+		}
+	}
+	fs := flag.NewFlagSet("run", flag.ContinueOnError)
+	var cfg relay.Config
+	runFlags(fs, &cfg)
+	for name, want := range map[string]string{"max-message-bytes": "8MiB", "peer-memory-bytes": "256MiB", "registry-cache-max-bytes": "10GiB"} {
+		if got := fs.Lookup(name).DefValue; got != want {
+			t.Errorf("--%s default shown as %q, want %q", name, got, want)
+		}
+	}
+	t.Setenv("SERVEZONE_RELAY_PEER_MEMORY_BYTES", "512MiB")
+	if _, err := parse(fs, []string{"--max-message-bytes", "16MiB", "--registry-cache-max-bytes=20GiB"}); err != nil {
+		t.Fatal(err)
+	}
+	if cfg.MaxMessageBytes != 16<<20 || cfg.PeerMemoryBytes != 512<<20 || cfg.RegistryCacheMaxBytes != 20<<30 {
+		t.Fatalf("parsed %d %d %d", cfg.MaxMessageBytes, cfg.PeerMemoryBytes, cfg.RegistryCacheMaxBytes)
+	}
+	if code, _, stderr := runMain(t, nil, runArgs(t, "run", "--max-message-bytes", "8MB")...); code != 2 ||
+		stderr != `relay run: --max-message-bytes="8MB": must be a number of bytes, plain or with a unit: 65536, 64KiB, 8MiB, 10GiB (KiB, MiB, GiB, TiB: powers of 1024)`+"\n" {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+// `relay run -h` marks every required flag, and each flag that needs another.
+func TestHelpMarksRequiredFlags(t *testing.T) {
+	_, out, _ := runMain(t, nil, "run", "-h")
+	for flag, note := range map[string]string{"cluster-id": "[required]", "node-id": "[required]", "cloudly-url": "[required]",
+		"cloudly-token-file": "[required]", "advertise-address": "[required]",
+		"tls-cert-file": "[required unless --insecure-plaintext]", "tls-key-file": "[required unless --insecure-plaintext]",
+		"hub-key-file": "[required with --hub-listen]", "ha-replication-key-file": "[required with --ha-lease-name]",
+		"registry-cache-dir": "[needs --registry-upstream]", "hub-advertise-address": "[needs --hub-listen]",
+		"kubeconfig": "[needs --ha-lease-name]"} {
+		line := regexp.MustCompile(`(?m)^  --` + flag + `\s.*$`).FindString(out)
+		if !strings.HasSuffix(line, note) {
+			t.Errorf("--%s help line %q does not end %s", flag, line, note)
+		}
+	}
+	if line := regexp.MustCompile(`(?m)^  --listen\s.*$`).FindString(out); strings.Contains(line, "[") {
+		t.Errorf("--listen is marked: %q", line)
+	}
+}
+
+// Refusals that explain themselves: a flag that needs another says so, from the command line or
+// its variable; an empty token file is refused at start; the canonical identifier rule is spelt
+// out; a bad value from the environment names the variable, the value and the rule, but never
+// quotes a URL (it may carry credentials).
+func TestRefusalsStateTheRule(t *testing.T) {
+	dir := t.TempDir()
+	empty := filepath.Join(dir, "empty.jwt")
+	if err := os.WriteFile(empty, []byte("\n \n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	cases := []struct {
+		name string
+		args []string
+		env  map[string]string
+		want string
+	}{
+		{"cache dir without upstream", runArgs(t, "run", "--registry-cache-dir", dir), nil,
+			"relay run: --registry-cache-dir needs --registry-upstream; without it --registry-cache-dir would be ignored\n"},
+		{"cache dir without upstream, from the environment", runArgs(t, "run"), map[string]string{"SERVEZONE_RELAY_REGISTRY_CACHE_DIR": dir},
+			`relay run: --registry-cache-dir (from SERVEZONE_RELAY_REGISTRY_CACHE_DIR="` + dir + `") needs --registry-upstream; without it --registry-cache-dir would be ignored` + "\n"},
+		{"hub key without hub", runArgs(t, "run", "--hub-key-file", filepath.Join(dir, "hub.key")), nil,
+			"relay run: --hub-key-file needs --hub-listen; without it --hub-key-file would be ignored\n"},
+		{"HA flag without the Lease", runArgs(t, "run", "--ha-identity", "relay-0"), nil,
+			"relay run: --ha-identity needs --ha-lease-name; without it --ha-identity would be ignored\n"},
+		{"hub without its key", runArgs(t, "run", "--hub-listen", "192.0.2.10:51820"), nil,
+			"relay run: missing required flag --hub-key-file; a flag can also come from its SERVEZONE_RELAY_* variable\n"},
+		{"empty token file", runArgs(t, "run", "--cloudly-token-file", empty), nil,
+			"relay run: --cloudly-token-file: " + empty + " is empty: it must hold the relay's machine JWT\n"},
+		{"empty token file, checked", runArgs(t, "check", "--cloudly-token-file", empty), nil,
+			"relay check: --cloudly-token-file: " + empty + " is empty: it must hold the relay's machine JWT\n"},
+		{"cluster id", runArgs(t, "run", "--cluster-id", "cluster a"), nil,
+			"relay run: --cluster-id: must be a canonical identifier: a letter or digit, then up to 199 of A-Z a-z 0-9 : . _ -\n"},
+		{"duration from the environment", runArgs(t, "run"), map[string]string{"SERVEZONE_RELAY_HA_LEASE_DURATION": "6"},
+			`relay run: --ha-lease-duration (from SERVEZONE_RELAY_HA_LEASE_DURATION="6"): must be a duration with its unit, such as 500ms, 6s or 2m` + "\n"},
+		{"count from the environment", runArgs(t, "run"), map[string]string{"SERVEZONE_RELAY_MAX_UNREGISTERED_PER_SOURCE": "many"},
+			`relay run: --max-unregistered-per-source (from SERVEZONE_RELAY_MAX_UNREGISTERED_PER_SOURCE="many"): must be a whole number` + "\n"},
+		{"HA address from the environment", runArgs(t, "run", "--ha-lease-name", "relay", "--ha-lease-namespace", "ns", "--ha-identity", "relay-0",
+			"--ha-replication-key-file", filepath.Join(dir, "replication.key")), map[string]string{"SERVEZONE_RELAY_HA_REPLICATION_LISTEN": "8444"},
+			`relay run: --ha-replication-listen (from SERVEZONE_RELAY_HA_REPLICATION_LISTEN="8444"): must be host:port or :port` + "\n"},
+		{"URL from the environment", []string{"run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-token-file", empty,
+			"--advertise-address", "192.0.2.10", "--insecure-plaintext"}, map[string]string{"SERVEZONE_RELAY_CLOUDLY_URL": "https://user:s3cret@cloudly.example/"},
+			"relay run: --cloudly-url (from SERVEZONE_RELAY_CLOUDLY_URL; its value is not shown: a URL may carry credentials): must be a wss:// URL\n"},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			code, out, stderr := runMain(t, c.env, c.args...)
+			if code != 2 || out != "" || stderr != c.want {
+				t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and %q", code, out, stderr, c.want)
+			}
+		})
+	}
+}
+
+// `relay check` judges what `relay run` would, binds and dials nothing, and creates no file: it
+// passes while another process holds the listen addresses, and a missing hub key stays missing.
+func TestCheckJudgesWithoutBinding(t *testing.T) {
+	down, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer down.Close()
+	admin, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer admin.Close()
+	key := filepath.Join(t.TempDir(), "hub.key")
+	code, out, stderr := runMain(t, nil, runArgs(t, "check", "--listen", down.Addr().String(), "--admin-listen", admin.Addr().String(),
+		"--hub-listen", "192.0.2.10:51820", "--hub-key-file", key, "--max-message-bytes", "16MiB")...)
+	want := "relay check: configuration valid (nothing dialled or bound); on: escrow, ingress, restore, platform, vpnhub; off: tls, registry, registry-cache, ha\n"
+	if code != 0 || out != want || stderr != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 0 and %q", code, out, stderr, want)
+	}
+	if _, err := os.Stat(key); !os.IsNotExist(err) {
+		t.Fatalf("check created the hub key file: %v", err)
+	}
+	// What run refuses, check refuses the same way.
+	notPEM := filepath.Join(t.TempDir(), "not.pem")
+	os.WriteFile(notPEM, []byte("s3cret\n"), 0o600)
+	code, _, stderr = runMain(t, nil, runArgs(t, "check", "--cloudly-ca-file", notPEM)...)
+	if code != 2 || stderr != "relay check: --cloudly-ca-file: "+notPEM+" holds no PEM certificate\n" {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = runMain(t, nil, runArgs(t, "check", "--hub-listen", "127.0.0.1:51820", "--hub-key-file", key)...)
+	if code != 2 || !strings.HasPrefix(stderr, "relay check: --hub-listen: must be a unicast IPv4 address") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	code, _, stderr = runMain(t, nil, "check")
+	if code != 2 || !strings.HasPrefix(stderr, "relay check: missing required flags --cluster-id, --node-id") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 }

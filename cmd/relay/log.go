@@ -7,6 +7,12 @@ import (
 	"github.com/rs/zerolog"
 )
 
+// Every duration field (latency, wait) carries its unit: a Go duration string, "12.5ms", "1.5s",
+// rather than zerolog's bare number of milliseconds. Set once for the process, before any logger
+// writes; docs/logging.md says so.
+func init() { zerolog.DurationFieldFormat = zerolog.DurationFormatString }
+
+// newLogger is the process's logger: level and format as the flags say, on w.
 func newLogger(level, format string, w io.Writer) zerolog.Logger {
 	lvl, err := zerolog.ParseLevel(level)
 	if err != nil {

@@ -32,14 +32,19 @@ func TestBadCommandLinesExit2WithOneLine(t *testing.T) {
 		want string
 	}{
 		{"unknown flag", []string{"run", "--no-such-flag"}, nil, "unknown flag --no-such-flag"},
-		{"missing required", []string{"run"}, nil, "--cluster-id: is required"},
+		{"missing required", []string{"run"}, nil, "relay run: missing required flags --cluster-id, --node-id, --cloudly-url, --cloudly-token-file, " +
+			"--advertise-address, --tls-cert-file, --tls-key-file (--tls-cert-file, --tls-key-file: not needed with --insecure-plaintext); " +
+			"each can also come from its SERVEZONE_RELAY_* variable\n"},
 		{"bad node id", append(append([]string{}, base...), "--node-id", "node a"), nil, "--node-id: must be a cluster node id"},
 		{"unreadable token file", append(append([]string{}, base...), "--cloudly-token-file", filepath.Join(dir, "missing")), nil, "--cloudly-token-file: cannot read"},
 		{"plaintext URL without the flag", []string{"run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "ws://cloudly.example/",
 			"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--tls-cert-file", token, "--tls-key-file", token}, nil, "--cloudly-url: ws:// needs --insecure-plaintext"},
 		{"loopback advertise address", append(append([]string{}, base...), "--advertise-address", "127.0.0.1"), nil, "--advertise-address: must be a unicast IPv4"},
-		{"bad value from the environment", base, map[string]string{"SERVEZONE_RELAY_MAX_MESSAGE_BYTES": "lots"}, "--max-message-bytes (from SERVEZONE_RELAY_MAX_MESSAGE_BYTES): invalid value"},
-		{"value from the environment judged", base, map[string]string{"SERVEZONE_RELAY_LOG_FORMAT": "xml"}, "--log-format: must be json or console"},
+		{"bad value from the environment", base, map[string]string{"SERVEZONE_RELAY_MAX_MESSAGE_BYTES": "lots"},
+			`relay run: --max-message-bytes (from SERVEZONE_RELAY_MAX_MESSAGE_BYTES="lots"): must be a number of bytes, plain or with a unit: ` +
+				"65536, 64KiB, 8MiB, 10GiB (KiB, MiB, GiB, TiB: powers of 1024)\n"},
+		{"value from the environment judged", base, map[string]string{"SERVEZONE_RELAY_LOG_FORMAT": "xml"},
+			`relay run: --log-format (from SERVEZONE_RELAY_LOG_FORMAT="xml"): must be json or console` + "\n"},
 		{"unknown command", []string{"frobnicate"}, nil, `unknown command "frobnicate"`},
 	}
 	for _, c := range cases {

@@ -61,7 +61,7 @@ func TestRegistryUpstreamWithCredentialsExits2WithoutQuotingThem(t *testing.T) {
 	}
 	code, _, stderr = runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
 		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
-		"--registry-cache-max-bytes", "1000")
+		"--registry-upstream", "https://registry.example", "--registry-cache-max-bytes", "1000")
 	if code != 2 || !strings.Contains(stderr, "--registry-cache-max-bytes: must be at least") {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}

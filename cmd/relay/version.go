@@ -10,7 +10,7 @@ import (
 
 func cmdVersion(args []string, stdout io.Writer) error {
 	fs := flag.NewFlagSet("version", flag.ContinueOnError)
-	if err := parse(fs, args); err != nil {
+	if _, err := parse(fs, args); err != nil {
 		return err
 	}
 	fmt.Fprintf(stdout, "relay %s (interfaces %s, accepts peers from %s)\n", buildVersion,
