@@ -18,11 +18,12 @@ import (
 const TypedRequestVersion = "3.3.0"
 
 // Ready reports whether the peers can run from dir (the interop directory): node on PATH and the
-// packages install.sh puts in place. Its error says how to install what is missing.
+// packages install.sh puts in place. Its error names the one command that would make the suite
+// run: installing Node.js and npm where node is missing, else `bash interop/install.sh`.
 func Ready(dir string) error {
-	const how = "install Node.js ≥ 18 and npm (Debian: apt-get install nodejs npm), then run bash interop/install.sh"
+	const install = "bash interop/install.sh"
 	if _, err := exec.LookPath("node"); err != nil {
-		return fmt.Errorf("interop: node is not on PATH: %s", how)
+		return fmt.Errorf("interop: node is not on PATH; to run this suite: apt-get install nodejs npm && %s (Node.js ≥ 18)", install)
 	}
 	for _, f := range []string{
 		"node_modules/ws/package.json",
@@ -30,7 +31,11 @@ func Ready(dir string) error {
 		"node_modules/@api.global/typedrequest/dist_bundle/bundle.js",
 	} {
 		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
-			return fmt.Errorf("interop: %s is missing: %s", f, how)
+			how := install
+			if _, err := exec.LookPath("npm"); err != nil {
+				how = "apt-get install npm && " + install
+			}
+			return fmt.Errorf("interop: the peers' packages are not installed (%s is missing); to run this suite: %s", f, how)
 		}
 	}
 	return nil

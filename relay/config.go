@@ -108,7 +108,7 @@ func (c *Config) Complete() error {
 	case c.ClusterID == "":
 		return bad("cluster-id", "is required")
 	case !contracts.IsCanonicalID(c.ClusterID):
-		return bad("cluster-id", "must be a canonical identifier")
+		return bad("cluster-id", "must be a canonical identifier: a letter or digit, then up to 199 of A-Z a-z 0-9 : . _ -")
 	case c.NodeID == "":
 		return bad("node-id", "is required")
 	case !contracts.IsClusterNodeID(c.NodeID):
@@ -122,13 +122,13 @@ func (c *Config) Complete() error {
 	case !contracts.IsPlausibleUnicastIPv4(c.AdvertiseAddress):
 		return bad("advertise-address", "must be a unicast IPv4 literal that is neither loopback nor link-local")
 	case c.MaxMessageBytes < 64<<10 || c.MaxMessageBytes > 1<<30:
-		return bad("max-message-bytes", "must be from 65536 to 1073741824")
+		return bad("max-message-bytes", "must be from 65536 (64KiB) to 1073741824 (1GiB)")
 	case c.PeerMemoryBytes < 16<<20:
-		return bad("peer-memory-bytes", "must be at least 16777216 (16 MiB)")
+		return bad("peer-memory-bytes", "must be at least 16777216 (16MiB)")
 	case c.MaxUnregisteredPerSource < 0:
 		return bad("max-unregistered-per-source", "must not be negative (0: no limit)")
 	case c.RegistryCacheMaxBytes < 1<<20:
-		return bad("registry-cache-max-bytes", "must be at least 1048576 (1 MiB)")
+		return bad("registry-cache-max-bytes", "must be at least 1048576 (1MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):
 		return bad("version", "build version %q is not MAJOR.MINOR.PATCH", c.BuildVersion)
 	}

@@ -266,7 +266,8 @@ func (u *upstream) run(ctx context.Context) {
 // that the send loop can cork it (every node's traffic shares this socket: bursts leave in one
 // write) and a shutdown can close it under the WebSocket when the close handshake overruns.
 func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websocket.Conn, *typedsocket.CorkConn, *tls.ConnectionState, error) {
-	var raw *typedsocket.CorkConn
+	// Set by the transport's dial goroutine, which can outlive websocket.Dial when ctx ends.
+	var raw atomic.Pointer[typedsocket.CorkConn]
 	var d net.Dialer
 	t := &http.Transport{
 		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: u.cfg.roots},
@@ -280,8 +281,9 @@ func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websock
 			if err != nil {
 				return nil, err
 			}
-			raw = typedsocket.NewCorkConn(c)
-			return raw, nil
+			cc := typedsocket.NewCorkConn(c)
+			raw.Store(cc)
+			return cc, nil
 		},
 	}
 	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
@@ -291,7 +293,7 @@ func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websock
 	if resp != nil {
 		state = resp.TLS
 	}
-	return ws, raw, state, err
+	return ws, raw.Load(), state, err
 }
 
 // session runs one socket from dial to loss and returns how long to wait before the next.

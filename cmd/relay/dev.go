@@ -10,6 +10,7 @@ import (
 	"os/signal"
 	"path/filepath"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -27,7 +28,11 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	duration := fs.Duration("duration", 0, "stop after this long (0: until Ctrl-C)")
 	logLevel := fs.String("log-level", "warn", "relay log level")
 	replicas := fs.Int("replicas", 1, "relays, one elected through a Lease on a test Kubernetes API server (more than 1: needs its cached binaries)")
-	if err := parse(fs, args); err != nil {
+	at := defaultDevAddrs
+	fs.StringVar(&at.listen, "listen", at.listen, "the relay's downstream listen address (port 0: a new one each run)")
+	fs.StringVar(&at.admin, "admin-listen", at.admin, "the admin listener: the status page and /metrics")
+	fs.StringVar(&at.hub, "hub-listen", at.hub, "the VPN hub's UDP address")
+	if _, err := parse(fs, args); err != nil {
 		return err
 	}
 	if *nodes < 1 || *nodes > 100_000 {
@@ -46,11 +51,16 @@ func cmdDev(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if *replicas != 1 {
 		return cmdDevHA(ctx, *replicas, *nodes, newLogger(*logLevel, "console", stderr), *logLevel, stdout)
 	}
-	d, err := startDev(*nodes, newLogger(*logLevel, "console", stderr), *logLevel)
+	// Lines logged while the scenario holds Cloudly away carry script=outage: the session lost,
+	// the failed dials and their 503s are the script, not a fault.
+	var script scriptMark
+	log := newLogger(*logLevel, "console", stderr).Hook(&script)
+	d, err := startDev(*nodes, log, *logLevel, at)
 	if err != nil {
 		return err
 	}
 	defer d.close()
+	script.cloudly.Store(d.cloudly)
 
 	start := time.Now()
 	var mu sync.Mutex // one line at a time on stdout
@@ -107,7 +117,7 @@ type dev struct {
 // startDev starts the relay and the Cloudly stand-in and prepares the scenario for nodes; the
 // relay is serving, not necessarily attached yet, and the nodes do not know the hub yet
 // (waitAttached).
-func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error) {
+func startDev(nodes int, log zerolog.Logger, logLevel string, at devAddrs) (_ *dev, err error) {
 	var undo []func()
 	d := &dev{close: func() {
 		for i := len(undo) - 1; i >= 0; i-- {
@@ -138,10 +148,10 @@ func startDev(nodes int, log zerolog.Logger, logLevel string) (_ *dev, err error
 	undo = append(undo, d.sc.Close)
 	cfg := relay.Config{
 		ClusterID: d.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: d.cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
+		Listen: at.listen, AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: at.admin,
 		LogLevel: logLevel, LogFormat: "console", BuildVersion: buildVersion,
 	}
-	cfg.HubListen, cfg.HubKeyFile = "127.0.0.1:0", filepath.Join(dir, "hub.key")
+	cfg.HubListen, cfg.HubKeyFile = at.hub, filepath.Join(dir, "hub.key")
 	if err := cfg.Complete(); err != nil {
 		return nil, err
 	}
@@ -184,4 +194,22 @@ func (d *dev) waitAttached(ctx context.Context) error {
 	}
 	d.sc.HubAddr, d.sc.HubKey = netip.AddrPortFrom(d.hubDial, at.Port()), key
 	return nil
+}
+
+// devAddrs are where `relay dev` binds; port 0 is a new port each run.
+type devAddrs struct{ listen, admin, hub string }
+
+// defaultDevAddrs binds everything on loopback, on new ports.
+var defaultDevAddrs = devAddrs{listen: "127.0.0.1:0", admin: "127.0.0.1:0", hub: "127.0.0.1:0"}
+
+// scriptMark is the dev logger's hook: while the Cloudly stand-in is held away by the scenario,
+// every line gets script=outage.
+type scriptMark struct {
+	cloudly atomic.Pointer[sim.Cloudly] // set once the stand-in exists
+}
+
+func (m *scriptMark) Run(e *zerolog.Event, _ zerolog.Level, _ string) {
+	if c := m.cloudly.Load(); c != nil && !c.Available() {
+		e.Str("script", "outage")
+	}
 }

@@ -76,16 +76,16 @@ func (h *haConfig) complete() error {
 	}
 	switch {
 	case h.leaseNamespace == "":
-		return usagef("--ha-lease-namespace: is required outside a Pod (no service account namespace, no $POD_NAMESPACE)")
+		return &relay.ConfigError{Flag: "ha-lease-namespace", Reason: "is required outside a Pod (no service account namespace, no $POD_NAMESPACE)"}
 	case h.identity == "":
-		return usagef("--ha-identity: is required where neither $POD_NAME nor the host name is set")
+		return &relay.ConfigError{Flag: "ha-identity", Reason: "is required where neither $POD_NAME nor the host name is set"}
 	case h.retryPeriod <= 0 || h.renewDeadline <= h.retryPeriod || h.leaseDuration <= h.renewDeadline:
-		return usagef("--ha-renew-deadline: must be longer than --ha-retry-period and shorter than --ha-lease-duration")
+		return &relay.ConfigError{Flag: "ha-renew-deadline", Reason: "must be longer than --ha-retry-period and shorter than --ha-lease-duration"}
 	case h.replicationKeyFile == "":
-		return usagef("--ha-replication-key-file: is required with --ha-lease-name")
+		return &relay.ConfigError{Flag: "ha-replication-key-file", Reason: "is required with --ha-lease-name"}
 	}
 	if _, _, err := net.SplitHostPort(h.replicationListen); err != nil {
-		return usagef("--ha-replication-listen: must be host:port or :port")
+		return &relay.ConfigError{Flag: "ha-replication-listen", Reason: "must be host:port or :port"}
 	}
 	return nil
 }

@@ -3,7 +3,9 @@
 //
 //	relay run      the daemon (flags or SERVEZONE_RELAY_* environment)
 //	relay dev      the relay plus simulated Cloudly, nodes, ingress and Corestore on loopback
-//	relay keygen   write a new VPN hub static key file
+//	relay check    judge a configuration (the flags of run) without dialling or binding
+//	relay keygen   write a new VPN hub static key file, or show an existing one's public key
+//	relay probe    GET the admin listener's /healthz: exit 0 on 200 (a HEALTHCHECK)
 //	relay version  print the build and protocol versions
 package main
 
@@ -24,8 +26,10 @@ const usage = `usage: relay <command> [flags]
 
 commands:
   run       run the cluster relay (flags also read SERVEZONE_RELAY_<FLAG>)
+  check     judge a configuration (the flags of run) without dialling or binding; exit 0 when valid
   dev       run the relay with simulated Cloudly, nodes, ingress and Corestore on loopback
-  keygen    write a new VPN hub static key file (--hub-key-file)
+  keygen    write a new VPN hub static key file (--hub-key-file), or print the public key of one (--show)
+  probe     GET the admin listener's /healthz; exit 0 on 200, else 1 (the image's HEALTHCHECK)
   version   print the build and protocol versions
 
 "relay <command> -h" lists a command's flags.
@@ -47,17 +51,21 @@ func realMain(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	switch cmd {
 	case "run":
 		err = cmdRun(ctx, rest, stderr)
+	case "check":
+		err = cmdCheck(rest, stdout, stderr)
+	case "probe":
+		err = cmdProbe(ctx, rest, stdout)
 	case "dev":
 		err = cmdDev(ctx, rest, stdout, stderr)
 	case "keygen":
-		err = cmdKeygen(rest, stdout)
+		err = cmdKeygen(rest, stdout, stderr)
 	case "version":
 		err = cmdVersion(rest, stdout)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
 	default:
-		fmt.Fprintf(stderr, "relay: unknown command %q (run, dev, keygen, version)\n", cmd)
+		fmt.Fprintf(stderr, "relay: unknown command %q (run, check, dev, keygen, probe, version)\n", cmd)
 		return 2
 	}
 	var ue *usageError

@@ -61,8 +61,28 @@ func TestRegistryUpstreamWithCredentialsExits2WithoutQuotingThem(t *testing.T) {
 	}
 	code, _, stderr = runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
 		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
-		"--registry-cache-max-bytes", "1000")
+		"--registry-upstream", "https://registry.example", "--registry-cache-max-bytes", "1000")
 	if code != 2 || !strings.Contains(stderr, "--registry-cache-max-bytes: must be at least") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+}
+
+func TestRegistryFlagsAreJudgedAtStart(t *testing.T) {
+	dir := t.TempDir()
+	token := filepath.Join(dir, "token")
+	os.WriteFile(token, []byte("jwt\n"), 0o600)
+	code, _, stderr := runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--registry-upstream", "https://user:s3cret-pass@registry.example")
+	if code != 2 || !strings.Contains(stderr, "--registry-upstream: must carry no credentials") || strings.Contains(stderr, "s3cret") {
+		t.Fatalf("exit %d, stderr %q", code, stderr)
+	}
+	empty := filepath.Join(dir, "empty.pem")
+	os.WriteFile(empty, []byte("no certificate here"), 0o600)
+	code, _, stderr = runMain(t, nil, "run", "--cluster-id", "c1", "--node-id", "n1", "--cloudly-url", "wss://cloudly.example/",
+		"--cloudly-token-file", token, "--advertise-address", "192.0.2.10", "--insecure-plaintext",
+		"--registry-upstream", "https://registry.example", "--registry-ca-file", empty, "--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0")
+	if code != 2 || !strings.Contains(stderr, "--registry-ca-file:") {
 		t.Fatalf("exit %d, stderr %q", code, stderr)
 	}
 }

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"context"
 	"crypto/x509"
 	"errors"
@@ -25,35 +26,95 @@ import (
 )
 
 func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
-	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var cfg relay.Config
-	var hc haConfig
-	runFlags(fs, &cfg)
-	haFlags(fs, &hc)
-	if err := parse(fs, args); err != nil {
+	rc, err := configure("run", args)
+	if err != nil {
 		return err
 	}
-	if err := hc.complete(); err != nil {
-		return err
-	}
-	if err := checkBuildVersion(); err != nil {
-		return err
-	}
-	cfg.BuildVersion = buildVersion
-	if err := cfg.Complete(); err != nil {
-		return err
-	}
+	cfg := rc.cfg
 	log := newLogger(cfg.LogLevel, cfg.LogFormat, stderr)
 	if limit := setMemoryLimit(); limit > 0 {
 		log.Info().Int64("bytes", limit).Msg("Go memory limit set from the container's")
 	}
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
-	r, _, err := buildParts(cfg, relay.Options{Logger: log}, netip.Addr{}, electorOf(&hc))
+	r, hub, err := buildParts(cfg, relay.Options{Logger: log}, netip.Addr{}, electorOf(&rc.ha))
 	if err != nil {
+		return rc.src.explain(err)
+	}
+	if err := r.Listen(); err != nil {
 		return err
 	}
-	return r.Run(ctx)
+	on, off := rc.parts()
+	ev := log.Info().Str("component", "relay").Str("version", buildVersion).Str("protocol", contracts.InterfacesVersion).
+		Str("min_peer_protocol", contracts.MinimumPeerVersion).Str("listen", r.DownstreamAddr().String()).
+		Str("admin", r.AdminAddr().String()).Str("advertise", cfg.AdvertiseAddress)
+	if hub != nil {
+		ev = ev.Str("hub", hub.Addr().String())
+	}
+	ev.Strs("on", on).Strs("off", off).Msg("relay starting")
+	return r.Serve(ctx)
+}
+
+// runConfig is what `relay run` and `relay check` are told, judged.
+type runConfig struct {
+	cfg relay.Config
+	ha  haConfig
+	src sources // where each flag given came from
+}
+
+// configure parses and judges the flags of `relay run` (and `relay check`, which takes the same):
+// the build version, every missing required flag at once, flags that need another, each value,
+// and a token file that must hold a token. Nothing is dialled, bound or written.
+func configure(name string, args []string) (*runConfig, error) {
+	fs := flag.NewFlagSet(name, flag.ContinueOnError)
+	rc := &runConfig{}
+	runFlags(fs, &rc.cfg)
+	haFlags(fs, &rc.ha)
+	src, err := parse(fs, args)
+	if err != nil {
+		return nil, err
+	}
+	rc.src = src
+	if err := checkBuildVersion(); err != nil {
+		return nil, err
+	}
+	if err := runRules.check(fs, src); err != nil {
+		return nil, err
+	}
+	if err := rc.ha.complete(); err != nil {
+		return nil, src.explain(err)
+	}
+	rc.cfg.BuildVersion = buildVersion
+	if err := rc.cfg.Complete(); err != nil {
+		return nil, src.explain(err)
+	}
+	// Read at every attach; an empty file would otherwise pass start-up and fail only at the
+	// first dial. Its content is never quoted.
+	if tok, err := os.ReadFile(rc.cfg.CloudlyTokenFile); err != nil || len(bytes.TrimSpace(tok)) == 0 {
+		reason := rc.cfg.CloudlyTokenFile + " is empty: it must hold the relay's machine JWT"
+		if err != nil {
+			reason = "cannot read " + rc.cfg.CloudlyTokenFile
+		}
+		return nil, src.explain(&relay.ConfigError{Flag: "cloudly-token-file", Reason: reason})
+	}
+	return rc, nil
+}
+
+// parts names the optional parts this configuration turns on and off, for the start-up line and
+// `relay check`.
+func (rc *runConfig) parts() (on, off []string) {
+	for _, p := range []struct {
+		name string
+		on   bool
+	}{{"tls", !rc.cfg.InsecurePlaintext}, {"vpnhub", rc.cfg.HubListen != ""}, {"registry", rc.cfg.RegistryUpstream != ""},
+		{"registry-cache", rc.cfg.RegistryUpstream != "" && rc.cfg.RegistryCacheDir != ""}, {"ha", rc.ha.on()}} {
+		if p.on {
+			on = append(on, p.name)
+		} else {
+			off = append(off, p.name)
+		}
+	}
+	return append([]string{"escrow", "ingress", "restore", "platform"}, on...), off
 }
 
 // build wires the relay and its features from a completed configuration and opts.Logger, without
@@ -105,7 +166,7 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 			Registerer: opts.Registerer, Logger: log, RootCAs: roots,
 		})
 		if errors.Is(err, registry.ErrUpstreamURL) {
-			return nil, nil, usagef("--registry-upstream: %v", err)
+			return nil, nil, &relay.ConfigError{Flag: "registry-upstream", Reason: err.Error()}
 		}
 		if err != nil {
 			return nil, nil, err
@@ -155,12 +216,8 @@ func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, r
 	if !report.IsValid() && cfg.HubAdvertiseAddress != "" {
 		report = netip.MustParseAddr(cfg.HubAdvertiseAddress) // Complete checked it
 	}
-	at, err := vpnhub.ParseListen(cfg.HubListen)
-	if err != nil {
-		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
-	}
-	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
-		return nil, &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterVpnHub reports it to Cloudly for nodes to dial"}
+	if err := checkHubListen(cfg.HubListen, report); err != nil {
+		return nil, err
 	}
 	key, err := vpnkey.LoadOrCreateFile(cfg.HubKeyFile, log.With().Str("component", "vpnhub").Logger())
 	if err != nil {
@@ -174,19 +231,6 @@ func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, r
 	return hub, nil
 }
 
-func newLogger(level, format string, w io.Writer) zerolog.Logger {
-	lvl, err := zerolog.ParseLevel(level)
-	if err != nil {
-		lvl = zerolog.InfoLevel
-	}
-	if format == "console" {
-		// Colour only on a terminal: escape codes in a CI log or a file are noise. Timestamps
-		// carry whole seconds.
-		w = zerolog.ConsoleWriter{Out: w, TimeFormat: "15:04:05", NoColor: !isTerminal(w)}
-	}
-	return zerolog.New(w).Level(lvl).With().Timestamp().Logger()
-}
-
 // caPool is the system roots plus the PEM certificates in file; nil (the system roots) when file
 // is empty. A file without a certificate is a usage error naming its flag.
 func caPool(file, flag string) (*x509.CertPool, error) {
@@ -195,24 +239,27 @@ func caPool(file, flag string) (*x509.CertPool, error) {
 	}
 	pem, err := os.ReadFile(file)
 	if err != nil {
-		return nil, usagef("--%s: cannot read %s", flag, file)
+		return nil, &relay.ConfigError{Flag: flag, Reason: "cannot read " + file}
 	}
 	pool, err := x509.SystemCertPool()
 	if err != nil {
 		pool = x509.NewCertPool()
 	}
 	if !pool.AppendCertsFromPEM(pem) {
-		return nil, usagef("--%s: %s holds no PEM certificate", flag, file)
+		return nil, &relay.ConfigError{Flag: flag, Reason: file + " holds no PEM certificate"}
 	}
 	return pool, nil
 }
 
-// isTerminal reports whether w is a character device, as a terminal is.
-func isTerminal(w io.Writer) bool {
-	f, ok := w.(*os.File)
-	if !ok {
-		return false
+// checkHubListen judges --hub-listen: a concrete IPv4 host unless report (the address the hub
+// report names instead) is valid.
+func checkHubListen(listen string, report netip.Addr) error {
+	at, err := vpnhub.ParseListen(listen)
+	if err != nil {
+		return &relay.ConfigError{Flag: "hub-listen", Reason: err.Error()}
 	}
-	st, err := f.Stat()
-	return err == nil && st.Mode()&os.ModeCharDevice != 0
+	if !report.IsValid() && !contracts.IsPlausibleUnicastIPv4(at.Addr().String()) {
+		return &relay.ConfigError{Flag: "hub-listen", Reason: "must be a unicast IPv4 address that is neither loopback nor link-local: registerClusterVpnHub reports it to Cloudly for nodes to dial"}
+	}
+	return nil
 }

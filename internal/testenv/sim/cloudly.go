@@ -162,6 +162,10 @@ func (c *Cloudly) SetAvailable(ok bool) {
 	}
 }
 
+// Available reports whether Cloudly accepts the relay's sockets: false from SetAvailable(false)
+// until SetAvailable(true), before the relay's socket is dropped.
+func (c *Cloudly) Available() bool { return !c.unavailable.Load() }
+
 // SetSlowness delays every answer by d.
 func (c *Cloudly) SetSlowness(d time.Duration) { c.slowness.Store(int64(d)) }
 

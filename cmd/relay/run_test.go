@@ -9,15 +9,20 @@ import (
 	"crypto/tls"
 	"crypto/x509"
 	"crypto/x509/pkix"
+	"encoding/json"
 	"encoding/pem"
+	"io"
 	"math/big"
 	"net"
 	"os"
 	"path/filepath"
 	"strconv"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 )
 
@@ -96,4 +101,78 @@ func mustParse(t *testing.T, der []byte) *x509.Certificate {
 		t.Fatal(err)
 	}
 	return c
+}
+
+// lineWaiter is a log writer that hands over the first line containing each of its patterns.
+type lineWaiter struct {
+	mu    sync.Mutex
+	buf   []byte
+	wants map[string]chan string
+}
+
+func (w *lineWaiter) Write(p []byte) (int, error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.buf = append(w.buf, p...)
+	for {
+		i := bytes.IndexByte(w.buf, '\n')
+		if i < 0 {
+			return len(p), nil
+		}
+		line := string(w.buf[:i])
+		w.buf = w.buf[i+1:]
+		for pat, ch := range w.wants {
+			if strings.Contains(line, pat) {
+				ch <- line
+				delete(w.wants, pat)
+			}
+		}
+	}
+}
+
+// `relay run` logs one start-up line with the build, the protocol, the bound addresses and the
+// parts on and off; every duration field carries its unit (here the re-dial wait, as a Go
+// duration string).
+func TestRunLogsItsStartAndDurationsWithUnits(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	w := &lineWaiter{wants: map[string]chan string{`"relay starting"`: make(chan string, 1), `"re-dialling Cloudly"`: make(chan string, 1)}}
+	starting, redial := w.wants[`"relay starting"`], w.wants[`"re-dialling Cloudly"`]
+	done := make(chan int, 1)
+	go func() { done <- realMain(ctx, runArgs(t, "run"), io.Discard, w) }()
+	var start struct {
+		Component, Version, Protocol, Listen, Admin, Advertise string
+		MinPeer                                                string   `json:"min_peer_protocol"`
+		On                                                     []string `json:"on"`
+		Off                                                    []string `json:"off"`
+	}
+	select {
+	case line := <-starting:
+		if err := json.Unmarshal([]byte(line), &start); err != nil {
+			t.Fatalf("%v: %s", err, line)
+		}
+	case code := <-done:
+		t.Fatalf("run exited %d before logging its start", code)
+	}
+	if start.Component != "relay" || start.Version != buildVersion || start.Protocol != contracts.InterfacesVersion ||
+		start.MinPeer != contracts.MinimumPeerVersion || !strings.HasPrefix(start.Listen, "127.0.0.1:") || strings.HasSuffix(start.Listen, ":0") ||
+		!strings.HasPrefix(start.Admin, "127.0.0.1:") || start.Advertise != "192.0.2.10" ||
+		strings.Join(start.On, ",") != "escrow,ingress,restore,platform" || strings.Join(start.Off, ",") != "tls,vpnhub,registry,registry-cache,ha" {
+		t.Fatalf("start-up line: %+v", start)
+	}
+	select {
+	case line := <-redial:
+		var ev struct{ Wait any }
+		json.Unmarshal([]byte(line), &ev)
+		s, ok := ev.Wait.(string)
+		if _, err := time.ParseDuration(s); !ok || err != nil {
+			t.Fatalf("wait %#v is not a duration with its unit: %s", ev.Wait, line)
+		}
+	case code := <-done:
+		t.Fatalf("run exited %d before re-dialling", code)
+	}
+	cancel()
+	if code := <-done; code != 0 {
+		t.Fatalf("run exited %d after its context ended", code)
+	}
 }
