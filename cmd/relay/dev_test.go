@@ -106,7 +106,7 @@ func TestDevHeapStaysFlat(t *testing.T) {
 
 	var firstHeap uint64
 	var firstCounts sim.Counts
-	for seen := int64(0); ; time.Sleep(10 * time.Millisecond) {
+	for seen := int64(0); ; time.Sleep(10 * time.Millisecond) { // the scenario's counts announce themselves to no one: a poll
 		select {
 		case err := <-done:
 			t.Fatalf("the scenario stopped after %d outages: %v", seen, err)
@@ -121,7 +121,7 @@ func TestDevHeapStaysFlat(t *testing.T) {
 		if seen < first {
 			continue
 		}
-		time.Sleep(d.sc.Timing.Outage / 2)
+		time.Sleep(d.sc.Timing.Outage / 2) // the heap is measured mid-outage: the wait is the measurement's
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)

@@ -16,6 +16,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
@@ -146,10 +147,7 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 	if sent, err := nodes[0].Send(nodes[1], 10, 300); sent != 10 || err != nil {
 		t.Fatalf("sent %d: %v", sent, err)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for nodes[1].Received() < 10 && time.Now().Before(deadline) {
-		time.Sleep(10 * time.Millisecond)
-	}
+	await.Within(10*time.Second, func() bool { return nodes[1].Received() >= 10 })
 	if got := nodes[1].Received(); got != 10 {
 		t.Fatalf("node-b received %d of 10", got)
 	}

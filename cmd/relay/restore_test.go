@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
@@ -43,17 +44,13 @@ func TestBuildCarriesAWholeRestore(t *testing.T) {
 	p := &sim.RestorePlan{RestoreID: "restore-build", NodeID: "node-7", NodeName: "node-7.example", Mappings: []string{"a->b"},
 		Objects: []sim.RestoreObject{{Key: "one", Data: bytes.Repeat([]byte("1"), 600<<10)}, {Key: "two", Data: []byte("2")}}}
 	var run sim.RestoreRun
-	deadline := time.Now().Add(10 * time.Second)
-	for {
-		// Until the configuration push has been applied the node is not carried.
+	// Until the configuration push has been applied the node is not carried.
+	await.Within(10*time.Second, func() bool {
 		rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 		run, err = sim.RunIsolatedRestore(rctx, cloudly.Call, auth, p)
 		rcancel()
-		if err == nil || time.Now().After(deadline) || !(strings.Contains(err.Error(), "restore-node-not-carried") || strings.Contains(err.Error(), "no relay socket")) {
-			break
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+		return err == nil || !(strings.Contains(err.Error(), "restore-node-not-carried") || strings.Contains(err.Error(), "no relay socket"))
+	})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -107,16 +104,12 @@ func TestShutdownAbandonsCorestoreCallsInFlight(t *testing.T) {
 	})
 	body := []byte(`{"nodeId":"node-7","control":{"grant":"g","expectedRevision":0}}`)
 	go func() {
-		deadline := time.Now().Add(5 * time.Second)
-		for time.Now().Before(deadline) {
+		await.Within(5*time.Second, func() bool {
 			ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 			_, err := e.Cloudly.Call(ctx, contracts.MethodPrepareIsolatedRestoreOnNode, body)
 			cancel()
-			if err == nil || !strings.Contains(err.Error(), "restore-node-not-carried") {
-				return
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
+			return err == nil || !strings.Contains(err.Error(), "restore-node-not-carried")
+		})
 	}()
 	select {
 	case <-entered:

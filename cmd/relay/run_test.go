@@ -23,6 +23,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 )
 
@@ -79,12 +80,10 @@ func TestRunServesDownstreamTLS(t *testing.T) {
 	roots := x509.NewCertPool()
 	roots.AddCert(mustParse(t, der))
 	var conn *tls.Conn
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+	await.Within(10*time.Second, func() bool {
 		conn, err = tls.DialWithDialer(&net.Dialer{Timeout: time.Second}, "tcp", addr, &tls.Config{RootCAs: roots, ServerName: "relay.test"})
-		if err == nil || time.Now().After(deadline) {
-			break
-		}
-	}
+		return err == nil
+	})
 	if err != nil {
 		t.Fatalf("TLS handshake with the downstream listener: %v", err)
 	}
