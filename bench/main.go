@@ -6,6 +6,7 @@
 //	go run ./bench -quick          # shorter runs, 1 000 nodes at most
 //	go run ./bench -suites upstream
 //	go run ./bench -suites upstream -relayperf /tmp/relayperf   # and where the relay's CPU goes
+//	go run ./bench -suites nobyte   # issue 23's hostile load, the relay on its own core (nobyte.go)
 //
 // The upstream suite runs the relay (built from ./cmd/relay) and a minimal forwarder as their own
 // processes on one core, Cloudly's stand-in and the nodes on the other. The scale suite runs the
@@ -55,6 +56,7 @@ var suites = []suite{
 		"./bench/registry/", "Pull200MiB", "1x", 3)},
 	{"faults", runFaults},
 	{"streams", runStreams},
+	{"nobyte", runNoByte},
 }
 
 func main() {
