@@ -78,9 +78,10 @@ func runFaults(cfg benchConfig, w *bytes.Buffer) error {
 	return err
 }
 
-// run runs cmd from the repository root, echoing its output to stderr as it goes.
+// run runs cmd (from the repository root unless cmd.Dir says otherwise), echoing its output to
+// stderr as it goes.
 func run(cmd *exec.Cmd) (string, error) {
-	if root, err := repoRoot(); err == nil {
+	if root, err := repoRoot(); err == nil && cmd.Dir == "" {
 		cmd.Dir = root
 	}
 	var buf bytes.Buffer

@@ -6,6 +6,7 @@
 //	go run ./bench -quick          # shorter runs, 1 000 nodes at most
 //	go run ./bench -suites upstream
 //	go run ./bench -suites upstream -relayperf /tmp/relayperf   # and where the relay's CPU goes
+//	go run ./bench -suites nobyte   # issue 23's hostile load, the relay on its own core (nobyte.go)
 //
 // The upstream suite runs the relay (built from ./cmd/relay) and a minimal forwarder as their own
 // processes on one core, Cloudly's stand-in and the nodes on the other. The scale suite runs the
@@ -58,6 +59,7 @@ var suites = []suite{
 		"Two relay processes against a real kube-apiserver and etcd (bash internal/testenv/kubeapi/build.sh builds them), ten nodes through a Service stand-in: node requests refused across a graceful handover (goal ≤ 2000 ms), SIGKILL to the standby attached (goal ≤ lease + 3 s; lease 4 s here), renewals missed across a failover during a Cloudly outage (goal 0), two relays attached at once (goal 0).",
 		"./faults/failover/", "HA", "5x", 1)},
 	{"streams", runStreams},
+	{"nobyte", runNoByte},
 }
 
 func main() {

@@ -3,6 +3,7 @@ package faults
 import (
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"runtime"
 	"slices"
@@ -17,6 +18,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 )
 
@@ -360,6 +362,9 @@ func (l *latencies) p99(phases ...int32) time.Duration {
 	return d[len(d)*99/100]
 }
 
+// errCutByCloudly: a Cloudly call ended by Cloudly's own drop of its socket (tally.cloudlyDropped).
+var errCutByCloudly = errors.New("cut by Cloudly's drop")
+
 // honestTraffic has every node report to Cloudly and Cloudly read from every node, each every
 // 100 ms, until stop is closed: 2 000 requests a second through the relay.
 func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *latencies, stop <-chan struct{}) *sync.WaitGroup {
@@ -376,6 +381,10 @@ func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *late
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			err := call(ctx, i)
 			cancel()
+			if err == errCutByCloudly {
+				ta.cut.Add(1)
+				continue
+			}
 			ta.add(err)
 			if err == nil {
 				lat.add(phase, time.Since(start))
@@ -391,6 +400,9 @@ func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *late
 		go loop(func(ctx context.Context, i int) error {
 			body, _ := json.Marshal(map[string]any{"session": cloudly.Session(n.ID), "assignment": map[string]any{"sequence": i}})
 			_, err := cloudly.Call(ctx, "readRuntimeAssignmentStats", body)
+			if err != nil && ta.cloudlyDropped.Load() && errors.Is(err, typedsocket.ErrClosed) {
+				return errCutByCloudly
+			}
 			return err
 		})
 	}
@@ -398,7 +410,7 @@ func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *late
 }
 
 // samples are the highest values the relay's /metrics showed.
-type samples struct{ heap, budget, connections float64 }
+type samples struct{ heap, budget, connections, fds float64 }
 
 type sampler struct {
 	stopc chan struct{}
@@ -415,6 +427,7 @@ func sample(rp *relayProcess) *sampler {
 				peak.heap = max(peak.heap, m["go_memstats_heap_alloc_bytes"])
 				peak.budget = max(peak.budget, m["relay_downstream_budget_used_bytes"])
 				peak.connections = max(peak.connections, m["relay_downstream_connections"])
+				peak.fds = max(peak.fds, m["process_open_fds"])
 			}
 			select {
 			case <-s.stopc:

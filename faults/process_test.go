@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -32,14 +33,19 @@ type relayProcess struct {
 	heapLive      atomic.Int64 // bytes: the largest live heap a GC left
 	gcs           atomic.Int64 // GC cycles reported
 	gcShare       atomic.Int64 // percent of its time the process spent in GC since it started, at the last GC
+	emfile        atomic.Int64 // lines the relay wrote that say it ran out of descriptors
 
 	mu   sync.Mutex
 	tail []string // guarded by mu: the last lines the relay wrote that are not GC traces
 }
 
-// buildRelay builds cmd/relay into a test directory.
+// buildRelay builds cmd/relay into a test directory. RELAY_FAULTS_RELAY_BIN names a binary to
+// run instead (an older build, to measure what a fix changed).
 func buildRelay(t *testing.T) string {
 	t.Helper()
+	if bin := os.Getenv("RELAY_FAULTS_RELAY_BIN"); bin != "" {
+		return bin
+	}
 	bin := filepath.Join(t.TempDir(), "relay")
 	if out, err := exec.Command("go", "build", "-o", bin, "../cmd/relay").CombinedOutput(); err != nil {
 		t.Fatalf("go build: %v\n%s", err, out)
@@ -56,6 +62,15 @@ var gcLine = regexp.MustCompile(`^gc \d+ @[0-9.]+s (\d+)%: .* (\d+)->(\d+)->(\d+
 // The process is killed when the test ends, if it still runs.
 func startRelay(t *testing.T, bin string, cloudly *sim.Cloudly, gctrace bool, extra ...string) *relayProcess {
 	t.Helper()
+	return startRelayUnder(t, nil, bin, cloudly, gctrace, extra...)
+}
+
+// startRelayUnder is startRelay with the relay's command line run by wrap (a program that sets
+// something of the process's and executes the rest, as prlimit does), so that the relay's pid is
+// the one started. RELAY_FAULTS_RELAY_CPU=n pins the relay to core n (taskset), as the benchmarks
+// run it: its own core, the peers and attackers on the others.
+func startRelayUnder(t *testing.T, wrap []string, bin string, cloudly *sim.Cloudly, gctrace bool, extra ...string) *relayProcess {
+	t.Helper()
 	token := filepath.Join(t.TempDir(), "jwt")
 	if err := os.WriteFile(token, []byte(cloudly.Token), 0o600); err != nil {
 		t.Fatal(err)
@@ -64,7 +79,11 @@ func startRelay(t *testing.T, bin string, cloudly *sim.Cloudly, gctrace bool, ex
 	args := append([]string{"run", "--cluster-id", cloudly.ClusterID, "--node-id", "relay-node",
 		"--cloudly-url", cloudly.URL(), "--cloudly-token-file", token, "--insecure-plaintext",
 		"--listen", p.listen, "--admin-listen", p.admin, "--advertise-address", "192.0.2.1", "--log-level", "warn"}, extra...)
-	p.cmd = exec.Command(bin, args...)
+	argv := append(slices.Clone(wrap), bin)
+	if cpu := os.Getenv("RELAY_FAULTS_RELAY_CPU"); cpu != "" {
+		argv = append([]string{"taskset", "-c", cpu}, argv...)
+	}
+	p.cmd = exec.Command(argv[0], append(argv[1:], args...)...)
 	p.cmd.Env = append(os.Environ(), strings.Fields(os.Getenv("RELAY_FAULTS_RELAY_ENV"))...)
 	if gctrace {
 		p.cmd.Env = append(p.cmd.Env, "GODEBUG=gctrace=1")
@@ -117,6 +136,9 @@ func (p *relayProcess) readStderr(r io.Reader) {
 			raise(&p.heapPeak, max(start, end)<<20)
 			raise(&p.heapLive, live<<20)
 			continue
+		}
+		if strings.Contains(line, "too many open files") {
+			p.emfile.Add(1)
 		}
 		p.mu.Lock()
 		if p.tail = append(p.tail, line); len(p.tail) > 40 {

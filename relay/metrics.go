@@ -68,7 +68,9 @@ func newMetrics() *metrics {
 		dropped: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "dropped_total",
 			Help: "Messages the relay did not deliver, by reason."}, []string{"reason"}),
 		unregistered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "unregistered_closed_total",
-			Help: "Connections refused or closed before a registration was accepted, by reason: limit, source-limit, overdue."}, []string{"reason"}),
+			Help: "Connections refused or closed before a registration was accepted, by reason: limit, source-limit, overdue, " +
+				"budget (the unregistered half of the peer memory budget is spent), descriptors (refused at accept: at the descriptor cap every connection is registered), " +
+				"descriptors-oldest (the oldest unregistered one closed to make room at the cap)."}, []string{"reason"}),
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 		rebound: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "rebound_total",

@@ -254,13 +254,17 @@ func (c *Cloudly) Attached() bool {
 	return c.conn != nil && c.conn == c.attachedTo
 }
 
+// ErrNoRelaySocket: Cloudly has no socket to the relay (it dropped it, or the relay has not dialed
+// yet); the call was not sent.
+var ErrNoRelaySocket = errors.New("sim cloudly: no relay socket")
+
 // Call calls the relay over its current socket, as Cloudly.
 func (c *Cloudly) Call(ctx context.Context, method string, body json.RawMessage) (json.RawMessage, error) {
 	c.mu.Lock()
 	conn := c.conn
 	c.mu.Unlock()
 	if conn == nil {
-		return nil, errors.New("sim cloudly: no relay socket")
+		return nil, ErrNoRelaySocket
 	}
 	return conn.Call(ctx, method, body)
 }
@@ -282,7 +286,7 @@ func (c *Cloudly) CallAsync(method string, body json.RawMessage, done func(typed
 	conn := c.conn
 	c.mu.Unlock()
 	if conn == nil {
-		return errors.New("sim cloudly: no relay socket")
+		return ErrNoRelaySocket
 	}
 	return conn.CallAsync(method, body, 0, done)
 }
