@@ -185,7 +185,7 @@ const (
 // pace sleeps what is left of every after start.
 func pace(start time.Time, every time.Duration) {
 	if d := every - time.Since(start); d > 0 {
-		time.Sleep(d)
+		time.Sleep(d) // the attack's rate: its shape
 	}
 }
 
@@ -399,7 +399,7 @@ func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *
 			q.conns[0].Close()
 			q.conns = q.conns[1:]
 		}
-		time.Sleep(10 * time.Millisecond)
+		time.Sleep(10 * time.Millisecond) // the relay's count of this source's connections announces nothing: give it a moment
 	}
 }
 

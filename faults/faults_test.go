@@ -27,6 +27,7 @@ import (
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
@@ -149,7 +150,7 @@ func sendUntil(nodes []*sim.Node, ta *tally, pause time.Duration, stop <-chan st
 				if err != nil {
 					time.Sleep(50 * time.Millisecond) // a refused node backs off, as Pallet does
 				}
-				time.Sleep(pause)
+				time.Sleep(pause) // each sender's rate: the load's shape
 			}
 		}()
 	}
@@ -189,19 +190,12 @@ func dropped(nodes []*sim.Node) int {
 // leakedAfter counts goroutines above base once everything settled (up to 5 s), and logs their
 // stacks when some remain.
 func leakedAfter(t *testing.T, base int) int {
-	deadline := time.Now().Add(5 * time.Second)
-	for {
-		n := runtime.NumGoroutine() - base
-		if n <= 0 {
-			return 0
-		}
-		if time.Now().After(deadline) {
-			buf := make([]byte, 1<<20)
-			t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
-			return n
-		}
-		time.Sleep(50 * time.Millisecond)
+	if await.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+		return 0
 	}
+	buf := make([]byte, 1<<20)
+	t.Logf("goroutines:\n%s", buf[:runtime.Stack(buf, true)])
+	return runtime.NumGoroutine() - base
 }
 
 // runFault starts a relay, lets body drive the fault and return the nodes whose sockets must
@@ -241,7 +235,7 @@ func TestFaultCloudlyFlapping(t *testing.T) {
 			senders := sendUntil(nodes, &ta, 20*time.Millisecond, stop)
 			drops := 0
 			for end := time.Now().Add(total); time.Now().Before(end); drops++ {
-				time.Sleep(every)
+				phase(every)
 				e.Cloudly.Drop()
 			}
 			e.Eventually("re-attached after the last drop", func() bool { return e.Relay.Upstream().Attached() })
@@ -264,7 +258,7 @@ func TestFaultCloudlySlow(t *testing.T) {
 			var ta tally
 			stop := make(chan struct{})
 			senders := sendUntil(nodes, &ta, 0, stop)
-			time.Sleep(total)
+			phase(total)
 			close(stop)
 			senders.Wait()
 			f.take(&ta, t)
@@ -305,12 +299,12 @@ func TestFaultNodeNeverReads(t *testing.T) {
 						busy.Add(1)
 					}
 				})
-				time.Sleep(time.Millisecond)
+				time.Sleep(time.Millisecond) // the flood's rate: a thousand calls a second
 			}
 		}()
 		var ta tally
 		senders := sendUntil(nodes, &ta, 5*time.Millisecond, stop)
-		time.Sleep(size(3*time.Second, 20*time.Second))
+		phase(size(3*time.Second, 20*time.Second))
 		close(stop)
 		senders.Wait()
 		flood.Wait()
@@ -352,7 +346,7 @@ func TestFaultNodeFloods(t *testing.T) {
 		stop := make(chan struct{})
 		senders := sendUntil(nodes, &ta, 5*time.Millisecond, stop)
 		pending.Wait()
-		time.Sleep(500 * time.Millisecond)
+		phase(500 * time.Millisecond) // the honest nodes go on sending with the flood pending
 		close(stop)
 		senders.Wait()
 		f.lost = flooderTally.lost.Load()

@@ -17,6 +17,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
@@ -64,10 +65,10 @@ func TestFaultHostileLoad(t *testing.T) {
 		stopTraffic := make(chan struct{})
 		traffic := honestTraffic(nodes, cloudly, &ta, &lat, stopTraffic)
 
-		time.Sleep(time.Second) // warm up
+		phase(time.Second) // warm up
 		lat.phase.Store(phaseCalm)
 		cpuCalm, selfCalm := rp.cpu(), selfCPU()
-		time.Sleep(calm)
+		phase(calm)
 		h.cpuCalm, h.selfCalm = (rp.cpu()-cpuCalm).Seconds()/calm.Seconds(), (selfCPU()-selfCalm).Seconds()/calm.Seconds()
 
 		h.liveCalm = rp.heapLive.Load()
@@ -86,7 +87,7 @@ func TestFaultHostileLoad(t *testing.T) {
 		// The hoarders take their places (each source's limit) before the attack is sustained.
 		waitFor(size(10*time.Second, 120*time.Second), func() bool { return a.hoarded.Load() >= int64(a.hoarderSources*a.perSource) })
 		h.hoardTime = time.Since(attackStart)
-		time.Sleep(sustain)
+		phase(sustain)
 		// Every corpus frame is read by the relay at least once before the attack ends. The enders
 		// cycle through the frames, so one whose upgrade was refused comes round again; under the
 		// full race-detected suite on two cores a cycle can take tens of seconds.
@@ -244,11 +245,11 @@ func selfCPU() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
-func waitFor(d time.Duration, cond func() bool) {
-	for deadline := time.Now().Add(d); !cond() && time.Now().Before(deadline); {
-		time.Sleep(50 * time.Millisecond)
-	}
-}
+// waitFor waits until cond holds or d passes; the caller judges what it finds.
+func waitFor(d time.Duration, cond func() bool) { await.Within(d, cond) }
+
+// phase lets one phase of a fault run for d: the phase's length is the behaviour.
+func phase(d time.Duration) { time.Sleep(d) } // the one wait of the fault suite that is its subject
 
 // connectNodes connects and registers n simulated nodes, each counting the renewals escrow
 // releases to it.

@@ -149,7 +149,7 @@ func startHonest(t *testing.T, rp *relayProcess, cloudly *sim.Cloudly, n int, ca
 	// Warm up: the first requests of every node have been answered.
 	waitFor(10*time.Second, func() bool { return h.ta.answered.Load() >= int64(2*n) })
 	h.phase(phaseCalm)
-	time.Sleep(calm) // the calm phase is measured for its length: this is its clock, not a settle
+	phase(calm) // the calm phase is measured for its length
 	f.RelayCPU[0], f.PeersCPU[0] = h.phase(phaseAttack)
 	return h
 }
@@ -282,7 +282,7 @@ func testFloodsAndPartialFrames(t *testing.T, bin string) {
 		// Sustained: every header flooder has been answered or held at least once, and the relay
 		// has been pressed for the attack's length.
 		waitFor(size(30*time.Second, 120*time.Second), func() bool { return hf.opened.Load() >= int64(hf.conns) })
-		time.Sleep(size(5*time.Second, 30*time.Second)) // the attack's length: the phase's clock
+		phase(size(5*time.Second, 30*time.Second)) // the attack
 		m, err := rp.metrics()
 		if err != nil {
 			t.Fatalf("scrape under the attack: %v", err)
@@ -415,7 +415,7 @@ func testDescriptorExhaustion(t *testing.T, bin string) {
 			m, err := rp.metrics()
 			return err == nil && m["relay_upstream_attaches_total"] >= 2
 		})
-		time.Sleep(size(2*time.Second, 10*time.Second)) // traffic after the re-attach: the phase's clock
+		phase(size(2*time.Second, 10*time.Second)) // traffic after the re-attach
 		m, err := rp.metrics()
 		if err != nil {
 			t.Fatalf("scrape under the attack: %v", err)

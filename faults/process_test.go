@@ -18,6 +18,7 @@ import (
 	"testing"
 	"time"
 
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
@@ -113,10 +114,8 @@ func startRelayUnder(t *testing.T, wrap []string, bin string, cloudly *sim.Cloud
 			<-p.exited
 		}
 	})
-	for deadline := time.Now().Add(20 * time.Second); !ready(p.admin); time.Sleep(50 * time.Millisecond) {
-		if time.Now().After(deadline) || p.hasExited() {
-			t.Fatalf("the relay never became ready; it wrote:\n%s", p.lastLines())
-		}
+	if !await.Within(20*time.Second, func() bool { return ready(p.admin) || p.hasExited() }) || p.hasExited() {
+		t.Fatalf("the relay never became ready; it wrote:\n%s", p.lastLines())
 	}
 	return p
 }

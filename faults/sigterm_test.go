@@ -16,6 +16,7 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
@@ -51,11 +52,7 @@ func TestFaultSIGTERMMidTraffic(t *testing.T) {
 				cmd.Process.Kill()
 			}
 		}()
-		for deadline := time.Now().Add(20 * time.Second); !ready(admin); time.Sleep(50 * time.Millisecond) {
-			if time.Now().After(deadline) {
-				t.Fatal("the relay never became ready")
-			}
-		}
+		await.Until(t, "the relay ready", 20*time.Second, func() bool { return ready(admin) })
 		nodes := make([]*sim.Node, nodeCount)
 		for i := range nodes {
 			n := sim.NewNode(fmt.Sprintf("node-%04d", i), zerolog.Nop())
@@ -74,7 +71,7 @@ func TestFaultSIGTERMMidTraffic(t *testing.T) {
 		var ta tally
 		stop := make(chan struct{})
 		senders := sendUntil(nodes, &ta, 0, stop)
-		time.Sleep(size(time.Second, 5*time.Second))
+		phase(size(time.Second, 5*time.Second))
 
 		start := time.Now()
 		cmd.Process.Signal(syscall.SIGTERM)

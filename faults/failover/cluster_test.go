@@ -35,6 +35,7 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
@@ -305,16 +306,7 @@ func (c *cluster) eventually(what string, d time.Duration, cond func() bool) {
 }
 
 // poll is eventually without the failure: whether cond held within d.
-func poll(d time.Duration, cond func() bool) bool {
-	deadline := time.Now().Add(d)
-	for !cond() {
-		if time.Now().After(deadline) {
-			return false
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	return true
-}
+func poll(d time.Duration, cond func() bool) bool { return await.Within(d, cond) }
 
 // relayStatus is the part of /status.json these tests read.
 type relayStatus struct {

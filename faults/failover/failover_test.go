@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
@@ -224,13 +225,9 @@ const anyRuns = -1
 // attached socket, and returns when it saw that (polled every 5 ms).
 func (c *cluster) waitAttachedAfter(before int64, d time.Duration) time.Time {
 	c.t.Helper()
-	deadline := time.Now().Add(d)
-	for c.cloudly.Registrations() <= before || c.cloudly.AttachedSockets() != 1 {
-		if time.Now().After(deadline) {
-			c.t.Fatalf("no relay attached within %s", d)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	await.Until(c.t, fmt.Sprintf("a relay attached within %s", d), d, func() bool {
+		return c.cloudly.Registrations() > before && c.cloudly.AttachedSockets() == 1
+	})
 	return time.Now()
 }
 

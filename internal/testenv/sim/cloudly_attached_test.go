@@ -9,6 +9,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -48,12 +49,8 @@ func TestSimCloudlyCountsTwoAttachedAtOnce(t *testing.T) {
 	second.CloseNow()
 	<-first.Done()
 	<-second.Done()
-	for c.AttachedSockets() != 0 { // Cloudly's side of the two sockets ends a moment later
-		if ctx.Err() != nil {
-			t.Fatal("Cloudly still counts a closed socket as attached")
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
+	// Cloudly's side of the two sockets ends a moment later.
+	await.Until(t, "Cloudly to count no closed socket as attached", 10*time.Second, func() bool { return c.AttachedSockets() == 0 })
 	attach(2)
 	if c.TwoAttached() != 1 || c.AttachedSockets() != 1 {
 		t.Fatalf("after both closed: twoAttached %d, sockets %d", c.TwoAttached(), c.AttachedSockets())
