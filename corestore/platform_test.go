@@ -113,8 +113,10 @@ func TestClosureStall(t *testing.T) {
 		w.Write(bytes.Repeat([]byte("a"), 1<<10))
 		w.(http.Flusher).Flush()
 		if r.URL.Path == "/platform/backups/slow/closure" {
+			pace := time.NewTicker(100 * time.Millisecond) // slow but moving: the pace is the behaviour
+			defer pace.Stop()
 			for range 5 {
-				time.Sleep(100 * time.Millisecond) // slow but moving: the pace is the behaviour
+				<-pace.C
 				w.Write([]byte("b"))
 				w.(http.Flusher).Flush()
 			}

@@ -287,3 +287,23 @@ func isRefused(err error) bool {
 	var r errRefused
 	return errors.As(err, &r) && r.status == http.StatusServiceUnavailable
 }
+
+// answeredOrEnded reports whether c has bytes to read or has ended, without reading.
+func answeredOrEnded(c net.Conn) bool {
+	sc, ok := c.(syscall.Conn)
+	if !ok {
+		return true
+	}
+	rc, err := sc.SyscallConn()
+	if err != nil {
+		return true
+	}
+	var buf [1]byte
+	var n int
+	var rerr error
+	rc.Read(func(fd uintptr) bool {
+		n, _, rerr = syscall.Recvfrom(int(fd), buf[:], syscall.MSG_PEEK|syscall.MSG_DONTWAIT)
+		return true
+	})
+	return n > 0 || rerr == nil // bytes, or the end (a read of 0 without an error)
+}

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
 )
@@ -338,7 +339,18 @@ func (a *attack) end(w int, next *atomic.Int64, retry chan int) {
 		s.c.Close()
 	}
 	defer func() {
-		time.Sleep(100 * time.Millisecond) // the last answers arrive
+		// The last answers arrive: every connection still queued has its answer or its end to
+		// read, or a second has passed.
+		await.Within(time.Second, func() bool {
+			for _, q := range queues {
+				for _, s := range q {
+					if !answeredOrEnded(s.c) {
+						return false
+					}
+				}
+			}
+			return true
+		})
 		for _, q := range queues {
 			for _, s := range q {
 				settle(s)

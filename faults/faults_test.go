@@ -137,6 +137,12 @@ func sendUntil(nodes []*sim.Node, ta *tally, pause time.Duration, stop <-chan st
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
+			var paced <-chan time.Time // each sender's rate, the load's shape: none, back to back
+			if pause > 0 {
+				tick := time.NewTicker(pause)
+				defer tick.Stop()
+				paced = tick.C
+			}
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -150,7 +156,13 @@ func sendUntil(nodes []*sim.Node, ta *tally, pause time.Duration, stop <-chan st
 				if err != nil {
 					time.Sleep(50 * time.Millisecond) // a refused node backs off, as Pallet does
 				}
-				time.Sleep(pause) // each sender's rate: the load's shape
+				if paced != nil {
+					select {
+					case <-paced:
+					case <-stop:
+						return
+					}
+				}
 			}
 		}()
 	}
@@ -288,18 +300,19 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		go func() {
 			defer flood.Done()
 			body := []byte(`{"session":{"nodeId":"node-stalled"},"pad":"` + strings.Repeat("x", 32<<10) + `"}`)
+			tick := time.NewTicker(time.Millisecond) // the flood's rate: a thousand calls a second
+			defer tick.Stop()
 			for {
 				select {
 				case <-stop:
 					return
-				default:
+				case <-tick.C:
 				}
 				e.Cloudly.CallAsync("applyRuntimeAssignment", body, func(r typedsocket.Reply) {
 					if errors.Is(r.Err, contracts.RelayNodeBusy) {
 						busy.Add(1)
 					}
 				})
-				time.Sleep(time.Millisecond) // the flood's rate: a thousand calls a second
 			}
 		}()
 		var ta tally

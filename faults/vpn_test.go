@@ -13,6 +13,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/vpnhub"
 	"code.foss.global/serve.zone/relay/vpnhub/client"
@@ -70,7 +71,7 @@ func TestFaultVPNHandshakeFlood(t *testing.T) {
 				bogusDials(hub.Addr(), key.Public, i, stop, &attempts, &refused)
 			}()
 		}
-		time.Sleep(200 * time.Millisecond) // the flood is on
+		await.Within(5*time.Second, func() bool { return attempts.Load() >= int64(sources) }) // the flood is on: every source has dialled
 		during := exchange(members, total)
 		close(stop)
 		flood.Wait()
@@ -115,8 +116,11 @@ func exchange(members []*sim.VPNNode, d time.Duration) exchanged {
 		n1, _ := members[1].Send(members[0], 2, 200)
 		sent += int64(n0 + n1)
 	}
-	time.Sleep(300 * time.Millisecond) // the last packets in flight
-	return exchanged{sent: sent, received: members[0].Received() + members[1].Received() - before}
+	received := func() int64 { return members[0].Received() + members[1].Received() - before }
+	// The last packets in flight: all of them, or what has come when the window for them closes
+	// (the rest is the loss this measures).
+	await.Within(300*time.Millisecond, func() bool { return received() >= sent })
+	return exchanged{sent: sent, received: received()}
 }
 
 // bogusDials dials the hub again and again from its own loopback source address (127.1.x.y) with

@@ -15,6 +15,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
@@ -53,8 +54,16 @@ func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 				return
 			default:
 			}
-			if e.cloudly.QueueLen() >= 16 {
-				time.Sleep(time.Millisecond) // Cloudly's own send queue announces no room: the flood polls it
+			// Cloudly's own send queue announces no room: the flood polls it (and its stop).
+			stopped := func() bool {
+				select {
+				case <-stopFlood:
+					return true
+				default:
+					return false
+				}
+			}
+			if !await.Within(time.Minute, func() bool { return stopped() || e.cloudly.QueueLen() < 16 }) || stopped() {
 				continue
 			}
 			e.cloudly.CallAsync("applyRuntimeAssignment", big, func(r typedsocket.Reply) {
@@ -130,6 +139,8 @@ func TestFlappingCloudly(t *testing.T) {
 		senders.Add(1)
 		go func() {
 			defer senders.Done()
+			paced := time.NewTicker(5 * time.Millisecond)
+			defer paced.Stop()
 			for i := 0; ; i++ {
 				select {
 				case <-stop:
@@ -150,7 +161,11 @@ func TestFlappingCloudly(t *testing.T) {
 					unnamed[err.Error()]++
 					mu.Unlock()
 				}
-				time.Sleep(5 * time.Millisecond) // the load's shape: each node reports 200 times a second at most
+				select { // the load's shape: each node reports 200 times a second at most
+				case <-paced.C:
+				case <-stop:
+					return
+				}
 			}
 		}()
 	}

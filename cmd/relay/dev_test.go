@@ -12,6 +12,7 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 )
 
@@ -106,16 +107,18 @@ func TestDevHeapStaysFlat(t *testing.T) {
 
 	var firstHeap uint64
 	var firstCounts sim.Counts
-	for seen := int64(0); ; time.Sleep(10 * time.Millisecond) { // the scenario's counts announce themselves to no one: a poll
-		select {
-		case err := <-done:
-			t.Fatalf("the scenario stopped after %d outages: %v", seen, err)
-		case <-ctx.Done():
-			t.Fatalf("not enough outages or restores in 3 minutes: %s", d.sc.Snapshot().Summary())
-		default:
-		}
+	for seen := int64(0); ; {
+		// The scenario's counts announce themselves to no one: a poll, until the next outage.
+		await.Within(time.Until(deadline(ctx)), func() bool {
+			select {
+			case err := <-done:
+				t.Fatalf("the scenario stopped after %d outages: %v", seen, err)
+			default:
+			}
+			return d.sc.Snapshot().Outages > seen
+		})
 		if d.sc.Snapshot().Outages <= seen {
-			continue
+			t.Fatalf("not enough outages or restores in 3 minutes: %s", d.sc.Snapshot().Summary())
 		}
 		seen++
 		if seen < first {
@@ -195,4 +198,12 @@ func TestDevPinsPorts(t *testing.T) {
 	if got := d.relay.AdminAddr().String(); got != admin {
 		t.Fatalf("admin listener on %s, pinned to %s", got, admin)
 	}
+}
+
+// deadline is ctx's deadline, or an hour from now.
+func deadline(ctx context.Context) time.Time {
+	if d, ok := ctx.Deadline(); ok {
+		return d
+	}
+	return time.Now().Add(time.Hour)
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"sync"
 	"testing"
 	"time"
 
@@ -22,7 +23,9 @@ func TestPeerCloseDuringCorkedBurstCompletesTheHandshake(t *testing.T) {
 		}
 		t.Run(name, func(t *testing.T) {
 			const n = 20000
-			srv, cli, _ := corkedPair(t, Options{MaxQueue: 2 * n, MaxInflight: 2 * n, Handler: HandlerFunc(func(_ *Conn, r *Request) {})},
+			first := make(chan struct{}) // the server has read the burst's first request: the burst is being written
+			var once sync.Once
+			srv, cli, _ := corkedPair(t, Options{MaxQueue: 2 * n, MaxInflight: 2 * n, Handler: HandlerFunc(func(_ *Conn, r *Request) { once.Do(func() { close(first) }) })},
 				Options{MaxQueue: 2 * n})
 			if !corked {
 				cli.opts.Cork = nil
@@ -33,7 +36,7 @@ func TestPeerCloseDuringCorkedBurstCompletesTheHandshake(t *testing.T) {
 				}
 			}
 			go cli.Run(context.Background())
-			time.Sleep(2 * time.Millisecond) // the burst is being written; TestCorkConnCloseSendsWhatItHolds pins the mechanism
+			<-first // TestCorkConnCloseSendsWhatItHolds pins the mechanism
 			if err := srv.ws.Close(websocket.StatusNormalClosure, "bye"); err != nil {
 				t.Fatalf("the peer's close handshake failed (corked=%v): %v", corked, err)
 			}

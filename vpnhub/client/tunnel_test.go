@@ -184,7 +184,9 @@ func TestConnSendsKeepAlivesWhileIdle(t *testing.T) {
 		t.Fatalf("%v keep-alives in %s idle at one per %s", idle, 10*interval, interval)
 	}
 	base = th.metric(t, "relay_vpnhub_keepalives_total")
-	for end := time.Now().Add(10 * interval); time.Now().Before(end); time.Sleep(interval / 10) { // busy: a packet every tenth of an interval
+	busyTick := time.NewTicker(interval / 10) // busy: a packet every tenth of an interval
+	defer busyTick.Stop()
+	for end := time.Now().Add(10 * interval); time.Now().Before(end); <-busyTick.C {
 		if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("busy"))); err != nil {
 			t.Fatal(err)
 		}
