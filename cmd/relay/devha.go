@@ -17,8 +17,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 	corev1 "k8s.io/api/core/v1"
-	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
-	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 
 	"code.foss.global/serve.zone/relay/feature"
@@ -75,14 +73,14 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 	defer c.close()
 	fmt.Fprintf(stdout, "relay dev: %d relays, one elected through the Lease %s/%s on a test kube-apiserver at %s; "+
 		"%d simulated nodes reach the leader through a Service stand-in on %s; Cloudly stand-in on %s\n",
-		replicas, devHANamespace, devHALease, c.kube.URL(), nodes, c.svc.ln.Addr(), c.cloudly.URL())
+		replicas, devHANamespace, devHALease, c.kube.URL(), nodes, strings.TrimSuffix(strings.TrimPrefix(c.svc.URL(), "ws://"), "/"), c.cloudly.URL())
 	for _, r := range c.replicas() {
 		fmt.Fprintf(stdout, "relay dev: %s: downstream %s, status page http://%s/status\n", r.name, r.relay.DownstreamAddr(), r.relay.AdminAddr())
 	}
 	fmt.Fprintf(stdout, "relay dev: every %s the script has the leader step down as on SIGTERM; another relay takes over, "+
 		"the nodes register again through the Service, and the old one starts again as a standby\n", devHAHandoverEvery)
 
-	f := startDevFleet(c.svc.url(), nodes, log)
+	f := startDevFleet(c.svc.URL(), nodes, log)
 	defer f.close()
 	scriptDone := make(chan struct{})
 	go func() { defer close(scriptDone); c.script(ctx, f, say) }()
@@ -99,7 +97,7 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 			mu.Unlock()
 			return nil
 		case <-status.C:
-			say("%s leader=%s attached=%v", c.summary(f), c.svc.leaderNames(), c.cloudly.Attached())
+			say("%s leader=%s attached=%v", c.summary(f), leaderNames(c.svc), c.cloudly.Attached())
 		}
 	}
 }
@@ -109,7 +107,7 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 type devCluster struct {
 	kube     *kubeapi.Process     // set at construction
 	cloudly  *sim.Cloudly         // set at construction
-	svc      *devService          // set at construction
+	svc      *kubeapi.Service     // set at construction
 	client   kubernetes.Interface // set at construction: the Admin's, for the Service stand-in
 	dir      string               // set at construction: Cloudly's token, the replication key
 	cfg      relay.Config         // set at construction: every relay's (its listeners on port 0)
@@ -182,10 +180,11 @@ func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devC
 	if err := c.cfg.Complete(); err != nil {
 		return nil, err
 	}
-	if c.svc, err = startDevService(c.client, devHANamespace, c.downstream); err != nil {
+	if c.svc, err = kubeapi.StartService(c.client, devHANamespace, ha.RoleLabel, ha.RoleLeader,
+		func(p *corev1.Pod) (string, bool) { return c.downstream(p.Name) }); err != nil {
 		return nil, err
 	}
-	c.undo = append(c.undo, c.svc.close)
+	c.undo = append(c.undo, c.svc.Close)
 	for i := range replicas {
 		name := fmt.Sprintf("relay-%d", i)
 		// The Pods' IP is loopback: standbys dial the leader's replication listener there.
@@ -342,7 +341,7 @@ func (c *devCluster) waitNewLeader(ctx context.Context, old string) (string, err
 	tick := time.NewTicker(50 * time.Millisecond)
 	defer tick.Stop()
 	for {
-		if names := c.svc.leaders(); len(names) == 1 && names[0] != old && c.cloudly.Attached() {
+		if names := c.svc.Selected(); len(names) == 1 && names[0] != old && c.cloudly.Attached() {
 			return names[0], nil
 		}
 		select {
@@ -367,151 +366,13 @@ func (c *devCluster) summary(f *devFleet) string {
 		f.registered(), f.registrations.Load(), requests, since, f.refused.Load(), handovers, c.cloudly.TwoAttached())
 }
 
-// devService stands in for the chart's Service on role=leader: a loopback TCP listener that
-// forwards each new connection to a Pod labelled relay.serve.zone/role=leader, which it learns by
-// watching the Pods through the API, as kube-proxy learns a Service's endpoints. With none (or a
-// leader whose relay refuses the dial) the connection is closed at once, as a Service without
-// endpoints rejects. Connections already forwarded stay where they are.
-type devService struct {
-	ln     net.Listener                    // set at construction
-	client kubernetes.Interface            // set at construction
-	ns     string                          // set at construction
-	addr   func(pod string) (string, bool) // set at construction: a Pod's downstream address
-	cancel context.CancelFunc              // set at construction
-	wg     sync.WaitGroup                  // the watch loop, the accept loop, every forwarded connection
-	mu     sync.Mutex                      // guards leader and conns
-	leader map[string]bool                 // guarded by mu: the Pods labelled leader
-	conns  map[net.Conn]struct{}           // guarded by mu: both ends of every forwarded connection
-}
-
-func startDevService(client kubernetes.Interface, ns string, addr func(string) (string, bool)) (*devService, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return nil, err
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	s := &devService{ln: ln, client: client, ns: ns, addr: addr, cancel: cancel, leader: map[string]bool{}, conns: map[net.Conn]struct{}{}}
-	s.wg.Add(2)
-	go func() { defer s.wg.Done(); s.watch(ctx) }()
-	go func() { defer s.wg.Done(); s.accept() }()
-	return s, nil
-}
-
-func (s *devService) url() string { return "ws://" + s.ln.Addr().String() + "/" }
-
-func (s *devService) close() {
-	s.cancel()
-	s.ln.Close()
-	s.mu.Lock()
-	for c := range s.conns {
-		c.Close()
-	}
-	s.mu.Unlock()
-	s.wg.Wait()
-}
-
-// watch lists the Pods, then follows their changes; when the watch ends it lists again, 100 ms
-// apart, keeping what it knew meanwhile (as kube-proxy keeps its rules).
-func (s *devService) watch(ctx context.Context) {
-	pods := s.client.CoreV1().Pods(s.ns)
-	for ctx.Err() == nil {
-		list, err := pods.List(ctx, metav1.ListOptions{})
-		if err == nil {
-			s.mu.Lock()
-			clear(s.leader)
-			for i := range list.Items {
-				s.setLocked(&list.Items[i], false)
-			}
-			s.mu.Unlock()
-			var w watch.Interface
-			if w, err = pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion}); err == nil {
-				for ev := range w.ResultChan() {
-					pod, ok := ev.Object.(*corev1.Pod)
-					if !ok {
-						break // an error event: list again
-					}
-					s.mu.Lock()
-					s.setLocked(pod, ev.Type == watch.Deleted)
-					s.mu.Unlock()
-				}
-				w.Stop()
-			}
-		}
-		select {
-		case <-ctx.Done():
-		case <-time.After(100 * time.Millisecond):
-		}
-	}
-}
-
-func (s *devService) setLocked(pod *corev1.Pod, deleted bool) {
-	if !deleted && pod.DeletionTimestamp == nil && pod.Labels[ha.RoleLabel] == ha.RoleLeader {
-		s.leader[pod.Name] = true
-	} else {
-		delete(s.leader, pod.Name)
-	}
-}
-
-// leaders is the Pods labelled leader, sorted.
-func (s *devService) leaders() []string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]string, 0, len(s.leader))
-	for name := range s.leader {
-		out = append(out, name)
-	}
-	sort.Strings(out)
-	return out
-}
-
-// leaderNames is leaders for the live line: "none", one name, or several joined by commas.
-func (s *devService) leaderNames() string {
-	if l := s.leaders(); len(l) > 0 {
+// leaderNames is the Pods the Service routes to, for the live line: "none", one name, or
+// several joined by commas.
+func leaderNames(svc *kubeapi.Service) string {
+	if l := svc.Selected(); len(l) > 0 {
 		return strings.Join(l, ",")
 	}
 	return "none"
-}
-
-func (s *devService) accept() {
-	for {
-		c, err := s.ln.Accept()
-		if err != nil {
-			return
-		}
-		s.wg.Add(1)
-		go func() { defer s.wg.Done(); s.forward(c) }()
-	}
-}
-
-func (s *devService) forward(c net.Conn) {
-	var up net.Conn
-	for _, name := range s.leaders() {
-		if addr, ok := s.addr(name); ok {
-			if d, err := net.DialTimeout("tcp", addr, time.Second); err == nil {
-				up = d
-				break
-			}
-		}
-	}
-	if up == nil {
-		c.Close()
-		return
-	}
-	s.mu.Lock()
-	s.conns[c], s.conns[up] = struct{}{}, struct{}{}
-	s.mu.Unlock()
-	done := make(chan struct{}, 2)
-	pipe := func(dst, src net.Conn) { io.Copy(dst, src); done <- struct{}{} }
-	go pipe(up, c)
-	go pipe(c, up)
-	<-done // either side ended: end both, as a connection through a gone endpoint ends
-	c.Close()
-	up.Close()
-	<-done
-	s.mu.Lock()
-	delete(s.conns, c)
-	delete(s.conns, up)
-	s.mu.Unlock()
 }
 
 // devFleet is the simulated nodes of `relay dev --replicas`, each driven as a Pallet node

@@ -63,7 +63,7 @@ type cluster struct {
 	t       testing.TB
 	kube    *kubeapi.Server
 	cloudly *sim.Cloudly
-	svc     *service
+	svc     *kubeapi.Service
 	bin     string // the relay binary
 	dir     string // token, replication key
 	token   string // file holding Cloudly's machine JWT
