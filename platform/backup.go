@@ -74,18 +74,28 @@ func (n *node) carried(c carriage, backupID string, bytes int64, err error, star
 	ev.Str("node", n.id).Str("backup", backupID).Int64("bytes", bytes).Str("outcome", out).Dur("latency", time.Since(start)).Msg(c.msg)
 }
 
+// closureSlot takes one of the slots closures are carried in, on an upstream that carries streams
+// of its own; release gives it back.
+func (p *Platform) closureSlot(ctx context.Context) (release func(), err error) {
+	if p.streams == nil || p.memory == nil {
+		return nil, contracts.RelayMethodUnknown.Refuse("this relay's upstream carries no streams of its own")
+	}
+	if !p.acquire(ctx) {
+		return nil, errStopped
+	}
+	return p.release, nil
+}
+
 // errNotAccepted is Cloudly's { accepted: false }: the backup stays ready and is offered again.
 var errNotAccepted = errors.New("Cloudly did not accept the backup")
 
 func (n *node) sendBackup(origin string, cred contracts.Secret, b contracts.CorestoreBackup) (int64, error) {
 	p := n.p
-	if p.streams == nil || p.memory == nil {
-		return 0, contracts.RelayMethodUnknown.Refuse("this relay's upstream carries no streams of its own")
+	release, err := p.closureSlot(n.ctx)
+	if err != nil {
+		return 0, err
 	}
-	if !p.acquire(n.ctx) {
-		return 0, errStopped
-	}
-	defer p.release()
+	defer release()
 	body, err := p.cs.OpenBackupClosure(n.ctx, origin, cred, b.BackupID)
 	if err != nil {
 		return 0, err

@@ -30,13 +30,11 @@ func (n *node) restore(origin string, cred contracts.Secret, r contracts.Coresto
 
 func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) (int64, error) {
 	p := n.p
-	if p.streams == nil || p.memory == nil {
-		return 0, contracts.RelayMethodUnknown.Refuse("this relay's upstream carries no streams of its own")
+	release, err := p.closureSlot(n.ctx)
+	if err != nil {
+		return 0, err
 	}
-	if !p.acquire(n.ctx) {
-		return 0, errStopped
-	}
-	defer p.release()
+	defer release()
 	share := p.memory.NewShare(int64(maxQueuedChunks)*(int64(contracts.MaxBufferChunkLen(p.opts.ChunkBytes))+4096) + int64(p.opts.ChunkBytes))
 	defer share.Close()
 	rd := &reader{n: n, share: share, chunks: make(chan queuedChunk, maxQueuedChunks), failed: make(chan struct{})}
@@ -70,7 +68,7 @@ func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.
 	}
 	defer a.st.Close()
 	defer rd.drain()
-	err := p.cs.PutRestoreClosure(n.ctx, origin, cred, r.BackupID, a.resp.Descriptor, rd)
+	err = p.cs.PutRestoreClosure(n.ctx, origin, cred, r.BackupID, a.resp.Descriptor, rd)
 	if rerr := rd.err(); rerr != nil {
 		return rd.total, rerr
 	}
