@@ -224,3 +224,9 @@ func (c *clock) set(ms int64) {
 	c.now = ms
 	c.mu.Unlock()
 }
+
+func (c *clock) advance(ms int64) {
+	c.mu.Lock()
+	c.now += ms
+	c.mu.Unlock()
+}

@@ -74,7 +74,7 @@ func TestRebindHorizon(t *testing.T) {
 	if _, ok := e.Rebind(e.RegistrationDigest(reg)); !ok {
 		t.Fatal("a kept registration did not re-bind")
 	}
-	clk.now += 4 * 60 * minute
+	clk.advance(4 * 60 * minute)
 	if _, ok := e.Rebind(e.RegistrationDigest(reg)); ok {
 		t.Fatal("a registration re-bound past the escrow horizon")
 	}
