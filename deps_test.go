@@ -24,7 +24,7 @@ const (
 	codecs          // the VPN's wire format, on its keys
 	parts           // the features, beside each other
 	core            // relay: wires the upstream, the downstream and the parts
-	harness         // simulated peers and harnesses (internal/testenv), the interop peers
+	harness         // simulated peers and harnesses (testenv), the interop peers
 	harness2        // what stands on a harness: the relay harness, the fault suite
 	top             // cmd/relay
 )
@@ -37,35 +37,35 @@ type layer struct {
 }
 
 var layers = map[string]layer{
-	"contracts":                  {floor: ground},
-	"internal/backoff":           {floor: ground},
-	"internal/budget":            {floor: ground},
-	"vpnhub/quicsock":            {floor: ground, third: []string{"golang.org/x/net", "golang.org/x/sys"}},
-	"feature":                    {floor: ports, own: []string{"contracts"}},
-	"internal/typedsocket":       {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
-	"vpnhub/vpnkey":              {floor: ports, own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
-	"vpnhub/internal/wire":       {floor: codecs, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
-	"escrow":                     {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"ingress":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"restore":                    {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"platform":                   {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"corestore":                  {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"registry":                   {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"vpnhub":                     {floor: parts, own: []string{"contracts", "feature", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"vpnhub/client":              {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
-	"vpnhub/vpntest":             {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
-	"ha":                         {floor: parts, own: []string{"feature", "internal/backoff"}, third: []string{"github.com/flynn/noise", "github.com/go-logr/logr", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/klog"}},
-	"relay":                      {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"internal/testenv":           {floor: harness},
-	"internal/testenv/await":     {floor: harness},
-	"internal/testenv/sim":       {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
-	"internal/testenv/kubeapi":   {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
-	"interop":                    {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
-	"internal/testenv/relaytest": {floor: harness2, own: []string{"contracts", "relay", "internal/testenv/await", "internal/testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"faults":                     {floor: harness2, testsOnly: true},
-	"faults/failover":            {floor: harness2, testsOnly: true}, // several relay processes against a real API server
-	"charts/relay":               {floor: harness2, testsOnly: true}, // the chart against a real API server
-	"cmd/relay":                  {floor: top},
+	"contracts":            {floor: ground},
+	"internal/backoff":     {floor: ground},
+	"internal/budget":      {floor: ground},
+	"vpnhub/quicsock":      {floor: ground, third: []string{"golang.org/x/net", "golang.org/x/sys"}},
+	"feature":              {floor: ports, own: []string{"contracts"}},
+	"internal/typedsocket": {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"vpnhub/vpnkey":        {floor: ports, own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
+	"vpnhub/internal/wire": {floor: codecs, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
+	"escrow":               {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"ingress":              {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"restore":              {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"platform":             {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"corestore":            {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"registry":             {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"vpnhub":               {floor: parts, own: []string{"contracts", "feature", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
+	"vpnhub/vpntest":       {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
+	"ha":                   {floor: parts, own: []string{"feature", "internal/backoff"}, third: []string{"github.com/flynn/noise", "github.com/go-logr/logr", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/klog"}},
+	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"testenv":              {floor: harness},
+	"testenv/await":        {floor: harness},
+	"testenv/sim":          {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"testenv/kubeapi":      {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
+	"interop":              {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
+	"testenv/relaytest":    {floor: harness2, own: []string{"contracts", "relay", "testenv/await", "testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"faults":               {floor: harness2, testsOnly: true},
+	"faults/failover":      {floor: harness2, testsOnly: true}, // several relay processes against a real API server
+	"charts/relay":         {floor: harness2, testsOnly: true}, // the chart against a real API server
+	"cmd/relay":            {floor: top},
 }
 
 // TestDependencyDirection fails when a package imports what its layer does not allow: contracts
@@ -112,7 +112,7 @@ func TestDependencyDirection(t *testing.T) {
 			}
 		}
 	}
-	for _, must := range []string{"contracts", "relay", "internal/typedsocket", "internal/testenv/sim"} {
+	for _, must := range []string{"contracts", "relay", "internal/typedsocket", "testenv/sim"} {
 		if !seen[must] {
 			t.Errorf("package %s not found by go list", must)
 		}

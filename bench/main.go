@@ -56,7 +56,7 @@ var suites = []suite{
 		"./bench/registry/", "Pull200MiB", "1x", 3)},
 	{"faults", runFaults},
 	{"ha", goBench("HA: handover, failover, escrow across a failover (SPEC §16)",
-		"Two relay processes against a real kube-apiserver and etcd (bash internal/testenv/kubeapi/build.sh builds them), ten nodes through a Service stand-in: node requests refused across a graceful handover (goal ≤ 2000 ms), SIGKILL to the standby attached (goal ≤ lease + 3 s; lease 4 s here), renewals missed across a failover during a Cloudly outage (goal 0), two relays attached at once (goal 0).",
+		"Two relay processes against a real kube-apiserver and etcd (bash testenv/kubeapi/build.sh builds them), ten nodes through a Service stand-in: node requests refused across a graceful handover (goal ≤ 2000 ms), SIGKILL to the standby attached (goal ≤ lease + 3 s; lease 4 s here), renewals missed across a failover during a Cloudly outage (goal 0), two relays attached at once (goal 0).",
 		"./faults/failover/", "HA", "5x", 1)},
 	{"streams", runStreams},
 	{"nobyte", runNoByte},

@@ -19,7 +19,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // The node driver runs the simulated nodes in a child process, so that the relay's process holds

@@ -27,10 +27,10 @@ import (
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

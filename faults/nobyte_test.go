@@ -25,9 +25,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestFaultNoByteOutsideTheBudget is the hostile-load fault's second pass (issue 23, SPEC §15 "No

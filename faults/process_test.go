@@ -18,8 +18,8 @@ import (
 	"testing"
 	"time"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // relayProcess is the real relay binary, `relay run` against a Cloudly stand-in, as a process of

@@ -16,8 +16,8 @@ import (
 	"github.com/coder/websocket"
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestFaultSIGTERMMidTraffic runs the real relay binary, has nodes send through it while Cloudly

@@ -13,8 +13,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 	"code.foss.global/serve.zone/relay/vpnhub"
 	"code.foss.global/serve.zone/relay/vpnhub/client"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"

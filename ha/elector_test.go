@@ -13,8 +13,8 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"code.foss.global/serve.zone/relay/ha"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
 // Short timings for tests, in SPEC §16's proportions.

@@ -13,7 +13,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/ingress"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // Benchmarks of the route table server (results: bench/results/ingress.md). The end-to-end ones

@@ -11,10 +11,10 @@ import (
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/ingress"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // Every test here runs real peers — the sim Cloudly, sim nodes and sim ingresses — through a real
@@ -32,7 +32,7 @@ type harnessOptions struct {
 	logLevel          zerolog.Level
 }
 
-// newHarness starts a relay with the ingress feature (internal/testenv/relaytest: a real relay attached to
+// newHarness starts a relay with the ingress feature (testenv/relaytest: a real relay attached to
 // the sim Cloudly, as `relay dev`) with Cloudly's ingress handlers, and waits until the relay has
 // pulled the route table. Everything stops at the end of the test.
 func newHarness(t testing.TB, opts harnessOptions) *harness {

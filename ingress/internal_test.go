@@ -16,8 +16,8 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 // Small fakes of the two ports, for what a real relay cannot stage on demand: an answer that

@@ -16,8 +16,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/interop"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 // requireEnv turns a missing Node.js or package into a failure instead of a skip (.ci/run sets it).

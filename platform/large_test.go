@@ -9,8 +9,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/platform"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // largeClosure is the size of the large tests' closures: 200 MiB, 16 MiB under the race detector.

@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/platform"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestEndToEnd: after an attach the relay enrols (a real HPKE challenge), Cloudly pushes each

@@ -10,8 +10,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/platform"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestNotAccepted: Cloudly answers { accepted: false }: Corestore never hears the backup was

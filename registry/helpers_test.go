@@ -18,16 +18,16 @@ import (
 	"github.com/google/go-containerregistry/pkg/v1/remote"
 	"go.uber.org/goleak"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
 )
 
 func TestMain(m *testing.M) {
 	goleak.VerifyTestMain(m)
 }
 
-// relayEnv is a real relay (internal/testenv/relaytest: relay.New, its downstream listener, a simulated
+// relayEnv is a real relay (testenv/relaytest: relay.New, its downstream listener, a simulated
 // Cloudly) whose /v2/ is served by registry.New, wired as cmd/relay's build() wires it.
 type relayEnv struct {
 	*relaytest.Env

@@ -10,8 +10,8 @@ import (
 	"testing"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
 )
 
 // TestAdminPprof: net/http/pprof is on the admin listener only with --admin-pprof.

@@ -17,10 +17,10 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/ingress"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestUnregisteredConnections: what an anonymous peer may hold before it registers (SPEC §15).

@@ -14,15 +14,15 @@ import (
 	"go.uber.org/goleak"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// env is one relay under test with its simulated Cloudly (internal/testenv/relaytest), with the short
+// env is one relay under test with its simulated Cloudly (testenv/relaytest), with the short
 // names these tests use.
 type env struct {
 	*relaytest.Env

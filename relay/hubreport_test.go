@@ -9,10 +9,10 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // testHubKey is the public key of the hub the tests report; a public key is no secret, but the

@@ -13,10 +13,10 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/feature"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestAttach: the relay's session with Cloudly (SPEC §4): registration, readiness, secrets and

@@ -14,10 +14,10 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/corestore"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/restore"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -40,7 +40,7 @@ type harnessOptions struct {
 	executeDelay       time.Duration
 }
 
-// harness is a relay built the way cmd/relay builds it (internal/testenv/relaytest) — the corestore
+// harness is a relay built the way cmd/relay builds it (testenv/relaytest) — the corestore
 // client wired into restore as its port, features sharing the relay's registry — attached to the
 // sim Cloudly, whose configuration push names the sim Corestores:
 //

@@ -13,7 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 func newRestore(t *testing.T, cs Corestore, opts Options) *Restore {

@@ -11,7 +11,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 // TestStatusShowsCallsInFlightWhileCorestoreBlocks: calls waiting for a Corestore that has not

@@ -10,7 +10,7 @@ import (
 	"github.com/rs/zerolog"
 	"golang.org/x/sync/errgroup"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestForwardsEveryNodesCalls: nodes whose ids collide on the shared upstream socket (each counts

@@ -28,9 +28,9 @@ import (
 	v1 "github.com/google/go-containerregistry/pkg/v1"
 	"github.com/prometheus/client_golang/prometheus"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
 )
 
 const (
@@ -159,7 +159,7 @@ func startUpstream(b *testing.B, dir string, l *link) string {
 	return "http://" + ln.Addr().String()
 }
 
-// startRelay runs a real relay (internal/testenv/relaytest: downstream listener, simulated Cloudly)
+// startRelay runs a real relay (testenv/relaytest: downstream listener, simulated Cloudly)
 // forwarding to upstream with a fresh cache directory; stop shuts it down and removes the directory.
 func startRelay(b *testing.B, upstream string) (addr string, prom *prometheus.Registry, stop func()) {
 	dir, err := os.MkdirTemp("", "relay-bench-")

@@ -1,4 +1,4 @@
-// Package chart tests the relay's Helm chart against a real kube-apiserver (internal/testenv/kubeapi):
+// Package chart tests the relay's Helm chart against a real kube-apiserver (testenv/kubeapi):
 // every object `helm template` renders is applied server-side, so the API server validates it
 // against its schemas, and with ha.enabled the chart's ServiceAccount is shown to be allowed what
 // the election calls and nothing more (SubjectAccessReviews), then used: two electors running as
@@ -42,8 +42,8 @@ import (
 	"k8s.io/client-go/restmapper"
 
 	"code.foss.global/serve.zone/relay/ha"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
 // helmVersion is the helm .ci/run builds and caches.

@@ -16,8 +16,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // cmdDev runs the relay with simulated peers on loopback and prints what they observe: a status

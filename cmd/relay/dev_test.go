@@ -12,8 +12,8 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // TestDevRunsAndSummarizes runs `relay dev` for a few seconds, as the README's first command does,

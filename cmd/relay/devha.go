@@ -21,14 +21,14 @@ import (
 
 	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ha"
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
 // `relay dev --replicas N` (SPEC §16): N relays in this process, one elected through a Lease on a
-// real kube-apiserver and etcd (internal/testenv/kubeapi, from the cached binaries), each with its
+// real kube-apiserver and etcd (testenv/kubeapi, from the cached binaries), each with its
 // own Pod object; the simulated nodes reach the leader through a stand-in for the chart's Service
 // that watches the Pods' role label; and every devHAHandoverEvery the leader steps down as on
 // SIGTERM, another takes over, the nodes come back through the Service, and the stepped-down

@@ -11,7 +11,7 @@ import (
 	"testing"
 	"time"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
 // TestDevHAHandsOver runs `relay dev --replicas 2` against the real test API server, with the

@@ -9,8 +9,8 @@ import (
 	"strings"
 	"testing"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
 )
 
 // TestBuildServesRegistryOnDownstream checks the wiring: with --registry-upstream, build() gives

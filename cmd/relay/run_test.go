@@ -23,8 +23,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/relaytest"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/relaytest"
 )
 
 // TestRunServesDownstreamTLS runs `relay run` with --tls-cert-file and --tls-key-file (no

@@ -1,11 +1,11 @@
 // Package failover runs several relays per cluster (SPEC §16) as real processes: the built relay
-// binary with --ha-lease-name, against a real kube-apiserver and etcd (internal/testenv/kubeapi),
+// binary with --ha-lease-name, against a real kube-apiserver and etcd (testenv/kubeapi),
 // the simulated Cloudly and nodes, and a stand-in for the chart's Service that forwards each new
 // connection to the Pod labelled relay.serve.zone/role=leader. The Cloudly stand-in fails the
 // test when two relays are ever attached at once.
 //
 //	go test ./faults/failover/                          # skips without the kube binaries
-//	bash internal/testenv/kubeapi/build.sh              # builds and caches them once
+//	bash testenv/kubeapi/build.sh              # builds and caches them once
 //	RELAY_REQUIRE_KUBE=1 go test ./faults/failover/     # CI: missing binaries are a failure
 //	go test -run '^$' -bench HA -benchtime 1x ./faults/failover/   # the figures of bench/RESULTS.md
 //
@@ -35,9 +35,9 @@ import (
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // Short election timings for tests, in SPEC §16's proportions (defaults 6 s, 4 s, 500 ms): the

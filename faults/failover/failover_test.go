@@ -7,8 +7,8 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // Event deadlines: generous, as the machine may be loaded; the figures themselves come from the

@@ -9,7 +9,7 @@ import (
 
 	"github.com/rs/zerolog"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/sim"
+	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
 // requestPace is how often a driven node sends a request through the relay.

@@ -8,7 +8,7 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/kubeapi"
+	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
 // startService stands in for the chart's Service on role=leader (kubeapi.Service), reaching each

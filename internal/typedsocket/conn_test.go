@@ -20,7 +20,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }

@@ -17,7 +17,7 @@ import (
 
 	"github.com/coder/websocket"
 
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 // countingConn counts the writes that reach a real socket.

@@ -1,7 +1,7 @@
 // Cloudly, played by the published TypedRequest library: a WebSocket server the relay dials (or
 // nodes, talking to it directly). It serves the relay's client session and registration and the
 // node registrations with the library's TypedRouter, answering the shapes the Go simulator
-// (internal/testenv/sim/cloudly.go) answers, pushes the relay configuration after each accepted
+// (testenv/sim/cloudly.go) answers, pushes the relay configuration after each accepted
 // relay registration, serves the suite's own methods, and calls nodes on the socket that carries
 // them. It judges the relay registration exact-key, as the seed's validator does, and serves no
 // registerClusterVpnHub: the relay's project-defined hub report meets the library's own "no

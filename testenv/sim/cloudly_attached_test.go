@@ -9,8 +9,8 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/internal/testenv/await"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
 // Two relays attached to one cluster at once is what SPEC §16 forbids: the stand-in judges it.

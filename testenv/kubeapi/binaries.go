@@ -10,7 +10,7 @@ import (
 const Version = "v1.37.2"
 
 // BuildCommand is the one command, run at the module root, that builds and caches the binaries.
-const BuildCommand = "bash internal/testenv/kubeapi/build.sh"
+const BuildCommand = "bash testenv/kubeapi/build.sh"
 
 // Binaries returns the directory build.sh caches kube-apiserver and etcd in,
 // ${RELAY_KUBE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/relay-ci/kube-v1.37.2}, and whether

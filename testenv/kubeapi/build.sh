@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Builds kube-apiserver v1.37.2 and etcd v3.6.16 from the Go module proxy for the relay's HA
-# tests (internal/testenv/kubeapi) and caches them in
+# tests (testenv/kubeapi) and caches them in
 #   ${RELAY_KUBE_BIN_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/relay-ci/kube-v1.37.2}
 # It needs only Go and the module proxy. A binary already cached that answers --version is kept.
 # Each binary is built into a temporary directory beside the cache and renamed into place, so an
