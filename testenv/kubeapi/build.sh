@@ -30,13 +30,31 @@ trap 'chmod -R u+w "$work" 2>/dev/null; rm -rf "$work" "$stage"' EXIT
 
 say() { printf 'build.sh: %s\n' "$*" >&2; }
 
+# retry CMD...: runs CMD up to 4 times, 5, 10 and 20 s apart, for the module proxy's transient
+# failures; each failure is said, and the last one ends the script loudly.
+retry() {
+	local n rc delay=5
+	for n in 1 2 3 4; do
+		"$@" && return 0
+		rc=$?
+		if ((n == 4)); then
+			say "FAILED after $n tries (exit $rc): $*"
+			return "$rc"
+		fi
+		say "try $n failed (exit $rc): $*; again in ${delay}s"
+		sleep "$delay"
+		delay=$((delay * 2))
+	done
+}
+
 # works NAME: the cached binary exists and runs.
 works() { [[ -x "$dir/$1" ]] && "$dir/$1" --version >/dev/null 2>&1; }
 
 # fetch MODULE@VERSION DEST: a writable copy of a module's source (read-only in the module cache).
 fetch() {
-	local src
-	src=$(go mod download -json "$1" | sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p')
+	local json src
+	json=$(retry go mod download -json "$1") || { say "cannot download $1 from the module proxy ($(go env GOPROXY))"; exit 1; }
+	src=$(sed -n 's/^[[:space:]]*"Dir": "\(.*\)",\{0,1\}$/\1/p' <<<"$json")
 	[[ -n "$src" && -d "$src" ]] || { say "go mod download $1 gave no directory"; exit 1; }
 	cp -r "$src" "$2"
 	chmod -R u+w "$2"
@@ -46,6 +64,23 @@ fetch() {
 # directory path (./x or ../x), which a module downloaded alone does not have.
 relative_replaces() {
 	sed -n -E 's/^[[:space:]]*(replace[[:space:]]+)?([^[:space:]]+)([[:space:]]+[^[:space:]=]+)?[[:space:]]*=>[[:space:]]*\.\.?\/.*/\2/p' go.mod
+}
+
+# published_at MODULE VERSION: the module proxy serves MODULE at VERSION. "Not found" is an answer;
+# any other failure (the proxy unreachable, a 5xx) is retried, and in the end fails the script
+# instead of being taken for "not published".
+published_at() {
+	local out n
+	for n in 1 2 3 4; do
+		out=$(GOFLAGS=-mod=mod go list -m "$1@$2" 2>&1) && return 0
+		if grep -Eq 'not found|unknown revision|invalid version|no matching versions' <<<"$out"; then
+			return 1
+		fi
+		say "try $n: cannot ask the module proxy for $1@$2: $out"
+		sleep $((5 * n))
+	done
+	say "FAILED: the module proxy did not say whether $1@$2 is published"
+	exit 1
 }
 
 build_kube_apiserver() {
@@ -61,7 +96,7 @@ build_kube_apiserver() {
 	# requirement, and -mod=mod resolves it by MVS should anything import it.
 	local mod published=() missing=()
 	for mod in $(relative_replaces); do
-		if GOFLAGS=-mod=mod go list -m "$mod@$STAGING_VERSION" >/dev/null 2>&1; then
+		if published_at "$mod" "$STAGING_VERSION"; then
 			published+=("-replace=$mod=$mod@$STAGING_VERSION")
 		else
 			missing+=("$mod")
@@ -77,7 +112,7 @@ build_kube_apiserver() {
 	done
 	say "kube-apiserver: go build ./cmd/kube-apiserver (minutes: it is a large program)"
 	local start=$SECONDS
-	GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags="$ldflags" -o "$stage/kube-apiserver" ./cmd/kube-apiserver
+	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -ldflags="$ldflags" -o "$stage/kube-apiserver" ./cmd/kube-apiserver
 	mv -f "$stage/kube-apiserver" "$dir/kube-apiserver"
 	say "kube-apiserver: built in $((SECONDS - start)) s"
 }
@@ -95,7 +130,7 @@ build_etcd() {
 	done
 	say "etcd: go build ."
 	local start=$SECONDS
-	GOFLAGS=-mod=mod CGO_ENABLED=0 go build -trimpath -ldflags="-s -w" -o "$stage/etcd" .
+	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -ldflags="-s -w" -o "$stage/etcd" .
 	mv -f "$stage/etcd" "$dir/etcd"
 	say "etcd: built in $((SECONDS - start)) s"
 }
