@@ -202,7 +202,9 @@ func dropped(nodes []*sim.Node) int {
 // leakedAfter counts goroutines above base once everything settled (up to 5 s), and logs their
 // stacks when some remain.
 func leakedAfter(t *testing.T, base int) int {
-	if await.Within(5*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
+	// Closed connections' goroutines wind down on their own schedule (quic-go's, the HTTP
+	// server's); the bound is for a leak, not for a busy machine.
+	if await.Within(30*time.Second, func() bool { return runtime.NumGoroutine() <= base }) {
 		return 0
 	}
 	buf := make([]byte, 1<<20)

@@ -22,8 +22,10 @@ import (
 
 // TestFaultVPNHandshakeFlood: bogus initiations — real QUIC and Noise dials with keys that are
 // not members — arrive from 1 000 source addresses (short: 200) while two members exchange
-// packets through the hub. The figure is the members' packet loss during the flood, against the
-// same exchange without it measured just before.
+// packets through the hub. It checks what the flood must never do: admit a bogus key, displace a
+// member's session, or stop the members' packets. The members' packet loss during the flood,
+// against the same exchange just before it, is a figure (go run ./bench -suites faults): on a
+// busy machine the loss measures the machine as much as the hub, so no test judges it.
 func TestFaultVPNHandshakeFlood(t *testing.T) {
 	base := runtime.NumGoroutine()
 	sources, total := size(200, 1000), size(3*time.Second, 20*time.Second)
@@ -82,8 +84,13 @@ func TestFaultVPNHandshakeFlood(t *testing.T) {
 		if during.received == 0 {
 			t.Error("no member packet arrived during the flood")
 		}
-		if during.lossPercent() > 5 && !raceEnabled {
-			t.Errorf("members lost %.2f %% of their packets under the flood", during.lossPercent())
+		for _, m := range members {
+			if err := m.Err(); err != nil {
+				t.Errorf("member %s lost its session to the flood: %v", m.ID, err)
+			}
+		}
+		if after := exchange(members, 100*time.Millisecond); after.received == 0 {
+			t.Error("no member packet arrived after the flood")
 		}
 		if attempts.Load() == 0 {
 			t.Error("the flood made no handshake attempt")
