@@ -112,8 +112,9 @@ func render(t *testing.T, helm, ns string, args ...string) []*unstructured.Unstr
 }
 
 // notServed are the kinds whose API the bare API server lacks: the Prometheus Operator's
-// ServiceMonitor is a custom resource of an operator the test does not install.
-var notServed = map[string]bool{"monitoring.coreos.com/ServiceMonitor": true}
+// ServiceMonitor and PrometheusRule are custom resources of an operator the test does not install
+// (test.sh checks the rule's PromQL with promtool, rules_test.go its metric names).
+var notServed = map[string]bool{"monitoring.coreos.com/ServiceMonitor": true, "monitoring.coreos.com/PrometheusRule": true}
 
 // apply applies every object server-side with strict field validation in ns, failing the test
 // for each one the API server refuses, and returns the kinds applied.
@@ -177,12 +178,14 @@ func createNamespace(t *testing.T, c kubernetes.Interface, ns string) {
 
 // TestChart applies, with HA and without, every object of the chart with every optional part on
 // (hub, registry, CA Secrets, ServiceMonitor and its admin Service, dashboard, NetworkPolicy, helm
-// test's Pod and Service, every pod-level value of extras-values.yaml) to one real API server, and
-// then proves the HA release's Role (haRoleSuffices).
+// test's Pod and Service, every pod-level value of extras-values.yaml; the PrometheusRule is
+// rendered too, but the API server has no CRD for it) to one real API server, and then proves the
+// HA release's Role (haRoleSuffices).
 func TestChart(t *testing.T) {
 	helm := helmBinary(t)
 	all := []string{"--set", "grafana.dashboard.enabled=true", "--set", "cloudly.caSecret.name=relay-cloudly-ca",
-		"--set", "corestoreCASecret.name=relay-corestore-ca", "-f", "testdata/extras-values.yaml"}
+		"--set", "corestoreCASecret.name=relay-corestore-ca", "-f", "testdata/extras-values.yaml",
+		"--set", "prometheusRule.enabled=true"}
 	haOnly := []string{"ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget"}
 	plain := render(t, helm, "relay-plain", all...)
 	withHA := render(t, helm, "relay-ha", append([]string{"-f", "testdata/ha-values.yaml"}, all...)...)
