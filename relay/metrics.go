@@ -99,7 +99,7 @@ func (r *Relay) registerMetrics(reg prometheus.Registerer) error {
 		[]string{"version", "protocol", "goversion"})
 	build.WithLabelValues(r.cfg.BuildVersion, contracts.InterfacesVersion, runtime.Version()).Set(1)
 	for _, c := range []prometheus.Collector{
-		build, m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
+		build, newCertExpiry(r.certs), m.up.attached, m.up.attaches, m.up.detaches, m.up.registrations, m.up.hubReports,
 		m.connections, m.nodes, m.nodeRegs, m.forwarded, m.refusals, m.dropped, m.unregistered, m.streamFrames, m.rebound,
 		gauge("upstream", "queued_frames", "Frames waiting to be written to Cloudly.", func() float64 { return float64(r.up.queueLen()) }),
 		gauge("downstream", "queued_frames", "Frames waiting to be written to downstream connections, summed.", r.down.peers.queued),

@@ -8,6 +8,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
 )
 
@@ -54,13 +55,52 @@ func (c *certReloader) info() *certInfo {
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	return c.currentLocked(), nil
+}
+
+// currentLocked is the certificate the next handshake is served, reloaded first when its file has
+// changed since the last look (at most every 10 s).
+func (c *certReloader) currentLocked() *tls.Certificate {
 	if now := time.Now(); now.Sub(c.checked) > 10*time.Second {
 		c.checked = now
 		if st, err := os.Stat(c.certFile); err == nil && !st.ModTime().Equal(c.modTime) {
 			_ = c.load() // on a half-written pair keep serving the old certificate
 		}
 	}
-	return c.cert, nil
+	return c.cert
+}
+
+// certExpiryName is the downstream certificate's expiry metric.
+const certExpiryName = "relay_downstream_certificate_expiry_timestamp_seconds"
+
+// certExpiry exports when the downstream certificate expires, as Unix seconds: the certificate
+// the next handshake is served, so a scrape picks up a renewed file as a handshake would. With
+// --insecure-plaintext there is none, and no sample: an alert on it stays silent rather than
+// reading 0 as long expired. It is always described, so the metric is listed either way.
+type certExpiry struct {
+	certs *certReloader // set at construction; nil with --insecure-plaintext
+	desc  *prometheus.Desc
+}
+
+func newCertExpiry(certs *certReloader) *certExpiry {
+	return &certExpiry{certs: certs, desc: prometheus.NewDesc(certExpiryName,
+		"When the downstream certificate (--tls-cert-file) expires, in Unix seconds; read from the file on a scrape when it has changed. Absent with --insecure-plaintext.",
+		nil, nil)}
+}
+
+func (e *certExpiry) Describe(ch chan<- *prometheus.Desc) { ch <- e.desc }
+
+func (e *certExpiry) Collect(ch chan<- prometheus.Metric) {
+	if e.certs == nil {
+		return
+	}
+	e.certs.mu.Lock()
+	leaf := e.certs.currentLocked().Leaf
+	e.certs.mu.Unlock()
+	if leaf == nil {
+		return
+	}
+	ch <- prometheus.MustNewConstMetric(e.desc, prometheus.GaugeValue, float64(leaf.NotAfter.Unix()))
 }
 
 // newStdLogger routes net/http's internal log lines (TLS handshake errors and the like) to a

@@ -28,6 +28,7 @@ import (
 	authenticationv1 "k8s.io/api/authentication/v1"
 	authorizationv1 "k8s.io/api/authorization/v1"
 	corev1 "k8s.io/api/core/v1"
+	schedulingv1 "k8s.io/api/scheduling/v1"
 	"k8s.io/apimachinery/pkg/api/meta"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/apis/meta/v1/unstructured"
@@ -111,8 +112,9 @@ func render(t *testing.T, helm, ns string, args ...string) []*unstructured.Unstr
 }
 
 // notServed are the kinds whose API the bare API server lacks: the Prometheus Operator's
-// ServiceMonitor is a custom resource of an operator the test does not install.
-var notServed = map[string]bool{"monitoring.coreos.com/ServiceMonitor": true}
+// ServiceMonitor and PrometheusRule are custom resources of an operator the test does not install
+// (test.sh checks the rule's PromQL with promtool, rules_test.go its metric names).
+var notServed = map[string]bool{"monitoring.coreos.com/ServiceMonitor": true, "monitoring.coreos.com/PrometheusRule": true}
 
 // apply applies every object server-side with strict field validation in ns, failing the test
 // for each one the API server refuses, and returns the kinds applied.
@@ -175,23 +177,31 @@ func createNamespace(t *testing.T, c kubernetes.Interface, ns string) {
 }
 
 // TestChart applies, with HA and without, every object of the chart with every optional part on
-// (hub, registry, CA Secrets, ServiceMonitor and its admin Service, dashboard, NetworkPolicy) to
-// one real API server, and then proves the HA release's Role (haRoleSuffices).
+// (hub, registry, CA Secrets, ServiceMonitor and its admin Service, dashboard, NetworkPolicy, helm
+// test's Pod and Service, every pod-level value of extras-values.yaml; the PrometheusRule is
+// rendered too, but the API server has no CRD for it) to one real API server, and then proves the
+// HA release's Role (haRoleSuffices).
 func TestChart(t *testing.T) {
 	helm := helmBinary(t)
 	all := []string{"--set", "grafana.dashboard.enabled=true", "--set", "cloudly.caSecret.name=relay-cloudly-ca",
-		"--set", "corestoreCASecret.name=relay-corestore-ca"}
+		"--set", "corestoreCASecret.name=relay-corestore-ca", "-f", "testdata/extras-values.yaml",
+		"--set", "prometheusRule.enabled=true"}
 	haOnly := []string{"ServiceAccount", "Role", "RoleBinding", "PodDisruptionBudget"}
 	plain := render(t, helm, "relay-plain", all...)
 	withHA := render(t, helm, "relay-ha", append([]string{"-f", "testdata/ha-values.yaml"}, all...)...)
 	rel := readRelease(t, withHA)
 	s := kubeapi.Start(t)
 	admin := s.Client(kubeapi.Admin)
+	// extras-values.yaml's priorityClassName, which the Pods made from the template name.
+	if _, err := admin.SchedulingV1().PriorityClasses().Create(context.Background(),
+		&schedulingv1.PriorityClass{ObjectMeta: metav1.ObjectMeta{Name: "relay-critical"}, Value: 1000000}, metav1.CreateOptions{}); err != nil {
+		t.Fatal(err)
+	}
 
 	t.Run("plain", func(t *testing.T) {
 		createNamespace(t, admin, "relay-plain")
 		applied := apply(t, s, "relay-plain", plain)
-		wantKinds(t, applied, "Deployment", "Service", "NetworkPolicy", "ConfigMap")
+		wantKinds(t, applied, "Deployment", "Service", "NetworkPolicy", "ConfigMap", "Pod")
 		for _, kind := range haOnly {
 			if applied[kind] != 0 {
 				t.Errorf("without ha.enabled the chart has a %s", kind)
@@ -201,7 +211,7 @@ func TestChart(t *testing.T) {
 	ok := t.Run("ha", func(t *testing.T) {
 		createNamespace(t, admin, "relay-ha")
 		applied := apply(t, s, "relay-ha", withHA)
-		wantKinds(t, applied, append([]string{"Deployment", "Service", "NetworkPolicy", "ConfigMap"}, haOnly...)...)
+		wantKinds(t, applied, append([]string{"Deployment", "Service", "NetworkPolicy", "ConfigMap", "Pod"}, haOnly...)...)
 	})
 	if !ok {
 		t.FailNow() // the Role the next step proves is not there

@@ -51,3 +51,14 @@ not the filesystem's blocks and directories).
 {{- define "relay.serviceAccountName" -}}
 {{- include "relay.fullname" . -}}
 {{- end -}}
+
+{{/*
+helm test's Pod (templates/tests/): labelled apart from the relay's selector, so that neither the
+Deployment, the Service nor the PodDisruptionBudget counts it; the NetworkPolicy admits it to the
+admin port by these labels.
+*/}}
+{{- define "relay.testSelectorLabels" -}}
+app.kubernetes.io/name: {{ .Chart.Name }}-test
+app.kubernetes.io/instance: {{ .Release.Name }}
+app.kubernetes.io/component: test
+{{- end -}}
