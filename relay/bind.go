@@ -57,7 +57,9 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return
 	}
-	r.up.callFor(share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
+	// A node rotating on its connection states that connection's node; a first registration
+	// states none: the connection carries no node before Cloudly accepts one.
+	r.up.callFor(share, p.nodeID(), req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		defer end()
 		if err != nil {
 			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
