@@ -246,6 +246,32 @@ func (r ClusterIngressRegistrationRefusal) Data() json.RawMessage {
 // (project-defined, the relay's "<name>: <reason>" carriage).
 func (r ClusterIngressRegistrationRefusal) Text() string { return r.Code + ": " + r.Reason }
 
+// The reasons of the relay's own ingress registration refusals (seed-defined names).
+const (
+	// IngressRefusedNotReady: "Cloudly cannot judge registrations yet" — as the ingress sees it,
+	// nobody can now: the relay is detached, standing by, shutting down or full.
+	IngressRefusedNotReady = "not-ready"
+	// IngressRefusedRegistrationInvalid: "The body fails validateClusterIngressRegistration",
+	// judged by the relay before it asks Cloudly.
+	IngressRefusedRegistrationInvalid = "registration-invalid"
+)
+
+// IngressRegistrationRefusal gives cause, a refusal the relay makes itself of a registerClusterIngress,
+// the shape the seeds give every registration refusal but the protocol's ("every other refusal
+// travels as IClusterIngressRegistrationRefusal { code: 'cluster-ingress-registration-refused',
+// reason, retryAfterMs } in TypedResponseError.errorData"), so that an ingress that knows only the
+// seeds reads it and waits retryAfterMs, clamped to 1 000 – 300 000, before it registers again.
+// The error text stays the relay's own "<name>: <reason>" (relay-upstream-detached: …) and the
+// name stays cause's for errors.Is and metrics on this side; the relay's cause is never put into
+// the seed's reason enum. reason must be one of ClusterIngressRegistrationRefusalReasons.
+func IngressRegistrationRefusal(reason string, cause *Refusal, retryAfterMs int64) *Refusal {
+	r := ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode, Reason: reason,
+		RetryAfterMs: min(max(retryAfterMs, ClusterIngressMinimumRetryAfterMs), ClusterIngressMaximumRetryAfterMs)}
+	out := *cause
+	out.data = r.Data()
+	return &out
+}
+
 // --- IClusterIngressRouteTableChange ----------------------------------------------------------
 
 // ValidateClusterIngressRouteTableChange is validateClusterIngressRouteTableChange with the seed's

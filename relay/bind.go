@@ -101,11 +101,20 @@ func (r *Relay) rebind(p *peer, kept json.RawMessage, outcome func(json.RawMessa
 }
 
 // registerVia serves a registration a part judges and forwards (the method table's role): the
-// relay admits it, and makes p a peer of role ro when the part answers it accepted.
+// relay admits it, and makes p a peer of role ro when the part answers it accepted. An ingress
+// registration the relay refuses itself is refused in the seeds' shape (ingressrefusal.go).
 func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *typedsocket.Request) {
+	refusal := func(err error) error { return err }
+	if ro == roleIngress {
+		refusal = r.ingressRefusal
+		if err := r.ingressNotReady(); err != nil {
+			r.answer(req, nil, err)
+			return
+		}
+	}
 	_, end, err := r.down.admit(p, ro, len(req.Body))
 	if err != nil {
-		r.answer(req, nil, err)
+		r.answer(req, nil, refusal(err))
 		return
 	}
 	f.ServeDownstream(req.Method, p, takeBody(req), func(body json.RawMessage, err error) {
@@ -113,7 +122,7 @@ func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *t
 		if err == nil {
 			r.down.registered(p, ro)
 		}
-		r.answer(req, body, err)
+		r.answer(req, body, refusal(err))
 	})
 }
 

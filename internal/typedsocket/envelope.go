@@ -63,10 +63,11 @@ type Error struct {
 func (e *Error) Error() string { return e.Text }
 
 // Is lets errors.Is(err, contracts.RelayNodeBusy) match a remote error that names that refusal,
-// in its data's code or as the leading token of its text.
+// in its data's code or as the leading token of its text: the relay's own refusal of an ingress
+// registration names its cause in the text and the seed's code in the data, and matches both.
 func (e *Error) Is(target error) bool {
 	n, ok := target.(contracts.RefusalName)
-	return ok && contracts.ReadRefusalName(e.Text, e.Data) == n
+	return ok && (contracts.ReadRefusalName(e.Text, e.Data) == n || contracts.ReadRefusalName(e.Text, nil) == n)
 }
 
 // Name is the refusal name the error carries, or "".
