@@ -1,6 +1,9 @@
 package contracts
 
-import "testing"
+import (
+	"strings"
+	"testing"
+)
 
 // TestIsCanonicalOriginRefusesWhatURLRewrites: the seed's rule for IClusterRelay.origin is
 // "so that `new URL(origin).origin === origin`" (seeds/001_77c140022293acc0.txt, the Cluster
@@ -23,6 +26,31 @@ func TestIsCanonicalOriginRefusesWhatURLRewrites(t *testing.T) {
 	for _, o := range []string{"https://[::ffff:102:304]", "https://1.2.3.4", "https://relay.example.", "https://[2001:db8::1]:8443"} {
 		if !IsCanonicalOrigin(o, "https") {
 			t.Errorf("IsCanonicalOrigin(%q) = false, but new URL keeps it", o)
+		}
+	}
+}
+
+// TestIsCanonicalOriginKeepsWhatURLKeeps: the seed's rule is the URL parser's, which checks no DNS
+// syntax, so the relay refuses no origin a Cloudly that validated it can send. Each origin below
+// and its verdict was checked with Node 20's new URL(o).origin === o.
+func TestIsCanonicalOriginKeepsWhatURLKeeps(t *testing.T) {
+	for o, want := range map[string]bool{
+		"https://relay_1.example": true, "https://-a.example": true, "https://a-.example": true,
+		"https://" + strings.Repeat("a", 70) + ".example": true, "https://a..b": true, "https://.a": true, "https://a..": true,
+		"https://a!b.example": true, "https://a$b.example": true, "https://a*b.example": true, "https://a~b.example": true,
+		"https://a\"b.example": true, "https://a{b.example": true, "https://a`b.example": true, "https://a,b.example": true,
+		"https://a;b.example": true, "https://a=b.example": true, "https://a&b.example": true, "https://a(b.example": true,
+		"https://a+b.example": true, "https://a'b.example": true, "https://xn--nxasmq6b.example": true,
+		"https://1abc": true, "https://a.1abc": true, "https://0x.a": true, "https://a.b.": true,
+		"https://a:0": true, "https://1.2.3.4:0": true, "https://a:65535": true,
+		"https://0x7f.0.0.1": false, "https://A.example": false, "https://a%41.example": false, "https://ex%ample.com": false,
+		"https://a.0x": false, "https://a.0x1": false, "https://a.09": false, "https://a.b.1.": false, "https://1.2.3": false,
+		"https://01.2.3.4": false, "https://4294967295": false, "https://a.B": false, "https://a|b": false, "https://a^b": false,
+		"https://a:00": false, "https://a:65536": false, "https://a:443": false, "https://a:": false, "https://a\\b": false,
+		"https://\u00e9.example": false,
+	} {
+		if got := IsCanonicalOrigin(o, "https"); got != want {
+			t.Errorf("IsCanonicalOrigin(%q) = %v; new URL says %v", o, got, want)
 		}
 	}
 }
