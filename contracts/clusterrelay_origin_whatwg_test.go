@@ -1,6 +1,8 @@
 package contracts
 
 import (
+	"encoding/json"
+	"os"
 	"strings"
 	"testing"
 )
@@ -53,4 +55,60 @@ func TestIsCanonicalOriginKeepsWhatURLKeeps(t *testing.T) {
 			t.Errorf("IsCanonicalOrigin(%q) = %v; new URL says %v", o, got, want)
 		}
 	}
+}
+
+// TestIsCanonicalOriginMatchesTheURLParser holds IsCanonicalOrigin to the WHATWG URL parser itself:
+// testdata/origin/whatwg.json lists 1 580 origins — hosts with every kind of label, address and
+// code point, with and without ports, https and http — and whether Node 20's
+// new URL(o).origin === o. The one difference allowed: an xn-- label is not decoded, so a few
+// labels the parser refuses are accepted.
+func TestIsCanonicalOriginMatchesTheURLParser(t *testing.T) {
+	raw, err := os.ReadFile("testdata/origin/whatwg.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var golden struct {
+		Origins [][2]json.RawMessage `json:"origins"`
+	}
+	if err := json.Unmarshal(raw, &golden); err != nil || len(golden.Origins) < 1000 {
+		t.Fatalf("golden origins unreadable: %v", err)
+	}
+	for _, o := range golden.Origins {
+		var s string
+		var want bool
+		if json.Unmarshal(o[0], &s) != nil || json.Unmarshal(o[1], &want) != nil {
+			t.Fatalf("golden entry %s", o)
+		}
+		scheme, _, _ := strings.Cut(s, "://")
+		got := IsCanonicalOrigin(s, scheme)
+		if got != want && !(got && strings.Contains(s, "xn--")) {
+			t.Errorf("IsCanonicalOrigin(%q) = %v; new URL says %v", s, got, want)
+		}
+	}
+}
+
+// FuzzIsCanonicalOrigin: what IsCanonicalOrigin accepts is what the parser would not rewrite in
+// any way this package can see: no upper case, no byte outside printable ASCII, and a certificate
+// name that is its host.
+func FuzzIsCanonicalOrigin(f *testing.F) {
+	for _, s := range []string{"https://relay.example:8443", "https://relay_1.example", "https://1.2.3.4", "https://[::1]:8443", "https://a..b", "https://0x7f.1"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		if !IsCanonicalOrigin(s, "https") {
+			return
+		}
+		if strings.ToLower(s) != s {
+			t.Fatalf("accepted %q with upper case", s)
+		}
+		for i := 0; i < len(s); i++ {
+			if s[i] <= ' ' || s[i] >= 0x7f {
+				t.Fatalf("accepted %q with byte %#x", s, s[i])
+			}
+		}
+		name := ClusterRelayCertificateDomainName(ClusterRelay{Origin: s})
+		if name == "" || !strings.HasPrefix(strings.TrimPrefix(s, "https://"), name) {
+			t.Fatalf("certificate name %q of %q is not its host", name, s)
+		}
+	})
 }
