@@ -213,9 +213,19 @@ func DigestOf(domain string, raw []byte) (string, error) {
 // DigestWithout returns the digest under domain of the JSON object raw without its member named
 // field: the seeds' "every field except digest" rule.
 func DigestWithout(domain string, raw []byte, field string) (string, error) {
-	members, err := ReadObject(raw)
+	c, err := CanonicalWithout(raw, field)
 	if err != nil {
 		return "", err
+	}
+	return Digest(domain, c), nil
+}
+
+// CanonicalWithout is the canonical JSON of the object raw without its member named field: what
+// DigestWithout hashes after the domain.
+func CanonicalWithout(raw []byte, field string) ([]byte, error) {
+	members, err := ReadObject(raw)
+	if err != nil {
+		return nil, err
 	}
 	obj := make([]byte, 0, len(raw))
 	obj = append(obj, '{')
@@ -231,7 +241,7 @@ func DigestWithout(domain string, raw []byte, field string) (string, error) {
 		obj = append(obj, m.Value...)
 	}
 	obj = append(obj, '}')
-	return DigestOf(domain, obj)
+	return Canonicalize(obj)
 }
 
 // IsSha256Digest reports whether s is "sha256:" followed by 64 lowercase hex digits.

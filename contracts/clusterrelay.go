@@ -52,8 +52,8 @@ func IsCanonicalOrigin(s, scheme string) bool {
 			return false
 		}
 		n, err := strconv.Atoi(port)
-		if err != nil || n < 1 || n > 65535 || strconv.Itoa(n) != port {
-			return false
+		if err != nil || n < 0 || n > 65535 || strconv.Itoa(n) != port {
+			return false // the parser keeps port 0, and refuses what is above 65535
 		}
 		if (scheme == "https" && n == 443) || (scheme == "http" && n == 80) {
 			return false
@@ -65,28 +65,53 @@ func IsCanonicalOrigin(s, scheme string) bool {
 	return isCanonicalHostname(host)
 }
 
-// isCanonicalHostname accepts lowercase LDH DNS names and canonical dotted-quad IPv4 literals.
+// isCanonicalHostname reports whether the WHATWG URL parser keeps host (no brackets) as it is: the
+// seed's only rule for a host is "new URL(origin).origin === origin", and the parser checks no DNS
+// syntax (no label length, no hyphen or underscore rule, empty labels kept). So: printable ASCII
+// (anything else is rewritten to punycode or percent-escapes), no upper case (lowercased), no
+// forbidden domain code point (the parser fails), and a host that ends in a number (its last label,
+// a trailing dot aside, all digits or 0x and hex) is IPv4, kept only as a dotted quad without a
+// trailing dot. An xn-- label is taken as it is, not decoded: the parser refuses a few such labels
+// the relay accepts, which no Cloudly that validated its origin sends.
 func isCanonicalHostname(host string) bool {
-	h := strings.TrimSuffix(host, ".")
-	if h == "" || len(h) > 253 {
+	if host == "" {
 		return false
 	}
-	labels := strings.Split(h, ".")
-	last := labels[len(labels)-1]
-	if last != "" && last[0] >= '0' && last[0] <= '9' {
-		// The URL parser reads a host whose last label is numeric as IPv4 and rewrites it, dropping
-		// a trailing dot: only a dotted quad without one is kept as it is.
-		a, err := netip.ParseAddr(h)
-		return err == nil && a.Is4() && a.String() == h && !strings.HasSuffix(host, ".")
-	}
-	for _, l := range labels {
-		if l == "" || len(l) > 63 || l[0] == '-' || l[len(l)-1] == '-' {
+	for i := 0; i < len(host); i++ {
+		if c := host[i]; c <= ' ' || c >= 0x7f || c >= 'A' && c <= 'Z' || strings.IndexByte(forbiddenDomainCodePoints, c) >= 0 {
 			return false
 		}
-		for i := 0; i < len(l); i++ {
-			if c := l[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-				return false
-			}
+	}
+	labels := strings.Split(host, ".")
+	last := labels[len(labels)-1]
+	if last == "" && len(labels) > 1 {
+		last = labels[len(labels)-2]
+	}
+	if endsInNumber(last) {
+		a, err := netip.ParseAddr(host)
+		return err == nil && a.Is4() && a.String() == host
+	}
+	return true
+}
+
+// forbiddenDomainCodePoints are the printable ASCII forbidden domain code points of the WHATWG URL
+// standard (the controls, space and DEL are refused before).
+const forbiddenDomainCodePoints = "#%/:<>?@[\\]^|"
+
+// endsInNumber is the WHATWG "ends in a number" test of a host's last label: ASCII digits, or 0x
+// (0X) and hex digits.
+func endsInNumber(label string) bool {
+	digits, hex := label, false
+	if len(label) >= 2 && label[0] == '0' && label[1]|0x20 == 'x' {
+		digits, hex = label[2:], true
+	}
+	if digits == "" {
+		return hex
+	}
+	for i := 0; i < len(digits); i++ {
+		c := digits[i]
+		if !(c >= '0' && c <= '9' || hex && (c|0x20 >= 'a' && c|0x20 <= 'f')) {
+			return false
 		}
 	}
 	return true

@@ -26,10 +26,27 @@ const (
 	MaximumDnsLeaseMs = 15 * 60 * 1000
 )
 
+// The renewal digest rule. The interfaces readme requires the check ("validateHoldRuntimeNetwork-
+// DnsLeaseRenewalsRequest adds every renewal's digest check") and says what is hashed
+// ("computeRuntimeNetworkDnsLeaseRenewalDigest hashes every field except digest under its own
+// domain"), but spells neither the domain nor the preimage. The rule the relay computes is this
+// project's assumption and lives here alone: the domain below, the preimage of Digest (canonical.go:
+// the UTF-8 domain, one "\n", the canonical JSON of the renewal without digest) and the golden
+// vectors under testdata/digest that pin it.
+//
 // RuntimeNetworkDnsLeaseRenewalDigestDomain is the domain computeRuntimeNetworkDnsLeaseRenewalDigest
-// hashes under. Project-defined (SPEC §6): the seeds say "its own domain" but do not spell it
-// (OQ-13); correct it here if they do.
+// hashes under (project-defined: the seeds name "its own domain" without spelling it).
 const RuntimeNetworkDnsLeaseRenewalDigestDomain = "serve.zone/runtime-network-dns-lease-renewal"
+
+// RenewalDigestVerified states that the rule above has been verified against a renewal a real
+// Cloudly digested. While it is false, a renewal whose digest is well formed but is not the one
+// the rule computes is read all the same, marked DigestUnverified: the relay holds it, counts and
+// shows it (relay_escrow_digest_unverified_total, the escrow's status), and the node, which
+// verifies digest and signature before it applies anything, remains the authority. Set it to true
+// once a real peer's renewal reproduces under the rule (and its golden vector is added): the same
+// digest then refuses the run escrow-run-invalid. A digest that is not sha256: and 64 lowercase hex
+// digits is escrow-run-invalid either way.
+const RenewalDigestVerified = false
 
 // Project-defined (OQ-12): the status values of IApplyRuntimeNetworkDnsLeaseRenewalResponse. The
 // seed's admission text answers a byte-identical re-delivery "as replay"; a new renewal is
@@ -79,6 +96,9 @@ type RuntimeNetworkDnsLeaseRenewal struct {
 	Sequence         int64
 	Dns              DnsWindow
 	Digest           string
+	// DigestUnverified, as read: the digest is well formed but not the one the relay's rule
+	// computes (never set while RenewalDigestVerified holds: the renewal is then invalid).
+	DigestUnverified bool
 }
 
 // AppendJSON appends the renewal as JSON, its keys in the seed's order, digest included.
@@ -114,6 +134,40 @@ func (r RuntimeNetworkDnsLeaseRenewal) Reference() RuntimeNetworkDnsLeaseRenewal
 // digest of the renewal object raw over every member except digest.
 func ComputeRuntimeNetworkDnsLeaseRenewalDigest(raw []byte) (string, error) {
 	return DigestWithout(RuntimeNetworkDnsLeaseRenewalDigestDomain, raw, "digest")
+}
+
+// DigestCheck is how a well-formed renewal digest compares with the one the relay's rule computes.
+type DigestCheck uint8
+
+const (
+	DigestMatches    DigestCheck = iota // the rule reproduces it
+	DigestUnverified                    // it does not, and the rule is not verified: held, counted
+	DigestInvalid                       // it does not, and the rule is verified (or nothing computes): refused
+)
+
+// CheckRuntimeNetworkDnsLeaseRenewalDigest judges digest, well formed, against the renewal object
+// raw under the relay's rule; strict is RenewalDigestVerified (tests pass either).
+func CheckRuntimeNetworkDnsLeaseRenewalDigest(raw []byte, digest string, strict bool) DigestCheck {
+	want, err := ComputeRuntimeNetworkDnsLeaseRenewalDigest(raw)
+	switch {
+	case err == nil && want == digest:
+		return DigestMatches
+	case err == nil && !strict:
+		return DigestUnverified
+	}
+	return DigestInvalid
+}
+
+// UnverifiedDigests are the sequences of the run's renewals whose digest is DigestUnverified, in
+// the run's order; nil when every digest reproduces.
+func (h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) UnverifiedDigests() []int64 {
+	var seqs []int64
+	for _, s := range h.Renewals {
+		if s.Renewal.DigestUnverified {
+			seqs = append(seqs, s.Renewal.Sequence)
+		}
+	}
+	return seqs
 }
 
 // SealRuntimeNetworkDnsLeaseRenewal returns r with its digest computed: what Cloudly does before
@@ -199,8 +253,8 @@ const holdPath = "hold request"
 
 // ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest reads a hold request and judges everything a relay
 // can judge from the request alone except order: exact keys, identifiers and counters, at most
-// MaximumEscrowedRenewals renewals, windows (issuedAt <= notBefore < expiresAt, at most
-// MaximumDnsLeaseMs from issuedAt), every digest, one node, one projection, one signing authority
+// MaximumEscrowedRenewals renewals, windows (at most MaximumDnsLeaseMs from issuedAt), every digest
+// well formed (and, once RenewalDigestVerified, reproduced), one node, one projection, one signing authority
 // revision and one scope, and a horizon of at most MaximumEscrowHorizonMs. A violation is an
 // *InvalidError with one reason per violation; the relay refuses it escrow-run-invalid. Order is
 // judged by OrderReasons, the scope against a session by ScopeReasons.
@@ -434,8 +488,11 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else if len(reasons) == 0 {
 		// Digest only a renewal whose every member is valid: the digest covers them all.
-		if want, err := ComputeRuntimeNetworkDnsLeaseRenewalDigest(raw); err != nil || want != digest {
+		switch CheckRuntimeNetworkDnsLeaseRenewalDigest(raw, digest, RenewalDigestVerified) {
+		case DigestInvalid:
 			reasons = append(reasons, path+" digest must be the digest of the renewal")
+		case DigestUnverified:
+			r.DigestUnverified = true
 		}
 	}
 	r.Digest = digest
@@ -463,9 +520,10 @@ func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
 	if len(reasons) > 0 {
 		return w, reasons
 	}
-	if w.NotBefore < w.IssuedAt || w.ExpiresAt <= w.NotBefore {
-		reasons = append(reasons, path+" window must satisfy issuedAt <= notBefore < expiresAt")
-	}
+	// The seeds' one rule on a window alone: "the fifteen-minute rule (maximumDnsLeaseMs, the same
+	// limit a projection's window has) is measured from the slot" (issuedAt). Where notBefore lies
+	// in it they leave to the node ("must not use a window before its notBefore"): a window that
+	// opens before its slot, or never (notBefore >= expiresAt), is held and simply never current.
 	if w.ExpiresAt-w.IssuedAt > MaximumDnsLeaseMs {
 		reasons = append(reasons, path+" window must last at most "+strconv.Itoa(MaximumDnsLeaseMs)+" ms from issuedAt")
 	}

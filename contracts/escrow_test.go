@@ -2,6 +2,8 @@ package contracts
 
 import (
 	"bytes"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"slices"
@@ -141,14 +143,20 @@ func TestHoldRequestInvalidReasons(t *testing.T) {
 		{"window exactly 15 min held", 1, MaximumDnsLeaseMs, nil, nil},
 		{"window 15 min + 1 ms refused", 1, MaximumDnsLeaseMs + 1, nil,
 			[]string{"hold request renewals[0] renewal dns window must last at most 900000 ms from issuedAt"}},
-		{"notBefore before issuedAt", 1, 60_000, enc(func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
+		// The seeds leave where notBefore lies to the node: a window that opens before its slot or
+		// never is held (and never released early: release waits for notBefore).
+		{"notBefore before issuedAt held", 1, 60_000, enc(func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
 			h.Renewals[0].Renewal.Dns.NotBefore--
 			reseal(t, h, 0)
-		}), []string{"hold request renewals[0] renewal dns window must satisfy issuedAt <= notBefore < expiresAt"}},
-		{"empty window", 1, 60_000, enc(func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
+		}), nil},
+		{"empty window held", 1, 60_000, enc(func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
 			h.Renewals[0].Renewal.Dns.NotBefore = h.Renewals[0].Renewal.Dns.ExpiresAt
 			reseal(t, h, 0)
-		}), []string{"hold request renewals[0] renewal dns window must satisfy issuedAt <= notBefore < expiresAt"}},
+		}), nil},
+		{"15 min measured from issuedAt, not notBefore", 1, MaximumDnsLeaseMs, enc(func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) {
+			h.Renewals[0].Renewal.Dns.IssuedAt--
+			reseal(t, h, 0)
+		}), []string{"hold request renewals[0] renewal dns window must last at most 900000 ms from issuedAt"}},
 		{"digest off by one hex digit", 3, MaximumDnsLeaseMs, func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) []byte {
 			d := h.Renewals[1].Renewal.Digest
 			last := d[len(d)-1]
@@ -158,7 +166,15 @@ func TestHoldRequestInvalidReasons(t *testing.T) {
 			}
 			h.Renewals[1].Raw = []byte(strings.Replace(string(h.Renewals[1].AppendJSON(nil)), d, d[:len(d)-1]+string(next), 1))
 			return h.AppendJSON(nil)
-		}, []string{"hold request renewals[1] renewal digest must be the digest of the renewal"}},
+		}, nil}, // well formed, not reproduced: held, marked (TestRenewalDigestUnverified)
+		{"digest in upper case", 1, 60_000, func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) []byte {
+			d := h.Renewals[0].Renewal.Digest
+			return []byte(strings.Replace(string(h.AppendJSON(nil)), d, "sha256:"+strings.ToUpper(d[len("sha256:"):]), 1))
+		}, []string{"hold request renewals[0] renewal digest must be a sha256 digest"}},
+		{"digest of 63 hex digits", 1, 60_000, func(h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) []byte {
+			d := h.Renewals[0].Renewal.Digest
+			return []byte(strings.Replace(string(h.AppendJSON(nil)), d, d[:len(d)-1], 1))
+		}, []string{"hold request renewals[0] renewal digest must be a sha256 digest"}},
 		{"digest not a digest", 1, 60_000, replace(`"digest":"sha256:`+strings.Repeat("ab", 32)+`"},"sequence"`, `"digest":"sha256:AB"},"sequence"`),
 			[]string{"hold request renewals[0] renewal projection digest must be a sha256 digest"}},
 		{"unknown top-level key", 1, 60_000, replace(`{"nodeId"`, `{"extra":1,"nodeId"`), []string{"hold request must use its exact schema"}},
@@ -343,6 +359,54 @@ func TestApplyRequestAndResponseBinding(t *testing.T) {
 		}
 		if status != c.status || !slices.Equal(reasons, c.reasons) {
 			t.Errorf("%s: status %q reasons %q, want %q %q", c.answer, status, reasons, c.status, c.reasons)
+		}
+	}
+}
+
+// TestRenewalDigestUnverified: the seeds require a renewal's digest check without spelling its
+// preimage. A well-formed digest the relay's rule does not reproduce is read, marked unverified
+// (held, counted, shown) while RenewalDigestVerified is false, and refused once the rule is
+// verified; a reproduced digest is never marked; a malformed one is refused either way.
+func TestRenewalDigestUnverified(t *testing.T) {
+	h := testRun(t, 3, tenMinutes, MaximumDnsLeaseMs)
+	// Renewal 2 sealed under another preimage: the domain without its "\n".
+	r := h.Renewals[1].Renewal
+	r.Digest = "sha256:" + zeroHex
+	canonical, err := CanonicalWithout(r.AppendJSON(nil), "digest")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sum := sha256.Sum256(append([]byte(RuntimeNetworkDnsLeaseRenewalDigestDomain), canonical...))
+	r.Digest = "sha256:" + hex.EncodeToString(sum[:])
+	h.Renewals[1].Renewal, h.Renewals[1].Raw = r, nil
+	raw := h.AppendJSON(nil)
+	got, err := ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw)
+	if err != nil {
+		t.Fatalf("a well-formed digest under another preimage refused: %v", err)
+	}
+	if seqs := got.UnverifiedDigests(); !slices.Equal(seqs, []int64{2}) {
+		t.Fatalf("UnverifiedDigests = %v, want [2]", seqs)
+	}
+	if !bytes.Contains(raw, got.Renewals[1].Raw) || got.Renewals[1].Renewal.Digest != r.Digest {
+		t.Fatal("the unverified renewal is not kept as received")
+	}
+	renewal, _, _ := Lookup(got.Renewals[1].Raw, "renewal")
+	if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(renewal, r.Digest, true); c != DigestInvalid {
+		t.Fatalf("strict check = %v, want DigestInvalid", c)
+	}
+	if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(renewal, r.Digest, false); c != DigestUnverified {
+		t.Fatalf("tolerant check = %v, want DigestUnverified", c)
+	}
+	first, _, _ := Lookup(got.Renewals[0].Raw, "renewal")
+	for _, strict := range []bool{false, true} {
+		if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(first, got.Renewals[0].Renewal.Digest, strict); c != DigestMatches {
+			t.Fatalf("a reproduced digest, strict %v: %v", strict, c)
+		}
+	}
+	if seqs := testRun(t, 3, tenMinutes, MaximumDnsLeaseMs); len(seqs.Renewals) == 3 {
+		back, err := ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(seqs.AppendJSON(nil))
+		if err != nil || back.UnverifiedDigests() != nil {
+			t.Fatalf("a run under the relay's own rule: %v, unverified %v", err, back.UnverifiedDigests())
 		}
 	}
 }

@@ -33,18 +33,12 @@ func ClusterIngressEnvironmentNames() ClusterIngressEnvironment {
 
 // --- registerClusterIngress -------------------------------------------------------------------
 
-// Project-defined (OQ-16): capabilities is an optional, strictly ascending (so sorted and
-// duplicate-free) array of at most MaxClusterIngressCapabilities names, each a lowercase token
-// [a-z][a-z0-9-]{0,63}. The vocabulary is open: the relay forwards capabilities and never acts on
-// one, so it must not refuse a name a newer ingress of the same major knows.
-const MaxClusterIngressCapabilities = 32
-
 // ClusterIngressRegistration is registerClusterIngress's request
 // { bearer, version, nodeId, capabilities?, protocol }, as ReadClusterIngressRegistration read it.
 // The bearer is a Secret: it prints as [secret] and is never marshaled.
 type ClusterIngressRegistration struct {
 	Bearer       Secret
-	Version      string   // the ingress build: a release version (project-defined, OQ-16)
+	Version      string   // the ingress build, as it states it (the seeds give no grammar)
 	NodeID       string   // the node the ingress runs on (node-id reader)
 	Capabilities []string // nil when the key is absent
 	Protocol     ProtocolOffer
@@ -52,9 +46,12 @@ type ClusterIngressRegistration struct {
 
 // ValidateClusterIngressRegistration is validateClusterIngressRegistration: shape only (whether
 // the bearer is the one Cloudly minted is Cloudly's to verify), exact keys, one reason per
-// violation, empty for a valid body. path defaults to "cluster ingress registration". The
-// messages are project-defined in the seed's style (the seed shows the validator's name, not its
-// body); none quotes a value, so none can quote the bearer.
+// violation, empty for a valid body. path defaults to "cluster ingress registration". The seeds
+// spell the keys ({ bearer, version, nodeId, capabilities?, protocol }), the node id rule
+// (isClusterNodeId at every node-bearing member, an ingress registration's among them) and the
+// offer, and no grammar for bearer, version or capabilities: those are read as strings and an
+// array of strings and judged no further (the relay forwards them and acts on none). The messages
+// are project-defined in the seed's style; none quotes a value, so none can quote the bearer.
 func ValidateClusterIngressRegistration(raw []byte, path string) []string {
 	if path == "" {
 		path = "cluster ingress registration"
@@ -83,13 +80,13 @@ func readClusterIngressRegistration(raw []byte, path string) (ClusterIngressRegi
 	}
 	var r ClusterIngressRegistration
 	var reasons []string
-	if s, err := ReadString(bearer); err != nil || s == "" {
-		reasons = append(reasons, path+" bearer must be a non-empty string")
+	if s, err := ReadString(bearer); err != nil {
+		reasons = append(reasons, path+" bearer must be a string")
 	} else {
 		r.Bearer = NewSecret(s)
 	}
-	if s, err := ReadString(version); err != nil || !IsReleaseVersion(s) {
-		reasons = append(reasons, path+" version must be a release version")
+	if s, err := ReadString(version); err != nil {
+		reasons = append(reasons, path+" version must be a string")
 	} else {
 		r.Version = s
 	}
@@ -101,7 +98,7 @@ func readClusterIngressRegistration(raw []byte, path string) (ClusterIngressRegi
 	if capabilities != nil {
 		var ok bool
 		if r.Capabilities, ok = readCapabilities(capabilities); !ok {
-			reasons = append(reasons, path+" capabilities must be a sorted, duplicate-free array of at most 32 capability names")
+			reasons = append(reasons, path+" capabilities must be an array of strings")
 		}
 	}
 	var offerReasons []string
@@ -131,30 +128,18 @@ func EncodeClusterIngressRegistration(r ClusterIngressRegistration) []byte {
 
 func readCapabilities(raw []byte) ([]string, bool) {
 	elems, err := ReadArray(raw)
-	if err != nil || len(elems) > MaxClusterIngressCapabilities {
+	if err != nil {
 		return nil, false
 	}
 	out := make([]string, 0, len(elems))
-	for i, e := range elems {
+	for _, e := range elems {
 		s, err := ReadString(e)
-		if err != nil || !isCapabilityName(s) || i > 0 && s <= out[i-1] {
+		if err != nil {
 			return nil, false
 		}
 		out = append(out, s)
 	}
 	return out, true
-}
-
-func isCapabilityName(s string) bool {
-	if len(s) == 0 || len(s) > 64 || s[0] < 'a' || s[0] > 'z' {
-		return false
-	}
-	for i := 1; i < len(s); i++ {
-		if c := s[i]; !(c >= 'a' && c <= 'z' || c >= '0' && c <= '9' || c == '-') {
-			return false
-		}
-	}
-	return true
 }
 
 // ReadClusterIngressRegistrationAcceptance reads Cloudly's accepted answer
@@ -245,6 +230,32 @@ func (r ClusterIngressRegistrationRefusal) Data() json.RawMessage {
 // Text is the error text a refusal travels with: "cluster-ingress-registration-refused: <reason>"
 // (project-defined, the relay's "<name>: <reason>" carriage).
 func (r ClusterIngressRegistrationRefusal) Text() string { return r.Code + ": " + r.Reason }
+
+// The reasons of the relay's own ingress registration refusals (seed-defined names).
+const (
+	// IngressRefusedNotReady: "Cloudly cannot judge registrations yet" — as the ingress sees it,
+	// nobody can now: the relay is detached, standing by, shutting down or full.
+	IngressRefusedNotReady = "not-ready"
+	// IngressRefusedRegistrationInvalid: "The body fails validateClusterIngressRegistration",
+	// judged by the relay before it asks Cloudly.
+	IngressRefusedRegistrationInvalid = "registration-invalid"
+)
+
+// IngressRegistrationRefusal gives cause, a refusal the relay makes itself of a registerClusterIngress,
+// the shape the seeds give every registration refusal but the protocol's ("every other refusal
+// travels as IClusterIngressRegistrationRefusal { code: 'cluster-ingress-registration-refused',
+// reason, retryAfterMs } in TypedResponseError.errorData"), so that an ingress that knows only the
+// seeds reads it and waits retryAfterMs, clamped to 1 000 – 300 000, before it registers again.
+// The error text stays the relay's own "<name>: <reason>" (relay-upstream-detached: …) and the
+// name stays cause's for errors.Is and metrics on this side; the relay's cause is never put into
+// the seed's reason enum. reason must be one of ClusterIngressRegistrationRefusalReasons.
+func IngressRegistrationRefusal(reason string, cause *Refusal, retryAfterMs int64) *Refusal {
+	r := ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode, Reason: reason,
+		RetryAfterMs: min(max(retryAfterMs, ClusterIngressMinimumRetryAfterMs), ClusterIngressMaximumRetryAfterMs)}
+	out := *cause
+	out.data = r.Data()
+	return &out
+}
 
 // --- IClusterIngressRouteTableChange ----------------------------------------------------------
 

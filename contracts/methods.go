@@ -94,3 +94,25 @@ func IsLocalOnlyMethod(m string) bool {
 	}
 	return false
 }
+
+// Node → Cloudly methods whose request must carry the node's session (seed-defined).
+const (
+	MethodReportRuntimeAssignmentLogs    = "reportRuntimeAssignmentLogs"
+	MethodReadRuntimeAssignmentStats     = "readRuntimeAssignmentStats"
+	MethodGetRuntimeManagedVpnCredential = "getRuntimeManagedVpnCredential"
+)
+
+// RequiresSession reports whether a node's request of method m must carry its session: the
+// requests of the interfaces readme's "Runtime Workload Logs, Stats, Exec And Volume Archives"
+// ("Every request carries `session`"; exec and archives never cross the relay, IsLocalOnlyMethod)
+// and getRuntimeManagedVpnCredential ("Its request carries the exact current session"). Every
+// other node request is authenticated by the connection it came on ("uses the current
+// authenticated physical peer", "Current-peer") and may carry none; one that does carry a session
+// must name the connection's own node all the same.
+func RequiresSession(m string) bool {
+	switch m {
+	case MethodReportRuntimeAssignmentLogs, MethodReadRuntimeAssignmentStats, MethodGetRuntimeManagedVpnCredential:
+		return true
+	}
+	return IsLocalOnlyMethod(m) && m != "bindPalletLocalRuntimeController"
+}

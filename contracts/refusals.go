@@ -27,6 +27,10 @@ func (n RefusalName) Refuse(format string, args ...any) *Refusal {
 type Refusal struct {
 	Name   RefusalName
 	Reason string
+	// data, when set, is the error data the refusal travels with instead of {"code": name}: the
+	// shape a seed gives the refusal of one call (IngressRegistrationRefusal). Name stays the
+	// relay's own cause, in the text and for errors.Is on this side.
+	data []byte
 }
 
 func (r *Refusal) Error() string { return string(r.Name) + ": " + r.Reason }
@@ -38,8 +42,12 @@ func (r *Refusal) Is(target error) bool {
 	return ok && n == r.Name
 }
 
-// Data is the error data a refusal travels with: {"code": "<name>"}.
+// Data is the error data a refusal travels with: {"code": "<name>"}, or the seed's shape the
+// refusal was given (IngressRegistrationRefusal).
 func (r *Refusal) Data() []byte {
+	if r.data != nil {
+		return r.data
+	}
 	return append(AppendString([]byte(`{"code":`), string(r.Name)), '}')
 }
 

@@ -16,8 +16,8 @@ import (
 
 // Project-defined bounds (OQ-15).
 const (
-	// MinTrafficStatisticsLimit and MaxTrafficStatisticsLimit bound limit: the number of day
-	// buckets one page holds at most. 1 000 buckets are about 250 KB of JSON.
+	// MinTrafficStatisticsLimit is the least limit; MaxTrafficStatisticsLimit the most day buckets
+	// one page holds (a greater limit is served as it). 1 000 buckets are about 250 KB of JSON.
 	MinTrafficStatisticsLimit = 1
 	MaxTrafficStatisticsLimit = 1000
 	// MaxTrafficStatisticsCursorBytes bounds a cursor: 1 to this many printable ASCII characters
@@ -91,9 +91,8 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 	if err2 != nil || !IsUTCCalendarDay(to) {
 		reasons = append(reasons, path+" toDayUtc must be a UTC calendar day YYYY-MM-DD")
 	}
-	if len(reasons) == 0 && to < from {
-		reasons = append(reasons, path+" toDayUtc must not be before fromDayUtc")
-	}
+	// toDayUtc before fromDayUtc names no day: the seeds do not refuse it, and the relay answers it
+	// with no bucket (TrafficStatisticsRequest.Empty).
 	r.FromDayUTC, r.ToDayUTC = from, to
 	if cursor != nil {
 		s, err := ReadString(cursor)
@@ -102,13 +101,20 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 		}
 		r.Cursor = s
 	}
+	// The seeds spell limit and no bound on it. One above MaxTrafficStatisticsLimit is served as
+	// MaxTrafficStatisticsLimit: a page holds at most limit buckets, and a shorter one with its
+	// nextCursor is a page all the same. One below 1 asks for a page that cannot move.
 	n, ok := ReadSafeInteger(limit)
-	if !ok || n < MinTrafficStatisticsLimit || n > MaxTrafficStatisticsLimit {
-		reasons = append(reasons, path+" limit must be an integer from 1 to 1000")
+	if !ok || n < MinTrafficStatisticsLimit {
+		reasons = append(reasons, path+" limit must be a positive integer")
 	}
-	r.Limit = int(n)
+	r.Limit = int(min(n, MaxTrafficStatisticsLimit))
 	return r, reasons
 }
+
+// Empty reports whether the request names no day (toDayUtc before fromDayUtc): its answer holds no
+// bucket and no nextCursor.
+func (r TrafficStatisticsRequest) Empty() bool { return r.ToDayUTC < r.FromDayUTC }
 
 // Encode writes the request in the seed's key order; the cursor is omitted when "".
 func (r TrafficStatisticsRequest) Encode() []byte {

@@ -142,6 +142,8 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	}
 	_, lastExpires := req.Span()
 	now := e.nowMs()
+	var unverified []int64 // set once the run is held; said after the lock is given back
+	defer func() { e.digestsUnverified(req.NodeID, unverified) }()
 
 	e.mu.Lock()
 	defer e.mu.Unlock()
@@ -164,7 +166,23 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	e.replicateLocked(runKey(req.NodeID), run.appendHold(nil, req.NodeID))
 	e.gaugesLocked()
 	e.changedLocked()
+	unverified = req.UnverifiedDigests()
 	return req.NodeID, run, nil
+}
+
+// digestsUnverified counts the renewals of a held run whose well-formed digest the relay's rule
+// does not reproduce (contracts.RenewalDigestVerified is false: the rule is an assumption, so such
+// a run is held and the node, which verifies digest and signature, decides), and says so once for
+// the run: the method, the node and the first such sequence, never a digest or a body.
+func (e *Escrow) digestsUnverified(node string, seqs []int64) {
+	if len(seqs) == 0 {
+		return
+	}
+	e.metrics.unverified.Add(float64(len(seqs)))
+	e.metrics.unverifiedHeld.Add(int64(len(seqs)))
+	e.log.Warn().Str("method", contracts.MethodHoldRuntimeNetworkDnsLeaseRenewals).Str("node", node).
+		Int64("sequence", seqs[0]).Int("renewals", len(seqs)).Str("outcome", "digest-unverified").
+		Msg("held renewals whose digest the relay's assumed rule does not reproduce; the node verifies them")
 }
 
 // setAttached records the upstream state: renewals are released only while detached.

@@ -366,6 +366,7 @@ func TestMetricNames(t *testing.T) {
 	}
 	sort.Strings(names)
 	want := []string{
+		"relay_escrow_digest_unverified_total",
 		"relay_escrow_holds_total",
 		"relay_escrow_release_delay_seconds",
 		"relay_escrow_releases_total",

@@ -47,11 +47,17 @@ func TestHoldRefusalsByName(t *testing.T) {
 		{"horizon exactly 4 h held", true, runSpec{node: "node-a", n: 2, start: slot0, step: 225 * minute, window: 15 * minute}.body, "", 2},
 		{"horizon 4 h + 1 ms refused", true, runSpec{node: "node-a", n: 2, start: slot0, step: 225*minute + 1, window: 15 * minute}.body, contracts.EscrowRunInvalid, 0},
 		{"window 15 min + 1 ms refused", true, runSpec{node: "node-a", n: 1, start: slot0, step: 0, window: 15*minute + 1}.body, contracts.EscrowRunInvalid, 0},
-		{"digest off by one hex digit refused", true, func(t testing.TB) json.RawMessage {
+		{"digest the relay cannot reproduce held (TestHoldDigestUnverified)", true, func(t testing.TB) json.RawMessage {
 			h := grid.request(t)
 			d := h.Renewals[5].Renewal.Digest
 			flipped := d[:len(d)-1] + string("0123456789abcdef"[(strings.IndexByte("0123456789abcdef", d[len(d)-1])+1)%16])
 			h.Renewals[5].Raw = json.RawMessage(strings.Replace(string(h.Renewals[5].AppendJSON(nil)), d, flipped, 1))
+			return h.AppendJSON(nil)
+		}, "", 23},
+		{"malformed digest refused", true, func(t testing.TB) json.RawMessage {
+			h := grid.request(t)
+			d := h.Renewals[5].Renewal.Digest
+			h.Renewals[5].Raw = json.RawMessage(strings.Replace(string(h.Renewals[5].AppendJSON(nil)), d, strings.ToUpper(d), 1))
 			return h.AppendJSON(nil)
 		}, contracts.EscrowRunInvalid, 0},
 		{"two signing authority revisions refused", true, func(t testing.TB) json.RawMessage {

@@ -16,12 +16,17 @@ type metrics struct {
 	dropped  *prometheus.CounterVec // relay_escrow_runs_dropped_total{reason}
 	releases *prometheus.CounterVec // relay_escrow_releases_total{outcome}
 	delay    prometheus.Histogram   // relay_escrow_release_delay_seconds
+	// unverified is relay_escrow_digest_unverified_total: renewals held whose well-formed digest the
+	// relay's assumed rule does not reproduce (contracts.RenewalDigestVerified).
+	unverified prometheus.Counter
 
 	releasesBy map[string]prometheus.Counter // releases by outcome, resolved once
 
 	// pushes counts applyRuntimeNetworkDnsLeaseRenewal pushes sent, answered or not, for Status.
 	// The outcomes are counted once, in the Prometheus counters above, which the status page lists.
 	pushes atomic.Int64
+	// unverifiedHeld is unverified's count, for Status.
+	unverifiedHeld atomic.Int64
 }
 
 // released counts one release outcome.
@@ -56,6 +61,8 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 			Help: "Runs the relay stopped holding, by reason: expired, cleared, custody-ended, foreign-session."}, []string{"reason"}),
 		releases: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "releases_total",
 			Help: "applyRuntimeNetworkDnsLeaseRenewal pushes by outcome: accepted, replay, refused, mismatch, failed."}, []string{"outcome"}),
+		unverified: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "digest_unverified_total",
+			Help: "Renewals held whose well-formed digest the relay's assumed digest rule does not reproduce; the node verifies it."}),
 		delay: prometheus.NewHistogram(prometheus.HistogramOpts{Namespace: ns, Subsystem: sub, Name: "release_delay_seconds",
 			Help:    "From the moment a renewal became due (its notBefore, or the detach or registration after it) to its first push.",
 			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5}}),
@@ -80,7 +87,7 @@ func newMetrics(reg prometheus.Registerer) (*metrics, error) {
 	if reg == nil {
 		return m, nil
 	}
-	for _, c := range []prometheus.Collector{m.runs, m.renewals, m.holds, m.dropped, m.releases, m.delay} {
+	for _, c := range []prometheus.Collector{m.runs, m.renewals, m.holds, m.dropped, m.releases, m.delay, m.unverified} {
 		if err := reg.Register(c); err != nil {
 			return nil, err
 		}

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"time"
+
+	"code.foss.global/serve.zone/relay/contracts"
 )
 
 // The escrow's facts for the operator's status page (relay.Reporter). They name nodes and count;
@@ -27,6 +29,13 @@ type Status struct {
 	// The outcomes of pushes, holds and drops are the escrow's Prometheus counters, which the
 	// status page lists itself (relay_escrow_releases_total, _holds_total, _runs_dropped_total).
 	ReleasesWhileDetached int64 `json:"releasesWhileDetached"`
+	// DigestUnverified counts the renewals held since the relay started whose well-formed digest
+	// the relay's assumed rule does not reproduce (relay_escrow_digest_unverified_total): the seeds
+	// require the check without spelling the preimage, so such a renewal is held and the node,
+	// which verifies digest and signature, decides. DigestRule says which the relay applies:
+	// "assumed" (unverified digests held) or "verified" (refused escrow-run-invalid).
+	DigestUnverified int64  `json:"digestUnverified"`
+	DigestRule       string `json:"digestRule"`
 	// Nodes lists at most 100 nodes holding a run, the most renewals first (then by node id).
 	Nodes []StatusNode `json:"nodes"`
 }
@@ -64,6 +73,7 @@ func (e *Escrow) Status() any {
 	st := Status{
 		Runs: len(rows), Renewals: renewals, Releasing: !attached,
 		ReleasesWhileDetached: e.metrics.pushes.Load(),
+		DigestUnverified:      e.metrics.unverifiedHeld.Load(), DigestRule: digestRule(),
 	}
 	if !attached {
 		next := int64(-1)
@@ -93,4 +103,12 @@ func (e *Escrow) Status() any {
 		st.Nodes = append(st.Nodes, n)
 	}
 	return st
+}
+
+// digestRule names the renewal digest rule the relay applies, for the status page.
+func digestRule() string {
+	if contracts.RenewalDigestVerified {
+		return "verified"
+	}
+	return "assumed"
 }

@@ -18,6 +18,15 @@ func errNotIngress(method string) error {
 // messages, which never quote a value.
 func errInvalid(err error) error { return contracts.RelayRequestInvalid.Refuse("%v", err) }
 
+// errRegistrationInvalid refuses a registerClusterIngress body the relay cannot read, in the
+// seed's registration refusal shape: reason registration-invalid ("the body fails
+// validateClusterIngressRegistration"), text relay-request-invalid: …, and the longest wait, since
+// the same body will fail again.
+func errRegistrationInvalid(err error) error {
+	return contracts.IngressRegistrationRefusal(contracts.IngressRefusedRegistrationInvalid,
+		contracts.RelayRequestInvalid.Refuse("%v", err), contracts.ClusterIngressMaximumRetryAfterMs)
+}
+
 var (
 	// errDetached answers a registration before the relay ever attached.
 	errDetached = contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")

@@ -325,6 +325,14 @@ func TestInvalidRegistrationIsRefusedByTheRelay(t *testing.T) {
 		if !errors.Is(err, contracts.RelayRequestInvalid) {
 			t.Fatalf("%s: %v, want relay-request-invalid", body, err)
 		}
+		// In the seed's shape, which is all an ingress built from the seeds reads.
+		data := remote(t, err).Data
+		if reasons := contracts.ValidateClusterIngressRegistrationRefusal(data, ""); len(reasons) > 0 {
+			t.Fatalf("%s: error data %s: %q", body, data, reasons)
+		}
+		if r, _ := contracts.ReadClusterIngressRegistrationRefusal(data); r.Reason != "registration-invalid" || r.RetryAfterMs != 300_000 {
+			t.Fatalf("%s: refusal %+v, want registration-invalid after 300 000 ms", body, r)
+		}
 		if strings.Contains(err.Error(), secretBearer) {
 			t.Fatalf("refusal quotes the bearer: %v", err)
 		}

@@ -82,12 +82,15 @@ func New(opts Options) (*Server, error) {
 // Register serves registerClusterIngress from p in the seed's server order: the bounded body (the
 // relay's 64 KiB limit before registration), the offer read once as data, negotiation, the shape,
 // and only then Cloudly, with the body untouched. A refusal by the relay changes nothing; Cloudly's
-// answer and its refusal go back untouched. reply is called exactly once; on an acceptance p is an
+// answer and its refusal go back untouched. A body the relay cannot read is refused in the seed's
+// registration refusal shape (registration-invalid); the relay's other refusals of a registration
+// (detached, Cloudly's answer unusable) are given that shape by the relay, which knows when to
+// retry. reply is called exactly once; on an acceptance p is an
 // ingress connection before reply runs.
 func (s *Server) Register(p feature.Peer, body json.RawMessage, reply func(json.RawMessage, error)) {
 	offer, err := contracts.ReadProtocolOffer(body)
 	if err != nil {
-		s.registered("", errInvalid(err), reply, nil)
+		s.registered("", errRegistrationInvalid(err), reply, nil)
 		return
 	}
 	if refusal, _ := contracts.NegotiateProtocol(s.offer, offer); refusal != nil {
@@ -96,7 +99,7 @@ func (s *Server) Register(p feature.Peer, body json.RawMessage, reply func(json.
 	}
 	reg, err := contracts.ReadClusterIngressRegistration(body)
 	if err != nil {
-		s.registered("", errInvalid(err), reply, nil)
+		s.registered("", errRegistrationInvalid(err), reply, nil)
 		return
 	}
 	id := p.ID()

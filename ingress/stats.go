@@ -26,6 +26,10 @@ func (s *Server) TrafficStatistics(body json.RawMessage, reply func(json.RawMess
 		s.statsRefused(reply, errInvalid(err))
 		return
 	}
+	if req.Empty() {
+		reply(json.RawMessage(`{"statistics":[]}`), nil) // no day named, no ingress asked
+		return
+	}
 	var ps []position
 	if req.Cursor != "" {
 		var ok bool

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -217,12 +218,31 @@ func TestStatisticsRequestsTheRelayCannotRead(t *testing.T) {
 	}
 	for _, body := range []string{
 		`{"fromDayUtc":"2024-05-01","toDayUtc":"2024-05-31","limit":0}`,
-		`{"fromDayUtc":"2024-05-31","toDayUtc":"2024-05-01","limit":1}`,
 		`{"fromDayUtc":"2024-5-1","toDayUtc":"2024-05-01","limit":1}`,
 	} {
 		if _, err := h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(body)); !errors.Is(err, contracts.RelayRequestInvalid) {
 			t.Errorf("%s: %v", body, err)
 		}
+	}
+}
+
+// TestStatisticsRequestsTheSeedsLeaveOpen are served: the seeds bound neither limit nor the order
+// of the days. A limit above 1 000 is a page of at most 1 000 buckets with its nextCursor; days in
+// reverse name none, answered with no bucket and no ingress asked.
+func TestStatisticsRequestsTheSeedsLeaveOpen(t *testing.T) {
+	h := newHarness(t, harnessOptions{})
+	a := h.accepted("node-a", "bearer-a")
+	a.SetStatistics(buckets("node-a", 1, 2, 3))
+	resp, err := h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(`{"fromDayUtc":"2024-05-01","toDayUtc":"2024-05-31","limit":100000}`))
+	if err != nil || strings.Count(string(resp), `"dayUtc"`) != 3 {
+		t.Fatalf("limit 100 000: %s %v", resp, err)
+	}
+	if got := a.StatisticsRequests(); got != 1 {
+		t.Fatalf("the ingress was asked %d times", got)
+	}
+	resp, err = h.Cloudly.Call(h.ctx(), contracts.MethodGetClusterTrafficStatistics, json.RawMessage(`{"fromDayUtc":"2024-05-31","toDayUtc":"2024-05-01","limit":1}`))
+	if err != nil || string(resp) != `{"statistics":[]}` || a.StatisticsRequests() != 1 {
+		t.Fatalf("days in reverse: %s %v, the ingress asked %d times", resp, err, a.StatisticsRequests())
 	}
 }
 

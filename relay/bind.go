@@ -57,7 +57,9 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return
 	}
-	r.up.callFor(share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
+	// A node rotating on its connection states that connection's node; a first registration
+	// states none: the connection carries no node before Cloudly accepts one.
+	r.up.callFor(share, p.nodeID(), req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		defer end()
 		if err != nil {
 			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
@@ -99,11 +101,20 @@ func (r *Relay) rebind(p *peer, kept json.RawMessage, outcome func(json.RawMessa
 }
 
 // registerVia serves a registration a part judges and forwards (the method table's role): the
-// relay admits it, and makes p a peer of role ro when the part answers it accepted.
+// relay admits it, and makes p a peer of role ro when the part answers it accepted. An ingress
+// registration the relay refuses itself is refused in the seeds' shape (ingressrefusal.go).
 func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *typedsocket.Request) {
+	refusal := func(err error) error { return err }
+	if ro == roleIngress {
+		refusal = r.ingressRefusal
+		if err := r.ingressNotReady(); err != nil {
+			r.answer(req, nil, err)
+			return
+		}
+	}
 	_, end, err := r.down.admit(p, ro, len(req.Body))
 	if err != nil {
-		r.answer(req, nil, err)
+		r.answer(req, nil, refusal(err))
 		return
 	}
 	f.ServeDownstream(req.Method, p, takeBody(req), func(body json.RawMessage, err error) {
@@ -111,7 +122,7 @@ func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *t
 		if err == nil {
 			r.down.registered(p, ro)
 		}
-		r.answer(req, body, err)
+		r.answer(req, body, refusal(err))
 	})
 }
 

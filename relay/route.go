@@ -14,28 +14,22 @@ import (
 // which would otherwise keep the whole frame it was read from.
 func takeBody(req *typedsocket.Request) json.RawMessage {
 	b := req.Body
-	req.Body = nil
+	req.Body, req.RelayNodeRaw = nil, nil // a peer's relayNodeId is never forwarded
 	return b
 }
 
-// forwardToCloudly forwards a node's request, only from that node's own connection.
+// forwardToCloudly forwards a node's request, only from a node connection, with the envelope
+// stating the connection's node (relayNodeId): the upstream socket is authenticated as the relay,
+// and this is how Cloudly knows the physical peer behind it. A node's own relayNodeId is never
+// forwarded (the envelope is written anew).
 func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	node := p.nodeID()
 	if node == "" {
 		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s from a connection with no node session; register first", req.Method))
 		return
 	}
-	// SPEC §5: every node → Cloudly request carries the node's own session. The upstream socket is
-	// authenticated as the relay, so nothing without one may ride on it.
-	switch claimed, present, err := contracts.ReadSessionNodeID(req.Body); {
-	case err != nil:
-		r.answer(req, nil, contracts.RelayRequestInvalid.Refuse("%v", err))
-		return
-	case !present:
-		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s carries no session of node %s", req.Method, node))
-		return
-	case claimed != node:
-		r.answer(req, nil, contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", req.Method, node))
+	if err := judgeSession(req.Method, req.Body, node); err != nil {
+		r.answer(req, nil, err)
 		return
 	}
 	streams, err := r.bindMarkers(p, req.Body)
@@ -50,7 +44,7 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	start, size := time.Now(), len(req.Body)
 	// Charged to the node's share until written: a node sending max-size messages holds at most
 	// its share of the queue every node shares (SPEC §15).
-	k := r.up.callFor(p.share, req.Method, takeBody(req), func(body json.RawMessage, err error) {
+	k := r.up.callFor(p.share, node, req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		if err == nil {
 			_, err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
 		}
@@ -62,6 +56,23 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	if streams != nil {
 		r.streams.keepAlive(streams, k) // its answer may wait for the stream it carries
 	}
+}
+
+// judgeSession judges the session a node's request carries: required only where the seeds require
+// one (contracts.RequiresSession), and, wherever the body carries one, naming the connection's own
+// node. A session the relay cannot read (not an object, a nodeId that is not a string, a repeated
+// key) is refused relay-request-invalid: unread, it could name another node to Cloudly.
+func judgeSession(method string, body []byte, node string) error {
+	claimed, present, err := contracts.ReadSessionNodeID(body)
+	switch {
+	case err != nil:
+		return contracts.RelayRequestInvalid.Refuse("%v", err)
+	case !present && contracts.RequiresSession(method):
+		return contracts.RelaySessionForeign.Refuse("%s carries no session of node %s", method, node)
+	case present && claimed != node:
+		return contracts.RelaySessionForeign.Refuse("%s names another node's session on node %s's connection", method, node)
+	}
+	return nil
 }
 
 // routeToNode routes a Cloudly → node request by request.session.nodeId, else request.nodeId.

@@ -161,6 +161,17 @@ func (l *sessionLog) waiting(t time.Time) {
 	l.nextRetry = t
 }
 
+// retryIn is how long from now until the relay dials Cloudly again while detached and waiting (its
+// reconnect backoff); 0 while it dials or is attached.
+func (l *sessionLog) retryIn(now time.Time) time.Duration {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.nextRetry.IsZero() || !l.nextRetry.After(now) {
+		return 0
+	}
+	return l.nextRetry.Sub(now)
+}
+
 // attached: Cloudly accepted a registration; an open outage ends.
 func (l *sessionLog) attached(now time.Time) {
 	l.mu.Lock()

@@ -202,11 +202,16 @@ func (r *Relay) bindMarkers(p *peer, body []byte) ([]string, error) {
 }
 
 // serveNodeStream forwards a node's stream frame up to Cloudly, for a stream bound to that node,
-// charged to the node's share until written.
+// charged to the node's share until written. The frame goes whole, except for a relayNodeId the
+// node put in it: a node cannot name a node to Cloudly (the binding is the authority).
 func (r *Relay) serveNodeStream(p *peer, f *typedsocket.StreamFrame) {
 	_, err := r.streams.route(f.StreamID, p, f.Closing, time.Now())
 	if err == nil {
-		err = r.up.sendFrame(p.share, f.Frame)
+		frame := f.Frame
+		if f.RelayNodeID {
+			frame = typedsocket.WithoutRelayNodeID(frame)
+		}
+		err = r.up.sendFrame(p.share, frame)
 	}
 	if err != nil {
 		r.refuseStream(p.conn, f, err)

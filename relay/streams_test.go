@@ -224,8 +224,8 @@ func TestLibraryFramesNeverCloseAConnection(t *testing.T) {
 			t.Fatalf("answer = %+v", env)
 		}
 	})
-	t.Run("a request without session is refused relay-session-foreign", func(t *testing.T) {
-		env := n.call("c", "reportRuntimeAssignmentObservation", `{"observation":{}}`)
+	t.Run("a logs report without session is refused relay-session-foreign", func(t *testing.T) {
+		env := n.call("c", "reportRuntimeAssignmentLogs", `{"batch":{}}`)
 		if env.Error == nil || !strings.HasPrefix(env.Error.Text, string(contracts.RelaySessionForeign)+": ") {
 			t.Fatalf("answer = %+v", env)
 		}

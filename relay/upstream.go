@@ -134,21 +134,23 @@ func (u *upstream) attached() *typedsocket.Conn {
 	return nil
 }
 
-// Call forwards a request to Cloudly (see Upstream).
+// Call forwards a request to Cloudly (see Upstream): the relay's own, or the ingress's, which
+// states no node.
 func (u *upstream) Call(method string, body json.RawMessage, done func(json.RawMessage, error)) {
-	u.callFor(nil, method, body, done)
+	u.callFor(nil, "", method, body, done)
 }
 
 // callFor is Call with the request charged to share (nil: not charged) until written: the share
-// of the downstream peer it is sent for. It returns the call in flight (zero when done was called
-// already).
-func (u *upstream) callFor(share typedsocket.Share, method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
+// of the downstream peer it is sent for. node, when not "", is the node connection it is sent
+// for, stated in the envelope's relayNodeId. It returns the call in flight (zero when done was
+// called already).
+func (u *upstream) callFor(share typedsocket.Share, node, method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
 	conn := u.attached()
 	if conn == nil {
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return typedsocket.Pending{}
 	}
-	k, err := conn.CallFor(share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
+	k, err := conn.CallForNode(share, node, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
 	if err != nil {
 		done(nil, upstreamError(err, method))
 	}

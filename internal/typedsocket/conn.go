@@ -66,6 +66,9 @@ type StreamFrame struct {
 	Phase    Phase  // correlation.phase; 0 without a correlation
 	Closing  bool   // the frame carries the library's closing chunk
 	Frame    []byte // the whole frame, to forward untouched
+	// RelayNodeID: the frame carries an envelope relayNodeId member (Envelope.RelayNodeRaw), which
+	// a relay forwarding it for a peer strips (WithoutRelayNodeID).
+	RelayNodeID bool
 }
 
 // HandlerFunc adapts a function to Handler.
@@ -400,7 +403,8 @@ func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
 	env, err := Decode(frame)
 	switch {
 	case err == nil && env.IsStream():
-		f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame)}
+		f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame),
+			RelayNodeID: env.RelayNodeRaw != nil}
 		if c.opts.Streams == nil {
 			c.RefuseStream(f, contracts.RelayStreamUnknown.Refuse("%s: this connection carries no streams", f.StreamID))
 			return nil
@@ -449,7 +453,7 @@ func (c *Conn) dropped(reason string) {
 // refused or served, counts as in flight until its answer is written, so the inflight bound holds
 // for all of them.
 func (c *Conn) dispatch(env Envelope, refusal error) {
-	r := &Request{Method: env.Method, Body: env.Request, conn: c, id: env.ID}
+	r := &Request{Method: env.Method, Body: env.Request, RelayNodeRaw: env.RelayNodeRaw, conn: c, id: env.ID}
 	switch n := c.inflight.Add(1); {
 	case c.readsNothing(),
 		n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
@@ -654,7 +658,13 @@ func (k Pending) Extend() {
 // CallFor is CallAsync with the request's bytes charged to share until written: the downstream
 // peer a request is sent on behalf of. A charge that does not fit is ErrOverShare.
 func (c *Conn) CallFor(share Share, method string, body json.RawMessage, timeout time.Duration, done func(Reply)) (Pending, error) {
-	env := Envelope{Method: method, Phase: PhaseRequest, Request: body}
+	return c.CallForNode(share, "", method, body, timeout, done)
+}
+
+// CallForNode is CallFor with the request's envelope stating node in relayNodeId ("" states none):
+// a node's request the relay forwards to Cloudly.
+func (c *Conn) CallForNode(share Share, node, method string, body json.RawMessage, timeout time.Duration, done func(Reply)) (Pending, error) {
+	env := Envelope{Method: method, Phase: PhaseRequest, Request: body, RelayNodeID: node}
 	size := env.Size() + MaxIDLen
 	if share != nil && !share.Charge(size) {
 		return Pending{}, ErrOverShare
@@ -822,6 +832,10 @@ func isOwnRefusal(err error) bool {
 type Request struct {
 	Method string
 	Body   json.RawMessage
+	// RelayNodeRaw is the envelope's relayNodeId member as the peer sent it, raw JSON; nil when it
+	// sent none. The relay reads none from any peer and forwards none (Envelope.RelayNodeRaw). Like
+	// Body it is a sub-slice of the frame: a handler that holds the request drops both.
+	RelayNodeRaw json.RawMessage
 
 	conn     *Conn
 	id       string

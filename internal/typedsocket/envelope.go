@@ -38,6 +38,15 @@ type Envelope struct {
 	Error    *Error          // the answer's error (phase response)
 	Retry    json.RawMessage // optional retry hint of an answer, passed through raw
 	StreamID string          // a stream frame's streamId (SPEC §5.1)
+	// RelayNodeID is the envelope member relayNodeId (project-defined) a request is written with:
+	// on a node's request the relay forwards to Cloudly, the node of the connection it came on, so
+	// that Cloudly knows the physical peer behind the relay's one socket. "" writes none. Decode
+	// never sets it: what a peer sent is RelayNodeRaw, which no request the relay writes repeats.
+	RelayNodeID string
+	// RelayNodeRaw is the relayNodeId member of a request or stream frame as read, raw; nil when
+	// the frame has none. A peer's own relayNodeId is never forwarded: a request is written anew,
+	// and a stream frame that carries one is forwarded without it (WithoutRelayNodeID).
+	RelayNodeRaw json.RawMessage
 }
 
 // IsStream reports whether the envelope is a VirtualStream frame, routed by StreamID. (A refusal
@@ -54,10 +63,11 @@ type Error struct {
 func (e *Error) Error() string { return e.Text }
 
 // Is lets errors.Is(err, contracts.RelayNodeBusy) match a remote error that names that refusal,
-// in its data's code or as the leading token of its text.
+// in its data's code or as the leading token of its text: the relay's own refusal of an ingress
+// registration names its cause in the text and the seed's code in the data, and matches both.
 func (e *Error) Is(target error) bool {
 	n, ok := target.(contracts.RefusalName)
-	return ok && contracts.ReadRefusalName(e.Text, e.Data) == n
+	return ok && (contracts.ReadRefusalName(e.Text, e.Data) == n || contracts.ReadRefusalName(e.Text, nil) == n)
 }
 
 // Name is the refusal name the error carries, or "".
@@ -109,7 +119,7 @@ func (e *DecodeError) Error() string { return "malformed envelope: " + e.Reason 
 // stream chunk's bytes are scanned once.
 func Decode(frame []byte) (Envelope, error) {
 	var env Envelope
-	var method, correlation, request, response, errRaw, retry []byte
+	var method, correlation, request, response, errRaw, retry, relayNode []byte
 	var seen uint8
 	var reqStream, respStream contracts.StreamIDMember
 	bodyMember := func(body, key, value []byte) error {
@@ -133,6 +143,10 @@ func Decode(frame []byte) (Envelope, error) {
 			errRaw, bit = value, 16
 		case "retry":
 			retry, bit = value, 32
+		case RelayNodeIDMember:
+			// Read, never judged: a peer's relayNodeId is dropped, so a repeated one refuses nothing.
+			relayNode = value
+			return nil
 		default:
 			return nil
 		}
@@ -145,6 +159,7 @@ func Decode(frame []byte) (Envelope, error) {
 	if err != nil {
 		return Envelope{}, &DecodeError{Reason: "not a JSON object with distinct keys: " + err.Error()}
 	}
+	env.RelayNodeRaw = relayNode
 	m, err := contracts.ReadString(method)
 	methodOK := err == nil && m != "" && len(m) <= MaxMethodLen
 	if methodOK {
@@ -184,6 +199,7 @@ func Decode(frame []byte) (Envelope, error) {
 		env.Request = request
 		return env, nil
 	}
+	env.RelayNodeRaw = nil // an answer's is nobody's concern
 	if errRaw != nil && !contracts.IsNull(errRaw) {
 		var textRaw, data []byte
 		if contracts.ReadTolerant(errRaw, contracts.Req("text", &textRaw), contracts.Opt("data", &data)) != nil {
@@ -234,6 +250,10 @@ func (env *Envelope) Append(dst []byte) []byte {
 	dst = append(dst, `{"method":`...)
 	dst = contracts.AppendString(dst, env.Method)
 	if env.Phase == PhaseRequest {
+		if env.RelayNodeID != "" {
+			dst = append(dst, `,"relayNodeId":`...)
+			dst = contracts.AppendString(dst, env.RelayNodeID)
+		}
 		dst = append(dst, `,"request":`...)
 		dst = appendRaw(dst, env.Request, "{}")
 		dst = append(dst, `,"response":null,"correlation":{"id":`...)
@@ -275,10 +295,44 @@ func appendRaw(dst, raw []byte, empty string) []byte {
 // Size is an upper bound of len(env.Append(nil)) used to size buffers.
 func (env *Envelope) Size() int {
 	n := 128 + len(env.Method) + len(env.ID) + len(env.Request) + len(env.Response) + len(env.Retry)
+	if env.RelayNodeID != "" {
+		n += len(`,"relayNodeId":""`) + 2*len(env.RelayNodeID)
+	}
 	if env.Error != nil {
 		n += 2*len(env.Error.Text) + len(env.Error.Data) + 32
 	}
 	return n
+}
+
+// RelayNodeIDMember is the envelope member that states, on a node's request the relay forwards to
+// Cloudly, the node of the connection it came on (project-defined).
+const RelayNodeIDMember = "relayNodeId"
+
+// WithoutRelayNodeID is frame, a JSON object Decode has read, without its top-level relayNodeId
+// members: a node's stream frame is forwarded whole, except that a node cannot name a node in the
+// member the relay alone writes. Every other member keeps its bytes and its order. frame itself is
+// returned when it has no such member or cannot be read.
+func WithoutRelayNodeID(frame []byte) []byte {
+	out := make([]byte, 0, len(frame))
+	out = append(out, '{')
+	found := false
+	err := contracts.ForEachMember(frame, func(key, value []byte) error {
+		if string(key) == RelayNodeIDMember {
+			found = true
+			return nil
+		}
+		if len(out) > 1 {
+			out = append(out, ',')
+		}
+		out = contracts.AppendString(out, string(key))
+		out = append(out, ':')
+		out = append(out, value...)
+		return nil
+	})
+	if err != nil || !found {
+		return frame
+	}
+	return append(out, '}')
 }
 
 func formatID(n uint64) string { return strconv.FormatUint(n, 36) }

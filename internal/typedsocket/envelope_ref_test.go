@@ -11,14 +11,19 @@ import (
 
 // referenceDecode is Decode as it was before it read a frame in one pass (envelope.go at 45fa1cf):
 // it read the frame, then the stream id from the request (and response) bodies again, with
-// contracts.ReadStreamFrameID as it was then (referenceReadStreamFrameID). TestDecodeMatchesReference
-// and FuzzDecodeMatchesReference hold Decode to it.
+// contracts.ReadStreamFrameID as it was then (referenceReadStreamFrameID), and it notes a request's
+// or stream frame's relayNodeId as Decode does since. TestDecodeMatchesReference and
+// FuzzDecodeMatchesReference hold Decode to it.
 func referenceDecode(frame []byte) (Envelope, error) {
 	var env Envelope
-	var method, correlation, request, response, errRaw, retry []byte
+	var method, correlation, request, response, errRaw, retry, relayNode []byte
 	var seen uint8
 	err := contracts.ForEachMember(frame, func(key, value []byte) error {
 		var bit uint8
+		if string(key) == "relayNodeId" {
+			relayNode = value
+			return nil
+		}
 		switch string(key) {
 		case "method":
 			method, bit = value, 1
@@ -64,7 +69,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 		id, ok := referenceReadStreamFrameID(request, response)
 		switch {
 		case ok:
-			env.StreamID, env.Request, env.Response = id, request, response
+			env.StreamID, env.Request, env.Response, env.RelayNodeRaw = id, request, response, relayNode
 			return env, nil
 		case !corrOK || env.Phase == PhaseRequest:
 			return bad("a stream frame must name its streamId")
@@ -80,7 +85,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 		if contracts.KindOf(request) != contracts.KindObject {
 			return bad("request must be an object")
 		}
-		env.Request = request
+		env.Request, env.RelayNodeRaw = request, relayNode
 		return env, nil
 	}
 	if errRaw != nil && !contracts.IsNull(errRaw) {
@@ -130,6 +135,9 @@ func TestDecodeMatchesReference(t *testing.T) {
 		`{"method":"m","request":{"streamId":"s","streamId":"t"},"response":null,"correlation":{"id":"1","phase":"request"}}`,
 		`{"method":"##VirtualStream##","request":{"streamId":"` + strings.Repeat("x", 257) + `"},"response":null}`,
 		string(chunkFrame(100, false)), string(chunkFrame(100, true)),
+		`{"method":"m","relayNodeId":"n","request":{},"response":null,"correlation":{"id":"1","phase":"request"}}`,
+		`{"method":"##VirtualStream##","relay\u004eodeId":1,"request":{"streamId":"s"},"response":null,"relayNodeId":"n"}`,
+		`{"method":"m","relayNodeId":"n","response":{},"correlation":{"id":"1","phase":"response"}}`,
 	}
 	for _, f := range frames {
 		decodeMatchesReference(t, []byte(f))

@@ -39,6 +39,7 @@ type Cloudly struct {
 	sequences   newest[int64]              // guarded by mu: registrationSequence of the newest registrations
 	refuseAll   error                      // guarded by mu: the answer to every registration while set
 	last        map[string][]byte          // guarded by mu: the newest request body per method
+	lastNode    map[string][]byte          // guarded by mu: the newest request's relayNodeId per method, raw; empty: none
 	handlers    map[string]MethodFunc      // guarded by mu
 	async       map[string]AsyncMethodFunc // guarded by mu
 	received    map[string]int             // guarded by mu: requests per method from the relay
@@ -93,6 +94,7 @@ func NewCloudly(log zerolog.Logger) (*Cloudly, error) {
 		sessions: make(map[string][]byte), authed: make(map[*typedsocket.Conn]bool), lastSeq: -1,
 		attachedAll: make(map[*typedsocket.Conn]bool),
 		last:        make(map[string][]byte),
+		lastNode:    make(map[string][]byte),
 		attachedSig: make(chan struct{}),
 		hubSig:      make(chan struct{}),
 		streams:     newStreams(),
@@ -151,6 +153,22 @@ func (c *Cloudly) Last(method string) []byte {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	return c.last[method]
+}
+
+// LastRelayNode is the relayNodeId the newest request of method stated in its envelope, decoded;
+// "" when it stated none.
+func (c *Cloudly) LastRelayNode(method string) string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	raw := c.lastNode[method] // reused by the next request: read under mu
+	if len(raw) == 0 {
+		return ""
+	}
+	s, err := contracts.ReadString(raw)
+	if err != nil {
+		return "unreadable " + string(raw)
+	}
+	return s
 }
 
 // SetAvailable(false) drops the relay's socket and refuses new ones until SetAvailable(true): a
@@ -302,7 +320,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	}
 	conn := typedsocket.New(ws, typedsocket.Options{
 		Handler:   typedsocket.HandlerFunc(c.serve),
-		Streams:   typedsocket.StreamHandlerFunc(c.streams.serve),
+		Streams:   typedsocket.StreamHandlerFunc(c.serveStream),
 		ReadLimit: 64 << 20, MaxQueue: 1 << 16, MaxQueueBytes: 256 << 20, MaxInflight: 1 << 16, Logger: c.log,
 	})
 	c.mu.Lock()
@@ -435,10 +453,17 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 	if req.Method != contracts.MethodRegisterCloudlyClientSession { // never keep the machine JWT
 		c.last[req.Method] = append([]byte(nil), req.Body...)
 	}
+	c.lastNode[req.Method] = append(c.lastNode[req.Method][:0], req.RelayNodeRaw...) // its buffer reused
 	h := c.handlers[req.Method]
 	ah := c.async[req.Method]
 	c.mu.Unlock()
 	if err := c.gate(conn, req.Method); err != nil {
+		answer(nil, err)
+		return
+	}
+	err := c.judgeRelayNode(req)
+	req.RelayNodeRaw = nil // a sub-slice of the frame: never held while the request waits
+	if err != nil {
 		answer(nil, err)
 		return
 	}
@@ -473,7 +498,7 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 	case contracts.MethodRegisterPalletRuntimeSession:
 		answer(c.registerNode(req.Body))
 	case MethodPushImageVersion:
-		if _, err := c.fromNode(req.Body); err != nil {
+		if _, err := c.fromNode(req.Method, req.Body); err != nil {
 			answer(nil, err)
 			return
 		}
@@ -485,24 +510,27 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		contracts.MethodRestoreServiceDatabaseClosure:
 		c.platform.serve(conn, req.Method, req.Body, answer)
 	default:
-		answer(c.fromNode(req.Body))
+		answer(c.fromNode(req.Method, req.Body))
 	}
 }
 
-// fromNode answers a forwarded node → Cloudly request. One that carries a session must name a
-// node Cloudly issued a session to (the sim does not compare the whole binding: tests send
-// placeholder sessions).
-func (c *Cloudly) fromNode(body json.RawMessage) (json.RawMessage, error) {
+// fromNode answers a forwarded node → Cloudly request as a Cloudly built from the seeds judges
+// the session: the requests that must carry one (contracts.RequiresSession: "Every request carries
+// `session`", "carries the exact current session") are refused without it, and a session, wherever
+// one is carried, must name a node Cloudly issued a session to (the sim does not compare the whole
+// binding: tests send placeholder sessions). Every other request is the connection's
+// ("Current-peer"), and the relay's relayNodeId names it (judgeRelayNode).
+func (c *Cloudly) fromNode(method string, body json.RawMessage) (json.RawMessage, error) {
 	id, ok, err := contracts.ReadSessionNodeID(body)
 	if err != nil {
 		return nil, &typedsocket.Error{Text: "request-invalid: the request's session is unreadable", Data: json.RawMessage("null")}
 	}
-	if !ok && !c.direct.Load() {
-		// SPEC §5: the relay's socket is authenticated as the relay; it never carries a node's
-		// request without that node's session.
-		c.mu.Lock()
-		c.violations = firstFew(c.violations, "the relay forwarded a node request without a session")
-		c.mu.Unlock()
+	if !ok && contracts.RequiresSession(method) {
+		err := &typedsocket.Error{Text: "session-mismatch: " + method + " carries no session", Data: json.RawMessage("null")}
+		if !c.direct.Load() {
+			return nil, c.violation(&typedsocket.Error{Text: "the relay forwarded " + method + " without the session it requires", Data: json.RawMessage("null")})
+		}
+		return nil, err
 	}
 	if ok {
 		c.mu.Lock()

@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"strings"
@@ -22,6 +24,30 @@ type EscrowRun struct {
 	Window        time.Duration                 // each window's length, at most 15 min (default 15 min)
 	FirstSequence int64                         // default 1
 	Projection    contracts.ProjectionReference // default derived from the node id
+	// Preimage, when set, is what this Cloudly hashes for a renewal's digest, given the canonical
+	// JSON of the renewal without digest: a Cloudly whose rule is not the relay's assumed one (the
+	// seeds do not spell it). nil: the relay's rule (contracts.SealRuntimeNetworkDnsLeaseRenewal).
+	Preimage func(canonical []byte) []byte
+}
+
+// PreimageWithoutNewline is a digest preimage other than the relay's assumed one: the domain and
+// the canonical renewal with no "\n" between them.
+func PreimageWithoutNewline(canonical []byte) []byte {
+	return append([]byte(contracts.RuntimeNetworkDnsLeaseRenewalDigestDomain), canonical...)
+}
+
+// renewalDigest is the digest of the renewal object raw (its digest member ignored) under preimage;
+// nil preimage is the relay's rule.
+func renewalDigest(preimage func([]byte) []byte, raw []byte) (string, error) {
+	if preimage == nil {
+		return contracts.ComputeRuntimeNetworkDnsLeaseRenewalDigest(raw)
+	}
+	c, err := contracts.CanonicalWithout(raw, "digest")
+	if err != nil {
+		return "", err
+	}
+	sum := sha256.Sum256(preimage(c))
+	return "sha256:" + hex.EncodeToString(sum[:]), nil
 }
 
 // Request builds the hold request: one node, one projection, one authority revision, in the
@@ -72,13 +98,15 @@ func (r EscrowRun) build() (*contracts.HoldRuntimeNetworkDnsLeaseRenewalsRequest
 	}
 	h := &contracts.HoldRuntimeNetworkDnsLeaseRenewalsRequest{NodeID: s.NodeID, Projection: r.Projection}
 	for i, w := range r.Windows() {
-		renewal, err := contracts.SealRuntimeNetworkDnsLeaseRenewal(contracts.RuntimeNetworkDnsLeaseRenewal{
+		renewal := contracts.RuntimeNetworkDnsLeaseRenewal{
 			Controller: s.Controller, NodeID: s.NodeID, RuntimeNamespace: s.RuntimeNamespace,
-			Projection: r.Projection, Sequence: r.FirstSequence + int64(i), Dns: w,
-		})
+			Projection: r.Projection, Sequence: r.FirstSequence + int64(i), Dns: w, Digest: "sha256:" + strings.Repeat("0", 64),
+		}
+		d, err := renewalDigest(r.Preimage, renewal.AppendJSON(nil))
 		if err != nil {
 			return nil, fmt.Errorf("sim escrow run: %w", err)
 		}
+		renewal.Digest = d
 		h.Renewals = append(h.Renewals, contracts.SignedRuntimeNetworkDnsLeaseRenewal{
 			Authority: json.RawMessage(`{"id":"authority-sim","revision":1}`),
 			Renewal:   renewal,

@@ -9,6 +9,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/rs/zerolog"
 
@@ -114,6 +115,38 @@ func (in *Ingress) Register(ctx context.Context) (json.RawMessage, error) {
 	}
 	in.registrations.Add(1)
 	return resp, nil
+}
+
+// RegisterBackingOff registers as an ingress built from the seeds does: a refusal it can read
+// ("Everything else is not a refusal") is waited out before it registers again — an
+// IClusterIngressRegistrationRefusal for its retryAfterMs, an IProtocolRefusal for
+// refusedOfferRetryIntervalMs — and any other error ends it, since nothing says when to retry.
+// wait is how it waits (a test's clock); it returns the accepted answer, the waits it took, in
+// order, and the error that ended it.
+func (in *Ingress) RegisterBackingOff(ctx context.Context, wait func(context.Context, time.Duration) error) (json.RawMessage, []time.Duration, error) {
+	var waits []time.Duration
+	for {
+		resp, err := in.Register(ctx)
+		if err == nil {
+			return resp, waits, nil
+		}
+		var remote *typedsocket.Error
+		if !errors.As(err, &remote) {
+			return nil, waits, err
+		}
+		var d time.Duration
+		if r, ok := contracts.ReadClusterIngressRegistrationRefusal(remote.Data); ok {
+			d = time.Duration(r.RetryAfterMs) * time.Millisecond
+		} else if _, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
+			d = contracts.RefusedOfferRetryInterval
+		} else {
+			return nil, waits, fmt.Errorf("ingress %s: a registration error that is no refusal, with no time to retry: %w", in.NodeID, err)
+		}
+		waits = append(waits, d)
+		if err := wait(ctx, d); err != nil {
+			return nil, waits, err
+		}
+	}
 }
 
 // Registrations is the number of accepted registrations.

@@ -28,6 +28,9 @@ type Node struct {
 
 	// AutoReregister registers again when the relay pushes pushRelayUpstreamChanged.
 	AutoReregister bool
+	// RenewalPreimage is the digest rule the node verifies a DNS lease renewal under, its
+	// Cloudly's (EscrowRun.Preimage); nil: the relay's assumed rule. Set before renewals arrive.
+	RenewalPreimage func(canonical []byte) []byte
 
 	log zerolog.Logger
 

@@ -35,8 +35,9 @@ func renewalRefused(text string) error {
 //   - session is the node's current session binding ("requires the node's current
 //     physical-session binding", whoever sent it: a relay pushes under the binding the node
 //     obtained itself);
-//   - signed is an exact ISignedRuntimeNetworkDnsLeaseRenewal whose renewal's digest is valid,
-//     in that session's scope (controller, nodeId, runtimeNamespace);
+//   - signed is an exact ISignedRuntimeNetworkDnsLeaseRenewal whose renewal's digest verifies
+//     under the node's rule (RenewalPreimage), in that session's scope (controller, nodeId,
+//     runtimeNamespace);
 //   - an equal sequence with byte-identical content is a replay, whatever now is; otherwise the
 //     window must be current (notBefore <= now < expiresAt), the sequence higher than the
 //     previous one, and the window must not move issuedAt back and must end later.
@@ -61,6 +62,12 @@ func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
 	signed, err := contracts.ReadSignedRuntimeNetworkDnsLeaseRenewal(signedRaw)
 	if err != nil {
 		return nil, renewalRefused("renewal-invalid: " + err.Error())
+	}
+	// The node verifies the digest under its own (its Cloudly's) rule: the authority the relay
+	// defers to when its assumed rule does not reproduce a digest.
+	renewalRaw, _, _ := contracts.Lookup(signedRaw, "renewal")
+	if d, err := renewalDigest(n.RenewalPreimage, renewalRaw); err != nil || d != signed.Renewal.Digest {
+		return nil, renewalRefused("renewal-invalid: the renewal's digest does not verify")
 	}
 	r := signed.Renewal
 	if r.NodeID != session.NodeID || r.RuntimeNamespace != session.RuntimeNamespace || !contracts.EqualJSON(r.Controller, session.Controller) {
