@@ -52,6 +52,7 @@ type Cloudly struct {
 	hub         *contracts.ClusterVpnHubReport // guarded by mu: the hub the newest accepted report named
 	hubSig      chan struct{}                  // guarded by mu: closed on the next accepted hub report
 	afterAccept []afterCall                    // guarded by mu: sent right after every accepted registration
+	ha          haJudge                        // guarded by mu: who registered on which socket, and acted after (cloudlyha.go)
 
 	streams  *streams         // set at construction: VirtualStreams on the relay's socket
 	platform *PlatformCloudly // set at construction: the platform agent's side (platformcloudly.go)
@@ -301,8 +302,13 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	conn := typedsocket.New(ws, typedsocket.Options{
-		Handler:   typedsocket.HandlerFunc(c.serve),
-		Streams:   typedsocket.StreamHandlerFunc(c.streams.serve),
+		Handler: typedsocket.HandlerFunc(c.serve),
+		Streams: typedsocket.StreamHandlerFunc(func(conn *typedsocket.Conn, f *typedsocket.StreamFrame) {
+			c.mu.Lock()
+			c.actedLocked(conn, "a stream frame")
+			c.mu.Unlock()
+			c.streams.serve(conn, f)
+		}),
 		ReadLimit: 64 << 20, MaxQueue: 1 << 16, MaxQueueBytes: 256 << 20, MaxInflight: 1 << 16, Logger: c.log,
 	})
 	c.mu.Lock()
@@ -316,6 +322,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	}
 	delete(c.authed, conn)
 	delete(c.attachedAll, conn)
+	c.forgetLocked(conn)
 	c.mu.Unlock()
 	if current {
 		c.streams.abandon() // what was streaming to Cloudly came over this socket
@@ -431,6 +438,7 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		req.Answer(typedsocket.Reply{Response: body, Err: err})
 	}
 	c.mu.Lock()
+	c.actedLocked(conn, req.Method)
 	c.received[req.Method]++
 	if req.Method != contracts.MethodRegisterCloudlyClientSession { // never keep the machine JWT
 		c.last[req.Method] = append([]byte(nil), req.Body...)
@@ -574,6 +582,7 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	// once it reads the answer is judged as coming from the registered relay.
 	c.lastSeq, c.attachedTo = reg.RegistrationSequence, conn
 	c.judgeOneAttachedLocked(conn)
+	c.acceptedLocked(conn, reg.Relay.NodeID)
 	c.mu.Unlock()
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
 }
@@ -592,6 +601,9 @@ func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
 			delete(c.attachedAll, other)
 			continue
 		}
+		if c.overlapStoppedLocked(other) {
+			continue // judged by what it sends once resumed (cloudlyha.go)
+		}
 		c.twoAttached.Add(1)
 		c.violations = firstFew(c.violations, "two relays attached at once: a registration was accepted while another accepted socket is still open")
 	}
@@ -603,13 +615,14 @@ func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
 func (c *Cloudly) TwoAttached() int64 { return c.twoAttached.Load() }
 
 // AttachedSockets is the number of open sockets holding an accepted registration now: 0 or 1
-// unless two relays are attached at once.
+// unless two relays are attached at once. A relay the test has stopped (SetRelayStopped) is not
+// counted while it is stopped.
 func (c *Cloudly) AttachedSockets() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for conn := range c.attachedAll {
-		if conn.Context().Err() == nil {
+		if conn.Context().Err() == nil && !c.stoppedLocked(conn) {
 			n++
 		}
 	}
