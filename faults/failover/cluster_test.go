@@ -233,12 +233,11 @@ func (p *relayProc) spawn() (*process, error) {
 		p.mu.Unlock()
 		return nil, fmt.Errorf("relay %s: the container was ended", p.name)
 	}
-	if err := pr.cmd.Start(); err != nil {
-		p.mu.Unlock()
+	err = pr.cmd.Start()
+	p.mu.Unlock()
+	if err != nil {
 		return nil, err
 	}
-	p.cur = pr
-	p.mu.Unlock()
 	read := make(chan struct{})
 	go func() { defer close(read); p.readStderr(pr, stderr) }()
 	go func() {
@@ -251,17 +250,37 @@ func (p *relayProc) spawn() (*process, error) {
 	case <-pr.bound:
 	case <-pr.exited:
 	}
+	// The process is the container's from here: the test reads its addresses.
+	p.mu.Lock()
+	ended := p.ended
+	if !ended {
+		p.cur = pr
+	}
+	p.mu.Unlock()
+	if ended {
+		pr.cmd.Process.Kill()
+		<-pr.exited
+		return nil, fmt.Errorf("relay %s: the container was ended", p.name)
+	}
 	if pr.listen == "" {
 		<-pr.exited
 		return pr, fmt.Errorf("relay %s exited before it bound its listeners (%v):\n%s", p.name, pr.exitErr, p.lastLines())
 	}
+	// In a cluster the Service reaches podIP:targetPort, which needs no API; here the address is
+	// an annotation, written once the API answers (a restart may come while it is away).
 	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{downstreamAnnotation: pr.listen}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	if _, err := c.admin.CoreV1().Pods(namespace).Patch(ctx, p.name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		return pr, fmt.Errorf("annotate Pod %s: %w", p.name, err)
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := c.admin.CoreV1().Pods(namespace).Patch(ctx, p.name, types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err == nil || pr.hasExited() {
+			return pr, nil
+		}
+		select {
+		case <-pr.exited:
+		case <-time.After(100 * time.Millisecond):
+		}
 	}
-	return pr, nil
 }
 
 // exited plays the kubelet once pr has exited: a process that ended its term is started again,
