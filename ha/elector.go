@@ -24,7 +24,7 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 )
 
-// Pod label and annotations (SPEC §16): the role every relay gives its own Pod, which the chart's
+// Pod label and annotations: the role every relay gives its own Pod, which the chart's
 // Service selects on; where its replication listener is; and the cost Kubernetes weighs when it
 // picks a Pod of a ReplicaSet to delete (the lowest goes first), high on the leader and low on a
 // standby, so that a rolling upgrade or a scale-down removes the standbys first and hands over
@@ -134,7 +134,7 @@ func New(cfg Config) (*Elector, error) {
 	return e, nil
 }
 
-// Run competes for the Lease until ctx ends, for one term (SPEC §16). It labels the Pod a standby
+// Run competes for the Lease until ctx ends, for one term. It labels the Pod a standby
 // first; elected, it relabels the previous holder's Pod a standby, labels its own the leader and
 // runs lead, whose context ends when the tenure does or client-go stops renewing, and which
 // returns once the relay has fenced itself. Fencing ends the term: client-go's run is cancelled,
