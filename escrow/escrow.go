@@ -33,6 +33,7 @@ type Escrow struct {
 	metrics *metrics         // set at construction
 	kick    chan struct{}    // wakes Run after any change; buffered, never blocks
 	up      feature.Upstream // set by UseUpstream, before anything runs; nil outside a relay
+	tenure  feature.Tenure   // set by UseTenure, before anything runs; nil outside a relay: always held
 
 	mu       sync.Mutex
 	sched    *scheduler // guarded by mu
@@ -292,6 +293,12 @@ func (e *Escrow) send(releases []release) {
 	now := e.now()
 	e.metrics.pushes.Add(int64(len(releases)))
 	for _, r := range releases {
+		if e.tenure != nil && !e.tenure.Held() {
+			// Asked right before each push: a relay resumed after a stop, its tenure over,
+			// releases nothing before it fences; the push counts as failed and stays due.
+			e.answered(r, nil, contracts.RelayUpstreamDetached.Refuse("this relay's tenure as the leader has ended: it releases nothing"))
+			continue
+		}
 		if r.attempt == 1 {
 			e.metrics.delay.Observe(max(now.Sub(time.UnixMilli(r.dueAt)), 0).Seconds())
 		}

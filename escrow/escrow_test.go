@@ -6,6 +6,7 @@ import (
 	"errors"
 	"slices"
 	"sort"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -434,4 +435,41 @@ func replaceOnce(s, old, new string) string {
 		return s[:i] + new + s[i+len(old):]
 	}
 	return s
+}
+
+// fakeTenure is the relay's tenure as a test sets it.
+type fakeTenure struct{ held atomic.Bool }
+
+func (f *fakeTenure) Held() bool { return f.held.Load() }
+
+// TestReleaseAsksTheTenureFirst: a relay whose tenure has ended — before anything fenced it, as
+// when a stopped process resumes — pushes nothing, however due; the push counts as failed and
+// stays due, and goes once the tenure holds again.
+func TestReleaseAsksTheTenureFirst(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		b := startBubble(t)
+		defer b.stop()
+		tn := &fakeTenure{}
+		b.e.UseTenure(tn)
+		node := newFakeNode("node-a", cloudlyA, "rt-cluster-a", 1)
+		b.e.Attached(nil)
+		b.e.NodeBound(node)
+		start := nowMs() - minute
+		if _, err := b.e.Hold(true, gridRun("node-a", 23, start).body(t)); err != nil {
+			t.Fatal(err)
+		}
+		b.e.Detached()
+		synctest.Wait()
+		if got := node.received(); len(got) != 0 {
+			t.Fatalf("released %d renewals past the tenure", len(got))
+		}
+		if got := testutil.ToFloat64(b.e.metrics.releases.WithLabelValues(outcomeFailed)); got < 1 {
+			t.Fatalf("releases_total{failed} = %v, want the refused push counted", got)
+		}
+		tn.held.Store(true)
+		sleepUntil(start + 10*minute) // the next slot opens: the due renewal goes
+		if calls := node.received(); len(calls) == 0 {
+			t.Fatal("nothing released once the tenure held again")
+		}
+	})
 }

@@ -34,6 +34,9 @@ func (e *Escrow) ServeDownstream(_ string, _ feature.Peer, body json.RawMessage,
 	reply(e.Hold(false, body))
 }
 
+// UseTenure keeps the relay's tenure: every push of a release asks it first.
+func (e *Escrow) UseTenure(t feature.Tenure) { e.tenure = t }
+
 // Attached: nothing is released while the relay is attached.
 func (e *Escrow) Attached(feature.Upstream) { e.setAttached(true) }
 

@@ -1,8 +1,11 @@
 package faults
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -37,21 +40,34 @@ func TestFaultSIGTERMMidTraffic(t *testing.T) {
 		defer cloudly.Close()
 		token := filepath.Join(dir, "jwt")
 		os.WriteFile(token, []byte(cloudly.Token), 0o600)
-		listen, admin := freePort(t), freePort(t)
+		// Port 0: the relay binds what the kernel gives, and says so in its start-up line.
 		cmd := exec.Command(bin, "run", "--cluster-id", cloudly.ClusterID, "--node-id", "relay-node",
 			"--cloudly-url", cloudly.URL(), "--cloudly-token-file", token, "--insecure-plaintext",
-			"--listen", listen, "--admin-listen", admin, "--advertise-address", "192.0.2.1", "--log-level", "warn")
-		cmd.Stderr = os.Stderr
+			"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--advertise-address", "192.0.2.1", "--log-level", "info")
+		stderr, err := cmd.StderrPipe()
+		if err != nil {
+			t.Fatal(err)
+		}
 		if err := cmd.Start(); err != nil {
 			t.Fatal(err)
 		}
+		bound := make(chan [2]string, 1)
+		read := make(chan struct{})
+		go func() { defer close(read); boundAddresses(stderr, bound) }()
 		exited := make(chan error, 1)
-		go func() { exited <- cmd.Wait() }()
+		go func() { <-read; exited <- cmd.Wait() }()
 		defer func() {
 			if cmd.ProcessState == nil {
 				cmd.Process.Kill()
 			}
 		}()
+		var listen, admin string
+		select {
+		case a := <-bound:
+			listen, admin = a[0], a[1]
+		case <-time.After(20 * time.Second):
+			t.Fatal("the relay logged no bound addresses within 20 s")
+		}
 		await.Until(t, "the relay ready", 20*time.Second, func() bool { return ready(admin) })
 		nodes := make([]*sim.Node, nodeCount)
 		for i := range nodes {
@@ -113,6 +129,27 @@ func TestFaultSIGTERMMidTraffic(t *testing.T) {
 	f.check(t)
 }
 
+// boundAddresses reads a relay's log lines from r: it sends the downstream and admin addresses of
+// its start-up line on bound, and copies every warning and error to the test's standard error.
+func boundAddresses(r io.Reader, bound chan<- [2]string) {
+	sc := bufio.NewScanner(r)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	for sc.Scan() {
+		var l struct{ Level, Message, Listen, Admin string }
+		if json.Unmarshal(sc.Bytes(), &l) != nil {
+			continue
+		}
+		switch {
+		case l.Message == "relay starting" && l.Listen != "" && l.Admin != "":
+			bound <- [2]string{l.Listen, l.Admin}
+		case l.Level == "warn" || l.Level == "error" || l.Level == "fatal":
+			fmt.Fprintln(os.Stderr, sc.Text())
+		}
+	}
+}
+
+// freePort returns a loopback address nothing listens on now. Another process may take it before
+// the relay binds it; a relay given port 0 reports what it bound instead (boundAddresses).
 func freePort(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

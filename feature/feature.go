@@ -147,3 +147,16 @@ type Replicated interface {
 	Adopt(key string, value []byte) error
 	ForgetCopy()
 }
+
+// Tenure is whether this relay still leads its cluster, judged at the instant of the question:
+// for an HA relay, while its election term runs and its tenure — measured on the monotonic clock
+// from the moment its last successful Lease renewal was sent — has not run out, which is never
+// later than the Lease can expire for the other relays; without HA, always. Every path that acts
+// for the cluster asks it right before acting — forwarding to Cloudly, releasing escrow, serving
+// the VPN membership — so that a process stopped and resumed (SIGSTOP, a long pause, a frozen VM)
+// acts on nothing before it has looked again. Held is an atomic load and a clock read; it never
+// blocks.
+type Tenure interface{ Held() bool }
+
+// TenureUser is handed the relay's Tenure once, when the relay is built, before anything runs.
+type TenureUser interface{ UseTenure(t Tenure) }

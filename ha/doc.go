@@ -8,9 +8,12 @@
 // # Flow
 //
 //	start:     label the Pod standby, annotate its replication address → compete for the Lease
-//	elected:   label leader → the relay leads (dials Cloudly, admits nodes) → feed standbys
-//	renewal:   none within the renew deadline → fence (the relay stops acting, closes Cloudly)
-//	           before the Lease can expire for anyone else → standby → compete again
+//	elected:   relabel the previous holder's Pod standby → label leader → the relay leads (dials
+//	           Cloudly, admits nodes) → feed standbys
+//	renewal:   each successful one extends the tenure to its sending + the renew deadline (the
+//	           monotonic clock); the tenure runs out → fence (the relay stops acting, closes
+//	           Cloudly) before the Lease can expire for anyone else
+//	term end:  fenced or stepping down → client-go's run cancelled, the Lease released →
+//	           label standby → Run returns: the relay's process exits, and comes back a standby
 //	standby:   follow the holder's Pod annotation → copy its records → ready to lead
-//	step down: the relay closes Cloudly → the Lease is released → label standby
 package ha

@@ -404,3 +404,21 @@ func (r *replication) status() ReplicationStatus {
 	}
 	return st
 }
+
+// copyReady says why this relay's copy of the leader's escrow is not complete, for the Elector's
+// Ready (a standby's /readyz): nil on the leader, with nothing to copy, or once the standby holds
+// the leader's whole state and follows its changes.
+func (r *replication) copyReady() error {
+	if _, self := r.e.Holder(); self || r.e.cfg.Replicated == nil {
+		return nil
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case r.overflow:
+		return errors.New("the copy of the leader's escrow is past its bound")
+	case !r.complete:
+		return errors.New("the copy of the leader's escrow is not complete")
+	}
+	return nil
+}

@@ -45,14 +45,17 @@ type named[T any] struct {
 	v    T
 }
 
-// sortParts files each part under every interface it implements, and hands the upstream to the
-// parts that use it.
-func sortParts(list []Part, up feature.Upstream) parts {
+// sortParts files each part under every interface it implements, and hands the upstream and the
+// tenure to the parts that use them.
+func sortParts(list []Part, up feature.Upstream, tenure feature.Tenure) parts {
 	var ps parts
 	for _, pt := range list {
 		v := pt.Impl
 		if u, ok := v.(feature.UpstreamUser); ok {
 			u.UseUpstream(up)
+		}
+		if u, ok := v.(feature.TenureUser); ok {
+			u.UseTenure(tenure)
 		}
 		optIn(v, &ps.attach)
 		optIn(v, &ps.detach)

@@ -62,9 +62,10 @@ type Relay struct {
 	custody custody
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence.
 	registrations atomic.Int64
-	draining      atomic.Bool // shutting down: new requests are refused, those in flight finish
-	elector       Elector     // set at construction: nil without HA, the relay leads from the start
-	leading       atomic.Bool // the relay acts for the cluster: dials Cloudly, admits downstream peers
+	draining      atomic.Bool    // shutting down: new requests are refused, those in flight finish
+	elector       Elector        // set at construction: nil without HA, the relay leads from the start
+	tenure        feature.Tenure // set at construction: the elector's, or always
+	leading       atomic.Bool    // the relay acts for the cluster: dials Cloudly, admits downstream peers
 
 	downLn, adminLn net.Listener // set by Listen
 }
@@ -164,7 +165,12 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	if err := r.registerMetrics(reg); err != nil {
 		return nil, err
 	}
-	r.parts = sortParts(list, r.up)
+	r.tenure = always{}
+	if t, ok := opts.Elector.(feature.Tenure); ok {
+		r.tenure = t
+	}
+	r.up.tenure = r.tenure
+	r.parts = sortParts(list, r.up, r.tenure)
 	return r, nil
 }
 
@@ -239,6 +245,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	g.Go(func() error { return ignoreClosed(down.Serve(downLn)) })
 	g.Go(func() error { return ignoreClosed(admin.Serve(r.adminLn)) })
 	elected := make(chan struct{}) // closed when the election has returned
+	var termEnded atomic.Bool      // the election returned because the term ended
 	electCtx, stopElection := context.WithCancel(serveCtx)
 	defer stopElection()
 	if r.elector == nil {
@@ -252,6 +259,10 @@ func (r *Relay) Serve(ctx context.Context) error {
 			defer close(elected)
 			if err := r.elector.Run(electCtx, r.leadWhile); err != nil {
 				return fmt.Errorf("election: %w", err)
+			}
+			if electCtx.Err() == nil {
+				termEnded.Store(true)
+				return ErrTermEnded // ends the relay as an error would: the group's context is done
 			}
 			return nil
 		})
@@ -274,6 +285,9 @@ func (r *Relay) Serve(ctx context.Context) error {
 		Str("cloudly", redactURL(r.cfg.CloudlyURL)).Msg("relay serving")
 
 	<-gctx.Done()
+	if termEnded.Load() {
+		r.log.relay.Info().Str("outcome", "exit").Msg(ErrTermEnded.Error())
+	}
 	r.log.relay.Info().Msg("relay shutting down")
 	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()

@@ -74,6 +74,9 @@ type upstream struct {
 	m    *upstreamMetrics // set at construction
 	// local is the streams parts hold on the socket (localstreams.go); set by New.
 	local *localStreams
+	// tenure is asked before anything is sent to Cloudly (lead.go); set at construction (always),
+	// and by New to the elector's, before anything runs.
+	tenure feature.Tenure
 
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
@@ -120,7 +123,7 @@ func (s attachStep) String() string {
 }
 
 func newUpstream(host upstreamHost, cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics) *upstream {
-	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m, hist: newSessionLog(cfg.url)}
+	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m, hist: newSessionLog(cfg.url), tenure: always{}}
 }
 
 // Attached reports whether the relay holds an accepted registration with Cloudly.
@@ -146,6 +149,10 @@ func (u *upstream) Call(method string, body json.RawMessage, done func(json.RawM
 // called already).
 func (u *upstream) callFor(share typedsocket.Share, node, method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
 	conn := u.attached()
+	if !u.tenure.Held() {
+		done(nil, contracts.RelayUpstreamDetached.Refuse("this relay's tenure as the leader has ended"))
+		return typedsocket.Pending{}
+	}
 	if conn == nil {
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return typedsocket.Pending{}
@@ -161,6 +168,9 @@ func (u *upstream) callFor(share typedsocket.Share, node, method string, body js
 // written.
 func (u *upstream) sendFrame(share typedsocket.Share, frame []byte) error {
 	conn := u.attached()
+	if !u.tenure.Held() {
+		return contracts.RelayUpstreamDetached.Refuse("this relay's tenure as the leader has ended")
+	}
 	if conn == nil {
 		return contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")
 	}
@@ -283,7 +293,7 @@ func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websock
 			if err != nil {
 				return nil, err
 			}
-			cc := typedsocket.NewCorkConn(c)
+			cc := typedsocket.NewCorkConn(tenuredConn{Conn: c, tenure: u.tenure})
 			raw.Store(cc)
 			return cc, nil
 		},

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -32,7 +33,9 @@ import (
 // own Pod object; the simulated nodes reach the leader through a stand-in for the chart's Service
 // that watches the Pods' role label; and every devHAHandoverEvery the leader steps down as on
 // SIGTERM, another takes over, the nodes come back through the Service, and the stepped-down
-// relay starts again as a standby, as a Pod's container restarts.
+// relay starts again as a standby, as a Pod's container restarts. A relay whose term ends
+// otherwise (it fenced: the Lease lost) exits as in a Pod, and is started again at once, a
+// standby, as the kubelet restarts an exited container.
 //
 //	start:     API server → namespace, Role → Pods relay-0… → relays (standby) → Service → nodes
 //	handover:  leader shuts down (SIGTERM's path) → Lease released → a standby leads → nodes
@@ -116,10 +119,16 @@ type devCluster struct {
 	handover atomic.Int64         // handovers completed
 	mark     atomic.Int64         // the fleet's answered requests when the newest handover completed
 
-	mu   sync.Mutex
-	pods map[string]*devReplica // guarded by mu: the running relay of each Pod, by Pod name
-	undo []func()               // guarded by mu: what close undoes, newest last
+	mu       sync.Mutex
+	pods     map[string]*devReplica // guarded by mu: the running relay of each Pod, by Pod name
+	starting map[string]bool        // guarded by mu: Pods whose relay is being started
+	closing  bool                   // guarded by mu: close has begun; nothing starts any more
+	undo     []func()               // guarded by mu: what close undoes, newest last
 }
+
+// errReplicaRunning: a Pod's relay runs already, or is being started (its term ended, and it was
+// started again as a kubelet would).
+var errReplicaRunning = errors.New("its relay runs already")
 
 // devReplica is one relay of the dev cluster, serving until stop.
 type devReplica struct {
@@ -131,7 +140,7 @@ type devReplica struct {
 }
 
 func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devCluster, err error) {
-	c := &devCluster{pods: map[string]*devReplica{}, log: log}
+	c := &devCluster{pods: map[string]*devReplica{}, starting: map[string]bool{}, log: log}
 	defer func() {
 		if err != nil {
 			c.close()
@@ -200,6 +209,9 @@ func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devC
 
 // close stops every relay, then what they ran against.
 func (c *devCluster) close() {
+	c.mu.Lock()
+	c.closing = true
+	c.mu.Unlock()
 	for _, r := range c.replicas() {
 		c.stopReplica(r)
 	}
@@ -237,8 +249,21 @@ func (c *devCluster) downstream(name string) (string, bool) {
 }
 
 // startReplica starts the relay of Pod name as `relay run --ha-lease-name` would, with the Pod's
-// name where the downward API puts POD_NAME; it stands by until elected.
+// name where the downward API puts POD_NAME; it stands by until elected. When its term ends the
+// relay ends, and is started again, as its container would be.
 func (c *devCluster) startReplica(name string) error {
+	c.mu.Lock()
+	if c.pods[name] != nil || c.starting[name] || c.closing {
+		c.mu.Unlock()
+		return errReplicaRunning
+	}
+	c.starting[name] = true
+	c.mu.Unlock()
+	defer func() {
+		c.mu.Lock()
+		delete(c.starting, name)
+		c.mu.Unlock()
+	}()
 	log := c.log.With().Str("pod", name).Logger()
 	var el *ha.Elector
 	elect := func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error) {
@@ -267,18 +292,50 @@ func (c *devCluster) startReplica(name string) error {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	rep := &devReplica{name: name, relay: r, el: el, stop: stop, done: make(chan error, 1)}
-	go func() { rep.done <- r.Serve(ctx) }()
+	go func() {
+		err := r.Serve(ctx)
+		rep.done <- err
+		if errors.Is(err, relay.ErrTermEnded) && ctx.Err() == nil {
+			c.restartReplica(rep)
+		}
+	}()
 	c.mu.Lock()
-	c.pods[name] = rep
+	closing := c.closing
+	if !closing {
+		c.pods[name] = rep
+	}
 	c.mu.Unlock()
+	if closing {
+		stop()
+		<-rep.done
+		return errReplicaRunning
+	}
 	return nil
+}
+
+// restartReplica starts Pod r.name's relay again after its term ended, as the kubelet restarts a
+// container that exited, unless the script stopped it meanwhile.
+func (c *devCluster) restartReplica(r *devReplica) {
+	c.mu.Lock()
+	current := c.pods[r.name] == r
+	if current {
+		delete(c.pods, r.name)
+	}
+	c.mu.Unlock()
+	if !current {
+		return
+	}
+	c.log.Info().Str("pod", r.name).Str("outcome", "restart").Msg("the term ended: the relay starts again, a standby, as its container would")
+	if err := c.startReplica(r.name); err != nil && !errors.Is(err, errReplicaRunning) {
+		c.log.Warn().Err(err).Str("pod", r.name).Msg("the relay does not start again")
+	}
 }
 
 // stopReplica shuts r down as SIGTERM does: it stops admitting, closes Cloudly, releases the
 // Lease, relabels its Pod standby, then closes the nodes' connections.
 func (c *devCluster) stopReplica(r *devReplica) {
 	r.stop()
-	if err := <-r.done; err != nil {
+	if err := <-r.done; err != nil && !errors.Is(err, relay.ErrTermEnded) {
 		c.log.Warn().Err(err).Str("pod", r.name).Msg("relay stopped with an error")
 	}
 	c.mu.Lock()
@@ -326,7 +383,10 @@ func (c *devCluster) script(ctx context.Context, f *devFleet, say func(string, .
 		if ctx.Err() != nil {
 			return
 		}
-		if err := c.startReplica(old.name); err != nil {
+		if err := c.startReplica(old.name); errors.Is(err, errReplicaRunning) {
+			say("scripted handover %d: %s runs again already: its term ended and it restarted, a standby", n, old.name)
+			continue
+		} else if err != nil {
 			say("scripted handover %d: %s does not start again: %v", n, old.name, err)
 			continue
 		}

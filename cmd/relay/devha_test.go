@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"errors"
 	"io"
 	"regexp"
 	"strconv"
@@ -11,6 +12,10 @@ import (
 	"testing"
 	"time"
 
+	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/await"
 	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
@@ -116,4 +121,52 @@ func count(t *testing.T, line, key string) int64 {
 	}
 	n, _ := strconv.ParseInt(m[1], 10, 64)
 	return n
+}
+
+// TestDevHARestartsAReplicaWhoseTermEnded: the API server paused past the renew deadline ends the
+// leader's term; its relay ends, and the dev cluster starts the Pod's relay again, a standby, as
+// the kubelet restarts an exited container. Once the API answers again one relay leads, attached.
+func TestDevHARestartsAReplicaWhoseTermEnded(t *testing.T) {
+	kubeapi.Require(t)
+	c, err := startDevCluster(2, zerolog.Nop(), "info")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	var first *devReplica
+	await.Until(t, "a replica leads, attached", 30*time.Second, func() bool {
+		first = c.leader()
+		return first != nil && c.cloudly.Attached()
+	})
+	if err := c.kube.PauseAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			c.kube.ResumeAPIServer()
+		}
+	}()
+	await.Until(t, first.name+"'s relay ended and started again", 30*time.Second, func() bool {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		r := c.pods[first.name]
+		return r != nil && r != first
+	})
+	if err := c.kube.ResumeAPIServer(); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	await.Until(t, "a replica leads again, attached", 30*time.Second, func() bool {
+		return c.leader() != nil && c.cloudly.Attached()
+	})
+	if err := <-first.done; !errors.Is(err, relay.ErrTermEnded) {
+		t.Fatalf("%s's first relay ended with %v, want the end of its term", first.name, err)
+	}
+	if n := len(c.replicas()); n != 2 {
+		t.Fatalf("%d replicas run, want 2", n)
+	}
+	if n := c.cloudly.TwoAttached(); n != 0 {
+		t.Errorf("Cloudly saw two relays attached at once %d times", n)
+	}
 }

@@ -87,7 +87,25 @@ func (h *haConfig) complete() error {
 	if _, _, err := net.SplitHostPort(h.replicationListen); err != nil {
 		return &relay.ConfigError{Flag: "ha-replication-listen", Reason: "must be host:port or :port"}
 	}
-	return nil
+	return podEnvironment()
+}
+
+// podEnvironment checks what an elected relay needs of its Pod, from the downward API: its name
+// (the Pod it labels, and its identity in the Lease), its namespace, and its address (what
+// standbys dial for replication). Without them it could neither label nor replicate, so it does
+// not start; the error names every one missing.
+func podEnvironment() error {
+	var missing []string
+	for _, v := range []string{"POD_NAME", "POD_NAMESPACE", "POD_IP"} {
+		if os.Getenv(v) == "" {
+			missing = append(missing, v)
+		}
+	}
+	if len(missing) == 0 {
+		return nil
+	}
+	return usagef("--ha-lease-name needs the Pod's POD_NAME, POD_NAMESPACE and POD_IP from the downward API (the chart sets them); missing: %s",
+		strings.Join(missing, ", "))
 }
 
 // elector builds the Elector that copies rep: the API client, the replication listener and key.

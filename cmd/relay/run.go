@@ -52,7 +52,10 @@ func cmdRun(ctx context.Context, args []string, stderr io.Writer) error {
 		ev = ev.Str("hub", hub.Addr().String())
 	}
 	ev.Strs("on", on).Strs("off", off).Msg("relay starting")
-	return r.Serve(ctx)
+	if err := r.Serve(ctx); !errors.Is(err, relay.ErrTermEnded) {
+		return err
+	}
+	return nil // the relay logged why it exits: its container restarts it, a standby
 }
 
 // runConfig is what `relay run` and `relay check` are told, judged.

@@ -20,13 +20,13 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"syscall"
 	"testing"
 	"time"
@@ -34,6 +34,7 @@ import (
 	"github.com/rs/zerolog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/kubernetes"
 
 	"code.foss.global/serve.zone/relay/testenv/await"
 	"code.foss.global/serve.zone/relay/testenv/kubeapi"
@@ -60,14 +61,16 @@ const (
 // cluster is one simulated Kubernetes cluster's relays: the API server, Cloudly, the Service
 // stand-in, the relay processes and their Pods.
 type cluster struct {
-	t       testing.TB
-	kube    *kubeapi.Server
-	cloudly *sim.Cloudly
-	svc     *kubeapi.Service
-	bin     string // the relay binary
-	dir     string // token, replication key
-	token   string // file holding Cloudly's machine JWT
-	key     string // the replicas' replication key file
+	t          testing.TB
+	kube       *kubeapi.Server
+	cloudly    *sim.Cloudly
+	svc        *kubeapi.Service
+	bin        string               // the relay binary
+	dir        string               // token, replication key
+	token      string               // file holding Cloudly's machine JWT
+	key        string               // the replicas' replication key file
+	admin      kubernetes.Interface // the cluster's administrator: Pod objects, as the ReplicaSet
+	kubeconfig string               // the relays' kubeconfig, as their service account
 
 	mu     sync.Mutex
 	relays map[string]*relayProc // guarded by mu: by Pod name, every relay started (running or not)
@@ -131,7 +134,8 @@ func newCluster(t testing.TB) *cluster {
 	if out, err := exec.Command(bin, "keygen", "--replication-key-file", c.key).CombinedOutput(); err != nil {
 		t.Fatalf("relay keygen --replication-key-file: %v\n%s", err, out)
 	}
-	c.svc = startService(t, kube.Client(kubeapi.Admin), namespace)
+	c.admin, c.kubeconfig = kube.Client(kubeapi.Admin), kube.Kubeconfig(kubeapi.Relay)
+	c.svc = startService(t, c.admin, namespace)
 	t.Cleanup(func() {
 		c.stopAll()
 		cloudly.Close()
@@ -152,81 +156,205 @@ func newCluster(t testing.TB) *cluster {
 	return c
 }
 
-// relayProc is one relay process and its Pod.
+// relayProc is one Pod's relay container, as its kubelet runs it: a process, started again — a
+// new process, the same Pod — when one exits 0 after its term ended (the relay exits so, to come
+// back a standby with registrationSequence 0), as restartPolicy Always does. A process the test
+// ended (SIGTERM, SIGKILL) is not started again; one that exits otherwise is a crash, and fails
+// the test.
 type relayProc struct {
-	name                string // the Pod's name, the relay's identity in the Lease
-	listen, admin, repl string // loopback addresses: downstream, admin, replication
-	cmd                 *exec.Cmd
-	exited              chan struct{} // closed when the process has exited; exitErr is then set
-	exitErr             error
+	name string   // the Pod's name, the relay's identity in the Lease
+	c    *cluster // set at construction
 
-	mu   sync.Mutex
-	tail []string // guarded by mu: the last lines the relay wrote
+	mu       sync.Mutex
+	cur      *process    // guarded by mu: the container's current (or last) process
+	ended    bool        // guarded by mu: the test ended the container: no restart
+	restarts int         // guarded by mu: processes started after one exited at the end of its term
+	frozen   atomic.Bool // the current process is stopped (freeze): its admin listener answers nothing
+	crashes  []string    // guarded by mu: processes that exited, not ended by the test, other than after their term
+	tail     []string    // guarded by mu: the last lines the relay wrote, across its processes
 }
+
+// process is one relay process. Its addresses are the ones it bound on port 0 and logged.
+type process struct {
+	cmd           *exec.Cmd     // set at construction
+	bound         chan struct{} // closed once the relay logged its bound addresses (or exited)
+	listen, admin string        // written before bound is closed: downstream and admin, host:port
+	termEnded     atomic.Bool   // the relay logged that its term ended and it exits
+	exited        chan struct{} // closed when the process has exited; exitErr is then set
+	exitErr       error
+}
+
+// termEndedLine is how the relay says it exits at the end of its term.
+const termEndedLine = "the term ended: exiting"
 
 // start creates Pod name (as the ReplicaSet would), runs a relay in it and waits until its
 // /readyz answers 200: listeners bound, the API reachable, ready to lead.
 func (c *cluster) start(name string) *relayProc {
 	c.t.Helper()
-	p := &relayProc{name: name, listen: freePort(c.t), admin: freePort(c.t), repl: freePort(c.t), exited: make(chan struct{})}
 	c.kube.CreatePod(namespace, name, "127.0.0.1")
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{downstreamAnnotation: p.listen}}})
-	if _, err := c.kube.Client(kubeapi.Admin).CoreV1().Pods(namespace).Patch(context.Background(), name, types.MergePatchType, patch, metav1.PatchOptions{}); err != nil {
-		c.t.Fatalf("annotate Pod %s: %v", name, err)
-	}
-	p.cmd = exec.Command(c.bin, "run", "--cluster-id", c.cloudly.ClusterID, "--node-id", name,
-		"--cloudly-url", c.cloudly.URL(), "--cloudly-token-file", c.token, "--insecure-plaintext",
-		"--listen", p.listen, "--admin-listen", p.admin, "--advertise-address", "192.0.2.1", "--log-level", "info",
-		"--ha-lease-name", leaseName, "--ha-lease-namespace", namespace,
-		"--ha-lease-duration", leaseDuration.String(), "--ha-renew-deadline", renewDeadline.String(), "--ha-retry-period", retryPeriod.String(),
-		"--kubeconfig", c.kube.Kubeconfig(kubeapi.Relay), "--ha-replication-listen", p.repl, "--ha-replication-key-file", c.key)
-	// The downward API of the chart's Pod template (SPEC §16).
-	p.cmd.Env = append(os.Environ(), "POD_NAME="+name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
-	stderr, err := p.cmd.StderrPipe()
+	p := &relayProc{name: name, c: c}
+	pr, err := p.spawn()
 	if err != nil {
 		c.t.Fatal(err)
 	}
-	if err := p.cmd.Start(); err != nil {
-		c.t.Fatal(err)
-	}
-	read := make(chan struct{})
-	go func() { defer close(read); p.readStderr(stderr) }()
-	go func() {
-		<-read // Wait closes the pipe: read it to the end first
-		p.exitErr = p.cmd.Wait()
-		close(p.exited)
-	}()
 	c.mu.Lock()
 	c.relays[name] = p
 	c.mu.Unlock()
 	c.eventually(name+" ready (/readyz 200)", 30*time.Second, func() bool {
-		if p.hasExited() {
-			c.t.Fatalf("relay %s exited at start (%v):\n%s", name, p.exitErr, p.lastLines())
+		if pr.hasExited() {
+			c.t.Fatalf("relay %s exited at start (%v):\n%s", name, pr.exitErr, p.lastLines())
 		}
 		return p.ready()
 	})
 	return p
 }
 
-// stopAll kills every relay still running.
-func (c *cluster) stopAll() {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	for _, p := range c.relays {
-		if !p.hasExited() {
-			p.cmd.Process.Kill()
-			<-p.exited
+// spawn starts a relay process in the Pod, on port 0 everywhere, waits until it has logged the
+// addresses it bound, and annotates the Pod with its downstream address for the Service stand-in
+// (in a cluster, podIP:targetPort). It runs on the test's goroutine at start, and on the
+// exit-watching goroutine of the previous process for a restart, so it returns errors.
+func (p *relayProc) spawn() (*process, error) {
+	c := p.c
+	pr := &process{bound: make(chan struct{}), exited: make(chan struct{})}
+	pr.cmd = exec.Command(c.bin, "run", "--cluster-id", c.cloudly.ClusterID, "--node-id", p.name,
+		"--cloudly-url", c.cloudly.URL(), "--cloudly-token-file", c.token, "--insecure-plaintext",
+		"--listen", "127.0.0.1:0", "--admin-listen", "127.0.0.1:0", "--advertise-address", "192.0.2.1", "--log-level", "info",
+		"--ha-lease-name", leaseName, "--ha-lease-namespace", namespace,
+		"--ha-lease-duration", leaseDuration.String(), "--ha-renew-deadline", renewDeadline.String(), "--ha-retry-period", retryPeriod.String(),
+		"--kubeconfig", c.kubeconfig, "--ha-replication-listen", "127.0.0.1:0", "--ha-replication-key-file", c.key)
+	// The downward API of the chart's Pod template (SPEC §16).
+	pr.cmd.Env = append(os.Environ(), "POD_NAME="+p.name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
+	stderr, err := pr.cmd.StderrPipe()
+	if err != nil {
+		return nil, err
+	}
+	p.mu.Lock()
+	if p.ended {
+		p.mu.Unlock()
+		return nil, fmt.Errorf("relay %s: the container was ended", p.name)
+	}
+	err = pr.cmd.Start()
+	p.mu.Unlock()
+	if err != nil {
+		return nil, err
+	}
+	read := make(chan struct{})
+	go func() { defer close(read); p.readStderr(pr, stderr) }()
+	go func() {
+		<-read // Wait closes the pipe: read it to the end first
+		pr.exitErr = pr.cmd.Wait()
+		close(pr.exited)
+		p.exited(pr)
+	}()
+	select {
+	case <-pr.bound:
+	case <-pr.exited:
+	}
+	// The process is the container's from here: the test reads its addresses.
+	p.mu.Lock()
+	ended := p.ended
+	if !ended {
+		p.cur = pr
+	}
+	p.mu.Unlock()
+	if ended {
+		pr.cmd.Process.Kill()
+		<-pr.exited
+		return nil, fmt.Errorf("relay %s: the container was ended", p.name)
+	}
+	if pr.listen == "" {
+		<-pr.exited
+		return pr, fmt.Errorf("relay %s exited before it bound its listeners (%v):\n%s", p.name, pr.exitErr, p.lastLines())
+	}
+	// In a cluster the Service reaches podIP:targetPort, which needs no API; here the address is
+	// an annotation, written once the API answers (a restart may come while it is away).
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{downstreamAnnotation: pr.listen}}})
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := c.admin.CoreV1().Pods(namespace).Patch(ctx, p.name, types.MergePatchType, patch, metav1.PatchOptions{})
+		cancel()
+		if err == nil || pr.hasExited() {
+			return pr, nil
+		}
+		select {
+		case <-pr.exited:
+		case <-time.After(100 * time.Millisecond):
 		}
 	}
 }
 
-// running is every relay whose process still runs, by name.
+// exited plays the kubelet once pr has exited: a process that ended its term is started again,
+// one the test did not end and that did not end its term is recorded as a crash.
+func (p *relayProc) exited(pr *process) {
+	p.mu.Lock()
+	ended := p.ended
+	termEnded := pr.exitErr == nil && pr.termEnded.Load()
+	if !ended && !termEnded {
+		p.crashes = append(p.crashes, fmt.Sprintf("exit %v", pr.exitErr))
+	}
+	if !ended && termEnded {
+		p.restarts++
+		p.tail = append(p.tail, "--- the kubelet starts the container again ---")
+	}
+	p.mu.Unlock()
+	if ended || !termEnded {
+		return
+	}
+	if _, err := p.spawn(); err != nil {
+		p.mu.Lock()
+		if !p.ended {
+			p.crashes = append(p.crashes, "restart: "+err.Error())
+		}
+		p.mu.Unlock()
+	}
+}
+
+// current is the container's current process.
+func (p *relayProc) current() *process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.cur
+}
+
+// restartCount is how many times the container was started again after a term ended.
+func (p *relayProc) restartCount() int {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	return p.restarts
+}
+
+// end marks the container ended by the test and returns its current process.
+func (p *relayProc) end() *process {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.ended = true
+	return p.cur
+}
+
+// stopAll kills every relay still running, and reports the crashes.
+func (c *cluster) stopAll() {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, p := range c.relays {
+		if pr := p.end(); pr != nil && !pr.hasExited() {
+			pr.cmd.Process.Kill()
+			<-pr.exited
+		}
+		p.mu.Lock()
+		for _, crash := range p.crashes {
+			c.t.Errorf("relay %s crashed: %s", p.name, crash)
+		}
+		p.mu.Unlock()
+	}
+}
+
+// running is every relay whose process runs now, by name.
 func (c *cluster) running() []*relayProc {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	var out []*relayProc
 	for _, p := range c.relays {
-		if !p.hasExited() {
+		if pr := p.current(); pr != nil && !pr.hasExited() {
 			out = append(out, p)
 		}
 	}
@@ -263,6 +391,9 @@ func (c *cluster) podRoles() (map[string]string, error) {
 func (c *cluster) leader() *relayProc {
 	var found []*relayProc
 	for _, p := range c.running() {
+		if p.frozen.Load() {
+			continue
+		}
 		if st, err := p.status(); err == nil && st.HA.Role == "leader" && st.Cloudly.Attached {
 			found = append(found, p)
 		}
@@ -313,6 +444,12 @@ type relayStatus struct {
 	Cloudly struct {
 		Attached bool `json:"attached"`
 	} `json:"cloudly"`
+	Parts []struct {
+		Name   string `json:"name"`
+		Status struct {
+			Runs int `json:"runs"` // the escrow's held runs
+		} `json:"status"`
+	} `json:"parts"`
 	HA struct {
 		Role        string `json:"role"`
 		Holder      string `json:"holder"`
@@ -328,7 +465,7 @@ var adminClient = &http.Client{Timeout: 2 * time.Second}
 
 func (p *relayProc) status() (relayStatus, error) {
 	var st relayStatus
-	resp, err := adminClient.Get("http://" + p.admin + "/status.json")
+	resp, err := adminClient.Get("http://" + p.current().admin + "/status.json")
 	if err != nil {
 		return st, err
 	}
@@ -340,7 +477,7 @@ func (p *relayProc) status() (relayStatus, error) {
 }
 
 func (p *relayProc) ready() bool {
-	resp, err := adminClient.Get("http://" + p.admin + "/readyz")
+	resp, err := adminClient.Get("http://" + p.current().admin + "/readyz")
 	if err != nil {
 		return false
 	}
@@ -351,38 +488,81 @@ func (p *relayProc) ready() bool {
 // terminate sends SIGTERM, as the kubelet does on a rolling update, and waits (10 s at most) for
 // the exit; nil is exit status 0.
 func (p *relayProc) terminate() error {
-	p.cmd.Process.Signal(syscall.SIGTERM)
+	pr := p.end()
+	pr.cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case <-p.exited:
-		return p.exitErr
+	case <-pr.exited:
+		return pr.exitErr
 	case <-time.After(10 * time.Second):
-		p.cmd.Process.Kill()
-		<-p.exited
+		pr.cmd.Process.Kill()
+		<-pr.exited
 		return fmt.Errorf("relay %s: no exit within 10 s of SIGTERM", p.name)
 	}
 }
 
 // kill ends the process with SIGKILL: a crash, an OOM kill, a lost node.
 func (p *relayProc) kill() {
-	p.cmd.Process.Kill()
-	<-p.exited
+	pr := p.end()
+	pr.cmd.Process.Kill()
+	<-pr.exited
 }
 
-func (p *relayProc) hasExited() bool {
+// freeze stops the relay's process with SIGSTOP — a long pause, a frozen VM — and tells Cloudly,
+// which then judges what the process sends once resumed rather than its open socket.
+func (p *relayProc) freeze() {
+	p.c.t.Helper()
+	if err := p.current().cmd.Process.Signal(syscall.SIGSTOP); err != nil {
+		p.c.t.Fatalf("SIGSTOP %s: %v", p.name, err)
+	}
+	p.frozen.Store(true)
+	p.c.cloudly.SetRelayStopped(p.name, true)
+}
+
+// thaw resumes the process freeze stopped (SIGCONT).
+func (p *relayProc) thaw() {
+	p.c.t.Helper()
+	p.c.cloudly.SetRelayStopped(p.name, false)
+	if err := p.current().cmd.Process.Signal(syscall.SIGCONT); err != nil {
+		p.c.t.Fatalf("SIGCONT %s: %v", p.name, err)
+	}
+	p.frozen.Store(false)
+}
+
+func (pr *process) hasExited() bool {
 	select {
-	case <-p.exited:
+	case <-pr.exited:
 		return true
 	default:
 		return false
 	}
 }
 
-func (p *relayProc) readStderr(r io.Reader) {
+// readStderr keeps the process's last lines, and notes the addresses it bound and the end of its
+// term.
+func (p *relayProc) readStderr(pr *process, r io.Reader) {
+	defer func() {
+		select {
+		case <-pr.bound:
+		default:
+			close(pr.bound)
+		}
+	}()
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	for sc.Scan() {
+		line := sc.Text()
+		var l struct {
+			Message, Listen, Admin string
+		}
+		if pr.listen == "" && json.Unmarshal([]byte(line), &l) == nil && l.Message == "relay starting" && l.Listen != "" && l.Admin != "" {
+			pr.listen, pr.admin = l.Listen, l.Admin
+			close(pr.bound)
+		}
+		if strings.Contains(line, termEndedLine) {
+			pr.termEnded.Store(true)
+		}
 		p.mu.Lock()
-		if p.tail = append(p.tail, sc.Text()); len(p.tail) > 60 {
+		if p.tail = append(p.tail, line); len(p.tail) > 80 {
 			p.tail = p.tail[1:]
 		}
 		p.mu.Unlock()
@@ -393,14 +573,4 @@ func (p *relayProc) lastLines() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return strings.Join(p.tail, "\n")
-}
-
-func freePort(t testing.TB) string {
-	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().String()
 }

@@ -3,8 +3,12 @@ package failover
 import (
 	"context"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
+
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/testenv/await"
@@ -157,37 +161,99 @@ func TestHAFailoverDuringCloudlyOutage(t *testing.T) {
 	c.waitFlowing(f, time.Now())
 }
 
-// TestHARollingUpgrade of three: for each old replica a new one starts (maxSurge 1) and is
-// ready, then the old one gets SIGTERM and its Pod is deleted (maxUnavailable 0). After every
-// step one relay leads, attached, and the nodes are answered; at the end a new replica leads.
+// TestHARollingUpgrade of three hands over once: for each old replica a new one starts (maxSurge
+// 1) and is ready, then the ReplicaSet picks an old Pod to delete by pod-deletion-cost, lowest
+// first, as its controller does; the leader annotates its Pod high and the standbys low, so the
+// standbys go first and the leader last. Among equal costs this ReplicaSet picks the leader: the
+// controller's other criteria (readiness times, age) are nothing the relays can count on. The
+// chosen Pod's relay gets SIGTERM and the Pod is deleted (maxUnavailable 0). After every step one
+// relay leads, attached, and the nodes are answered; over the whole upgrade Cloudly sees exactly
+// one change of leader, to a new replica.
 func TestHARollingUpgrade(t *testing.T) {
 	c := newCluster(t)
-	old := []*relayProc{c.start("relay-0"), c.start("relay-1"), c.start("relay-2")}
-	c.waitLeader(startDeadline)
+	old := map[string]*relayProc{}
+	for _, name := range []string{"relay-0", "relay-1", "relay-2"} {
+		old[name] = c.start(name)
+	}
+	first := c.waitLeader(startDeadline)
 	f := startFleet(c.svc.URL(), 4)
 	defer f.close()
 	c.waitFlowing(f, time.Now())
+	before := len(c.cloudly.RegisteredRelays())
 
-	for i, p := range old {
+	for i := range 3 {
 		c.start(fmt.Sprintf("relay-%d-next", i))
-		led := c.leader() == p
+		l := c.waitLeader(takeover)
+		p := c.pickForDeletion(old, l)
+		delete(old, p.name)
 		at := time.Now()
 		if err := p.terminate(); err != nil {
 			t.Errorf("%s's exit on SIGTERM: %v", p.name, err)
 		}
 		c.deletePod(p.name)
-		l := c.waitLeader(takeover)
+		next := c.waitLeader(takeover)
 		c.waitFlowing(f, time.Now())
-		if led {
-			t.Logf("step %d: %s handed over to %s: node requests refused for at most %s", i, p.name, l.name, f.refusedWindow(at).Round(time.Millisecond))
+		if p == l {
+			t.Logf("step %d: %s handed over to %s: node requests refused for at most %s", i, p.name, next.name, f.refusedWindow(at).Round(time.Millisecond))
 		}
 	}
-	if l := c.waitLeader(takeover); l.name[len(l.name)-5:] != "-next" {
+	l := c.waitLeader(takeover)
+	if !strings.HasSuffix(l.name, "-next") {
 		t.Errorf("after the upgrade %s leads, not a new replica", l.name)
 	}
 	if n := len(c.running()); n != 3 {
 		t.Errorf("%d replicas run after the upgrade, want 3", n)
 	}
+	regs := c.cloudly.RegisteredRelays()
+	changes := 0
+	prev := first.name
+	for _, r := range regs[before:] {
+		if r != prev {
+			changes++
+		}
+		prev = r
+	}
+	if changes != 1 {
+		t.Errorf("the leader changed %d times over the upgrade (registrations by %v after %s's), want once", changes, regs[before:], first.name)
+	}
+}
+
+// deletionCost is the annotation the ReplicaSet controller ranks Pods by when it scales down:
+// the lowest cost is deleted first; no annotation is 0.
+const deletionCost = "controller.kubernetes.io/pod-deletion-cost"
+
+// pickForDeletion is the ReplicaSet's choice among the old replicas: the lowest pod-deletion-cost;
+// among equals the current leader l, the worst case. It checks on the way that the leader's Pod
+// is annotated above every standby's.
+func (c *cluster) pickForDeletion(old map[string]*relayProc, l *relayProc) *relayProc {
+	c.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	list, err := c.admin.CoreV1().Pods(namespace).List(ctx, metav1.ListOptions{})
+	if err != nil {
+		c.t.Fatal(err)
+	}
+	cost := map[string]int{}
+	for _, pod := range list.Items {
+		v, err := strconv.Atoi(pod.Annotations[deletionCost])
+		if err != nil && pod.Annotations[deletionCost] != "" {
+			c.t.Errorf("Pod %s: %s is %q, not an integer", pod.Name, deletionCost, pod.Annotations[deletionCost])
+		}
+		cost[pod.Name] = v
+	}
+	for name := range cost {
+		if name != l.name && cost[name] >= cost[l.name] {
+			c.t.Errorf("Pod %s (a standby) has %s %d, not below the leader %s's %d", name, deletionCost, cost[name], l.name, cost[l.name])
+		}
+	}
+	var pick *relayProc
+	for _, p := range old {
+		switch {
+		case pick == nil, cost[p.name] < cost[pick.name], cost[p.name] == cost[pick.name] && (p == l || pick != l && p.name < pick.name):
+			pick = p
+		}
+	}
+	return pick
 }
 
 // waitFlowing waits until every node of f has had a request answered after t.
@@ -203,19 +269,25 @@ func (c *cluster) waitFlowing(f *fleet, t time.Time) {
 func (c *cluster) waitStandbysFollow(leader *relayProc, runs int) {
 	c.t.Helper()
 	for _, p := range c.running() {
-		if p == leader {
-			continue
+		if p != leader {
+			c.waitFollows(p, leader, runs)
 		}
-		c.eventually(p.name+" follows the leader with a complete copy", flowDeadline, func() bool {
-			l, err := leader.status()
-			if err != nil || runs != anyRuns && l.HA.Replication.Runs != runs {
-				return false
-			}
-			st, err := p.status()
-			r := st.HA.Replication
-			return err == nil && st.HA.Role == "standby" && r.Connected == 1 && r.Complete && r.Runs == l.HA.Replication.Runs
-		})
 	}
+}
+
+// waitFollows waits until p — in whichever process its container runs now — stands by with a
+// complete copy of what leader replicates, and that is runs runs (anyRuns: whatever it holds).
+func (c *cluster) waitFollows(p, leader *relayProc, runs int) {
+	c.t.Helper()
+	c.eventually(p.name+" follows the leader with a complete copy", flowDeadline, func() bool {
+		l, err := leader.status()
+		if err != nil || runs != anyRuns && l.HA.Replication.Runs != runs {
+			return false
+		}
+		st, err := p.status()
+		r := st.HA.Replication
+		return err == nil && st.HA.Role == "standby" && r.Connected == 1 && r.Complete && r.Runs == l.HA.Replication.Runs
+	})
 }
 
 // anyRuns tells waitStandbysFollow to expect as many runs as the leader holds.

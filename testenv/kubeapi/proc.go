@@ -59,6 +59,16 @@ func (p *proc) kill() error {
 	}
 }
 
+// signal sends sig to the process group, unless the process has been reaped.
+func (p *proc) signal(sig syscall.Signal) error {
+	select {
+	case <-p.done:
+		return fmt.Errorf("%s has exited", p.name)
+	default:
+	}
+	return syscall.Kill(-p.cmd.Process.Pid, sig)
+}
+
 // waitReady polls ready every 50 ms until it succeeds, the process exits or ctx ends.
 func (p *proc) waitReady(ctx context.Context, ready func(context.Context) error) error {
 	tick := time.NewTicker(50 * time.Millisecond)

@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"os"
+	"syscall"
 
 	corev1 "k8s.io/api/core/v1"
 	rbacv1 "k8s.io/api/rbac/v1"
@@ -52,6 +53,10 @@ func (p *Process) Stop() error {
 	}
 	return err
 }
+
+// PauseAPIServer is Server.PauseAPIServer; ResumeAPIServer is Server.ResumeAPIServer.
+func (p *Process) PauseAPIServer() error  { return p.s.signalAPIServer(syscall.SIGSTOP) }
+func (p *Process) ResumeAPIServer() error { return p.s.signalAPIServer(syscall.SIGCONT) }
 
 // URL is the API server's address.
 func (p *Process) URL() string { return fmt.Sprintf("https://127.0.0.1:%d", p.s.port) }

@@ -11,6 +11,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"sync"
+	"syscall"
 	"testing"
 	"time"
 
@@ -205,6 +206,33 @@ func (s *Server) stopAPIServer() error {
 	err := s.api.kill()
 	s.api = nil
 	return err
+}
+
+// PauseAPIServer stops kube-apiserver with SIGSTOP until ResumeAPIServer: an API brownout (a
+// long pause, a frozen VM). Its port still accepts connections, as the kernel holds them, and
+// nothing answers; requests sent meanwhile are served once it resumes.
+func (s *Server) PauseAPIServer() {
+	s.t.Helper()
+	if err := s.signalAPIServer(syscall.SIGSTOP); err != nil {
+		s.t.Fatalf("kubeapi: pause: %v", err)
+	}
+}
+
+// ResumeAPIServer continues kube-apiserver after PauseAPIServer (SIGCONT).
+func (s *Server) ResumeAPIServer() {
+	s.t.Helper()
+	if err := s.signalAPIServer(syscall.SIGCONT); err != nil {
+		s.t.Fatalf("kubeapi: resume: %v", err)
+	}
+}
+
+func (s *Server) signalAPIServer(sig syscall.Signal) error {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.api == nil {
+		return fmt.Errorf("kube-apiserver is not running")
+	}
+	return s.api.signal(sig)
 }
 
 // Stop kills kube-apiserver and etcd and reaps both. Start registers it with t.Cleanup; calling

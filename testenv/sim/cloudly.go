@@ -53,6 +53,7 @@ type Cloudly struct {
 	hub         *contracts.ClusterVpnHubReport // guarded by mu: the hub the newest accepted report named
 	hubSig      chan struct{}                  // guarded by mu: closed on the next accepted hub report
 	afterAccept []afterCall                    // guarded by mu: sent right after every accepted registration
+	ha          haJudge                        // guarded by mu: who registered on which socket, and acted after (cloudlyha.go)
 
 	streams  *streams         // set at construction: VirtualStreams on the relay's socket
 	platform *PlatformCloudly // set at construction: the platform agent's side (platformcloudly.go)
@@ -334,6 +335,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 	}
 	delete(c.authed, conn)
 	delete(c.attachedAll, conn)
+	c.forgetLocked(conn)
 	c.mu.Unlock()
 	if current {
 		c.streams.abandon() // what was streaming to Cloudly came over this socket
@@ -449,6 +451,7 @@ func (c *Cloudly) serve(conn *typedsocket.Conn, req *typedsocket.Request) {
 		req.Answer(typedsocket.Reply{Response: body, Err: err})
 	}
 	c.mu.Lock()
+	c.actedLocked(conn, req.Method)
 	c.received[req.Method]++
 	if req.Method != contracts.MethodRegisterCloudlyClientSession { // never keep the machine JWT
 		c.last[req.Method] = append([]byte(nil), req.Body...)
@@ -602,6 +605,7 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 	// once it reads the answer is judged as coming from the registered relay.
 	c.lastSeq, c.attachedTo = reg.RegistrationSequence, conn
 	c.judgeOneAttachedLocked(conn)
+	c.acceptedLocked(conn, reg.Relay.NodeID)
 	c.mu.Unlock()
 	return json.Marshal(contracts.RegisterClusterRelayResponse{Protocol: c.Offer, Origin: c.Origin})
 }
@@ -620,6 +624,9 @@ func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
 			delete(c.attachedAll, other)
 			continue
 		}
+		if c.overlapStoppedLocked(other) {
+			continue // judged by what it sends once resumed (cloudlyha.go)
+		}
 		c.twoAttached.Add(1)
 		c.violations = firstFew(c.violations, "two relays attached at once: a registration was accepted while another accepted socket is still open")
 	}
@@ -631,13 +638,14 @@ func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
 func (c *Cloudly) TwoAttached() int64 { return c.twoAttached.Load() }
 
 // AttachedSockets is the number of open sockets holding an accepted registration now: 0 or 1
-// unless two relays are attached at once.
+// unless two relays are attached at once. A relay the test has stopped (SetRelayStopped) is not
+// counted while it is stopped.
 func (c *Cloudly) AttachedSockets() int {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	n := 0
 	for conn := range c.attachedAll {
-		if conn.Context().Err() == nil {
+		if conn.Context().Err() == nil && !c.stoppedLocked(conn) {
 			n++
 		}
 	}

@@ -90,5 +90,8 @@ func (c *Cloudly) serveStream(conn *typedsocket.Conn, f *typedsocket.StreamFrame
 	if f.RelayNodeID {
 		c.violation(&typedsocket.Error{Text: "relay-node-mismatch: a stream frame reached Cloudly with a relayNodeId", Data: json.RawMessage("null")})
 	}
+	c.mu.Lock()
+	c.actedLocked(conn, "a stream frame")
+	c.mu.Unlock()
 	c.streams.serve(conn, f)
 }
