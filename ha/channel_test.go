@@ -47,7 +47,7 @@ func TestChannelCarriesFramesOfAnySize(t *testing.T) {
 		}
 	}()
 	for i, want := range frames {
-		got, err := standby.readFrame()
+		got, err := standby.readFrame(maxFrame)
 		if err != nil {
 			t.Fatalf("frame %d: %v", i, err)
 		}

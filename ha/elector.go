@@ -20,8 +20,6 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
-
-	"code.foss.global/serve.zone/relay/feature"
 )
 
 // Pod label and annotation (SPEC §16): the role every relay gives its own Pod, which the chart's
@@ -57,11 +55,12 @@ type Config struct {
 	Client               kubernetes.Interface // the API, as the relay's service account
 
 	// Replication (replica.go): the listener standbys dial, the replicas' shared key, and the
-	// part copied; Replicated nil copies nothing.
+	// parts copied, each under its own key prefix; none copies nothing.
 	Replication    net.Listener
 	ReplicationKey []byte
-	Replicated     feature.Replicated
-	MaxCopyBytes   int64 // a standby's copy at most; zero: DefaultMaxCopyBytes
+	Parts          []Part
+	MaxCopyBytes   int64         // a standby's copy at most; zero: DefaultMaxCopyBytes
+	AckTimeout     time.Duration // how long a hold waits for the standbys (Sync); zero: DefaultAckTimeout
 
 	Logger     zerolog.Logger
 	Registerer prometheus.Registerer
@@ -104,9 +103,6 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.RenewDeadline >= cfg.LeaseDuration {
 		return nil, errors.New("ha: the renew deadline must be shorter than the lease duration")
 	}
-	if cfg.MaxCopyBytes <= 0 {
-		cfg.MaxCopyBytes = DefaultMaxCopyBytes
-	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -115,7 +111,9 @@ func New(cfg Config) (*Elector, error) {
 	// transitions itself.
 	quietKlog.Do(func() { klog.SetLogger(logr.Discard()) })
 	e := &Elector{cfg: cfg, log: cfg.Logger.With().Str("component", "ha").Logger(), m: m, role: RoleStandby, since: time.Now()}
-	e.rep = newReplication(e)
+	if e.rep, err = e.newReplication(); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
