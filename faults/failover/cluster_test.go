@@ -164,9 +164,9 @@ type relayProc struct {
 	tail []string // guarded by mu: the last lines the relay wrote
 }
 
-// start creates Pod name (as the ReplicaSet would), runs a relay in it and waits until its
-// /readyz answers 200: listeners bound, the API reachable, ready to lead.
-func (c *cluster) start(name string) *relayProc {
+// start creates Pod name (as the ReplicaSet would), runs a relay in it (with extra flags, if
+// any) and waits until its /readyz answers 200: listeners bound, the API reachable, ready to lead.
+func (c *cluster) start(name string, extra ...string) *relayProc {
 	c.t.Helper()
 	p := &relayProc{name: name, listen: freePort(c.t), admin: freePort(c.t), repl: freePort(c.t), exited: make(chan struct{})}
 	c.kube.CreatePod(namespace, name, "127.0.0.1")
@@ -180,6 +180,7 @@ func (c *cluster) start(name string) *relayProc {
 		"--ha-lease-name", leaseName, "--ha-lease-namespace", namespace,
 		"--ha-lease-duration", leaseDuration.String(), "--ha-renew-deadline", renewDeadline.String(), "--ha-retry-period", retryPeriod.String(),
 		"--kubeconfig", c.kube.Kubeconfig(kubeapi.Relay), "--ha-replication-listen", p.repl, "--ha-replication-key-file", c.key)
+	p.cmd.Args = append(p.cmd.Args, extra...)
 	// The downward API of the chart's Pod template (SPEC §16).
 	p.cmd.Env = append(os.Environ(), "POD_NAME="+name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
 	stderr, err := p.cmd.StderrPipe()
