@@ -492,7 +492,7 @@ func TestLeaderKeepsAliveAndDropsASilentStandby(t *testing.T) {
 	}
 	// Silent from now on: a ping at 2, 4, 6, 8 and 10 s of silence, then the channel ends.
 	pings := 0
-	for {
+	for ; pings <= int(silence/keepalive); pings++ {
 		clk.Step(keepalive)
 		op, _, ok := rw.next()
 		if !ok {
@@ -501,7 +501,6 @@ func TestLeaderKeepsAliveAndDropsASilentStandby(t *testing.T) {
 		if op != opPing {
 			t.Fatalf("op %d", op)
 		}
-		pings++
 	}
 	if pings != int(silence/keepalive) {
 		t.Fatalf("%d pings before the silent standby was dropped, want %d", pings, silence/keepalive)
@@ -544,7 +543,7 @@ func TestStandbyKeepsAliveAndDropsASilentLeader(t *testing.T) {
 	}
 	waitTicker(t, clk, 1)
 	acks := 0
-	for {
+	for ; acks <= int(silence/keepalive); acks++ {
 		clk.Step(keepalive)
 		b, err := ch.readFrame(maxPeerFrame)
 		if err != nil {
@@ -553,7 +552,6 @@ func TestStandbyKeepsAliveAndDropsASilentLeader(t *testing.T) {
 		if n, err := readAck(b); err != nil || n != 2 {
 			t.Fatalf("keepalive %x", b)
 		}
-		acks++
 	}
 	if acks != int(silence/keepalive) {
 		t.Fatalf("%d keepalives before the standby dropped the silent leader, want %d", acks, silence/keepalive)
