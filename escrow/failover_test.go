@@ -138,6 +138,7 @@ func TestNodeRegisteredLongBeforeAnOutageRebindsAndGetsItsRenewal(t *testing.T) 
 		}
 		// 5 h 55 min after its registration the node's socket drops, and Cloudly goes away.
 		node.end()
+		synctest.Wait() // the escrow has seen the connection end
 		b.e.Detached()
 		synctest.Wait()
 		for name, e := range map[string]*Escrow{"leader": b.e, "standby": standby} {
