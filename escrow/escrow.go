@@ -34,6 +34,9 @@ type Escrow struct {
 	kick    chan struct{}    // wakes Run after any change; buffered, never blocks
 	up      feature.Upstream // set by UseUpstream, before anything runs; nil outside a relay
 	tenure  feature.Tenure   // set by UseTenure, before anything runs; nil outside a relay: always held
+	// replicas is the HA leader's acknowledgement from its standbys, set by UseReplicaSync before
+	// anything runs; nil without HA.
+	replicas feature.ReplicaSync
 
 	mu       sync.Mutex
 	sched    *scheduler // guarded by mu
@@ -165,6 +168,10 @@ func (e *Escrow) hold(fromCloudly bool, body json.RawMessage) (string, *heldRun,
 	}
 	e.sched.hold(req.NodeID, run, now)
 	e.replicateLocked(runKey(req.NodeID), run.appendHold(nil, req.NodeID))
+	if ns.acked >= 0 {
+		e.replicateLocked(ackKey(req.NodeID), appendAckRecord(nil, ns.acked, run.projection))
+	}
+	e.extendPairLocked(req.NodeID, lastExpires)
 	e.gaugesLocked()
 	e.changedLocked()
 	unverified = req.UnverifiedDigests()
@@ -351,7 +358,10 @@ func (e *Escrow) recordAnswers() bool {
 	now := e.nowMs()
 	e.mu.Lock()
 	for i, a := range batch {
-		e.sched.result(a.r, outcomes[i].outcome == outcomeAccepted || outcomes[i].outcome == outcomeReplay, now)
+		if e.sched.result(a.r, outcomes[i].outcome == outcomeAccepted || outcomes[i].outcome == outcomeReplay, now) {
+			ns := e.sched.nodes[a.r.nodeID]
+			e.replicateLocked(ackKey(a.r.nodeID), appendAckRecord(nil, ns.acked, ns.run.projection))
+		}
 	}
 	e.mu.Unlock()
 	for i, a := range batch {
@@ -379,6 +389,7 @@ func (e *Escrow) recordAnswers() bool {
 func (e *Escrow) droppedLocked(node string, run *heldRun, why string) {
 	e.metrics.droppedRun(why)
 	e.replicateLocked(runKey(node), nil)
+	e.replicateLocked(ackKey(node), nil)
 	e.dropPairLocked(node)
 	if why == dropCustody {
 		return // CustodyEnded logs one line for all

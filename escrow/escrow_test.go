@@ -109,11 +109,14 @@ func TestReleaseOnlyWhileDetachedOnTheSlot(t *testing.T) {
 	})
 }
 
-func TestReconnectedNodeGetsTheCurrentRenewalAgain(t *testing.T) {
+// TestReconnectedNodeGetsWhatItDidNotAcknowledge: a node that comes back on a new connection gets
+// the current renewal again if it never acknowledged it, and never one it did.
+func TestReconnectedNodeGetsWhatItDidNotAcknowledge(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		b := startBubble(t)
 		defer b.stop()
 		first := newFakeNode("-node", cloudlyA, "rt-cluster-a", 1)
+		first.hold = true // it never answers: nothing is acknowledged on it
 		b.e.Attached(nil)
 		b.e.NodeBound(first)
 		start := nowMs()
@@ -136,13 +139,17 @@ func TestReconnectedNodeGetsTheCurrentRenewalAgain(t *testing.T) {
 		if body := second.received()[0].body; !contains(body, second.Session().Raw) {
 			t.Fatal("re-push does not carry the new session binding")
 		}
-		// A superseded connection's end changes nothing; the new one is bound and carries on.
+		// The second connection acknowledged it: a third is not pushed it again. A superseded
+		// connection's end changes nothing; the new one is bound and carries on.
 		third := newFakeNode("-node", cloudlyA, "rt-cluster-a", 3)
 		b.e.NodeBound(third)
 		synctest.Wait()
+		if got := third.sequences(); len(got) != 0 {
+			t.Fatalf("pushed %v again, which the node acknowledged on its previous connection", got)
+		}
 		second.end() // late, for a connection no longer carrying the node: ignored
 		sleepUntil(start + 10*minute)
-		if !slices.Equal(third.sequences(), []int64{1, 2}) || len(second.received()) != 1 {
+		if !slices.Equal(third.sequences(), []int64{2}) || len(second.received()) != 1 {
 			t.Fatalf("third %v second %v", third.sequences(), second.sequences())
 		}
 	})

@@ -15,8 +15,11 @@ import (
 // again byte for byte, be answered with that answer and bound to its session, and receive its
 // renewals. Never kept: the body, the bearer inside it. The digest is HMAC-SHA-256 under a key
 // that never leaves memory — made at New, or the HA leader's, copied to its standbys (replica.go).
-// A pair lasts until the node's run is dropped, a newer accepted registration of the node
-// replaces it, or the escrow horizon passes.
+// A pair lives as long as the node's escrow: every accepted hold extends it to that run's last
+// expiresAt, so a node registered days before an outage re-binds like one registered a minute
+// before; with no run held it lives the escrow horizon from its acceptance. It is dropped when the
+// node's run is dropped (cleared, ended, custody ended, another scope), when a newer accepted
+// registration of the node replaces it, and when its time has passed.
 
 // pairSweepEvery is how often Run drops the pairs past the horizon (Unix ms); Rebind never
 // answers with one in between.
@@ -26,7 +29,7 @@ const pairSweepEvery = 60_000
 type rebindPair struct {
 	digest [32]byte
 	answer json.RawMessage // Cloudly's answer, { session, protocol }: no secret
-	until  int64           // Unix ms: the escrow horizon after the acceptance
+	until  int64           // Unix ms: the later of the horizon after the acceptance and the node's run's end
 }
 
 // rebinds are every node's pairs. Guarded by Escrow.mu.
@@ -63,7 +66,22 @@ func (e *Escrow) Accepted(node string, digest [32]byte, answer json.RawMessage) 
 	p := rebindPair{digest: digest, answer: append(json.RawMessage(nil), answer...), until: e.nowMs() + contracts.MaximumEscrowHorizonMs}
 	e.mu.Lock()
 	defer e.mu.Unlock()
+	if ns := e.sched.nodes[node]; ns != nil && ns.run != nil {
+		p.until = max(p.until, ns.run.lastExpires())
+	}
 	e.setPairLocked(node, p)
+}
+
+// extendPairLocked keeps node's pair at least until until (a run held for it ends then), and
+// tells the standbys.
+func (e *Escrow) extendPairLocked(node string, until int64) {
+	p, ok := e.pairs.byNode[node]
+	if !ok || p.until >= until {
+		return
+	}
+	p.until = until
+	e.pairs.byNode[node] = p
+	e.replicateLocked(pairKey(node), p.appendRecord(nil))
 }
 
 // Rebind is the answer Cloudly gave the registration whose digest this is, while it is kept.

@@ -23,10 +23,22 @@ func (e *Escrow) Methods() (fromCloudly, fromDownstream []string) {
 // UseUpstream keeps the relay's Cloudly session: a hold is taken only while it is attached.
 func (e *Escrow) UseUpstream(up feature.Upstream) { e.up = up }
 
+// UseReplicaSync hands the escrow the HA leader's acknowledgement from its standbys: a hold (or a
+// withdrawal) is answered once every standby with a complete copy has it (SPEC §16). Call it
+// before anything runs; without it, a hold is answered at once.
+func (e *Escrow) UseReplicaSync(s feature.ReplicaSync) { e.replicas = s }
+
 // ServeCloudly serves a hold; one that comes before Cloudly accepted the relay's registration
-// on this session is refused escrow-cloudly-only.
+// on this session is refused escrow-cloudly-only. With HA, the answer waits for the standbys'
+// acknowledgement (bounded by the elector), on their goroutine: never on Cloudly's read loop. A
+// refusal changes nothing, and is answered at once.
 func (e *Escrow) ServeCloudly(_ string, body json.RawMessage, reply feature.Reply) {
-	reply(e.Hold(e.up != nil && e.up.Attached(), body))
+	resp, err := e.Hold(e.up != nil && e.up.Attached(), body)
+	if err != nil || e.replicas == nil {
+		reply(resp, err)
+		return
+	}
+	e.replicas.Sync(func(bool) { reply(resp, nil) })
 }
 
 // ServeDownstream refuses a hold from a node or the ingress (escrow-cloudly-only).

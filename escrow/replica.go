@@ -11,21 +11,32 @@ import (
 )
 
 // The escrow as an HA leader copies it to its standbys (SPEC §16, feature.Replicated): in memory
-// only, a record per key — the re-binding key, each node's run, each node's re-binding pair — sent
-// whole when a standby connects and again whenever it changes; a nil value removes the key. A
-// standby adopts the records as its own state, so that it holds every run and pair when it leads.
+// only, a record per key — the re-binding key, each node's run, each node's re-binding pair, and
+// how far each node has acknowledged its run's renewals — sent whole when a standby connects and
+// again whenever it changes; a nil value removes the key. A standby adopts the records as its own
+// state, so that when it leads it holds every run and pair, pushes no renewal a node already
+// acknowledged, and pushes again what it did not.
 //
-// Records: "key" → the 32-byte re-binding key; "run/<node>" → the node's hold request, as JSON
-// the hold reader takes (and judges again on the standby); "pair/<node>" → digest ‖ until (8
-// bytes, big-endian Unix ms) ‖ Cloudly's answer.
+// Records, every key under ReplicationPrefix: "escrow/key" → the 32-byte re-binding key;
+// "escrow/run/<node>" → the node's hold request, as JSON the hold reader takes (and judges again
+// on the standby); "escrow/pair/<node>" → digest ‖ until (8 bytes, big-endian Unix ms) ‖
+// Cloudly's answer; "escrow/ack/<node>" → the highest sequence the node acknowledged (8 bytes,
+// big-endian) ‖ the run's projection reference as JSON, which it counts in.
 const (
-	keyRecord  = "key"
-	runPrefix  = "run/"
-	pairPrefix = "pair/"
+	// ReplicationPrefix begins every key the escrow replicates; ReplicatedRunPrefix the keys of
+	// its runs.
+	ReplicationPrefix   = "escrow/"
+	ReplicatedRunPrefix = runPrefix
+
+	keyRecord  = ReplicationPrefix + "key"
+	runPrefix  = ReplicationPrefix + "run/"
+	pairPrefix = ReplicationPrefix + "pair/"
+	ackPrefix  = ReplicationPrefix + "ack/"
 )
 
 func runKey(node string) string  { return runPrefix + node }
 func pairKey(node string) string { return pairPrefix + node }
+func ackKey(node string) string  { return ackPrefix + node }
 
 // Replicate sends every record the escrow holds now, then every change, until stop is called.
 // send is called with the escrow's lock held, in the order of the changes: it must not block.
@@ -36,6 +47,9 @@ func (e *Escrow) Replicate(send func(key string, value []byte)) (stop func()) {
 	for id, ns := range e.sched.nodes {
 		if ns.run != nil {
 			send(runKey(id), ns.run.appendHold(nil, id))
+			if ns.acked >= 0 {
+				send(ackKey(id), appendAckRecord(nil, ns.acked, ns.run.projection))
+			}
 		}
 	}
 	for id, p := range e.pairs.byNode {
@@ -95,6 +109,17 @@ func (e *Escrow) Adopt(key string, value []byte) error {
 		}
 		e.sched.hold(node, newHeldRun(&req), now)
 		e.changedLocked()
+	case strings.HasPrefix(key, ackPrefix):
+		node := key[len(ackPrefix):]
+		if value == nil {
+			break // an acknowledgement goes with its run
+		}
+		seq, projection, ok := readAckRecord(value)
+		if !ok {
+			return fmt.Errorf("escrow: replicated acknowledgement of %s does not read", node)
+		}
+		e.sched.acknowledged(node, projection, seq, now)
+		e.changedLocked()
 	case strings.HasPrefix(key, pairPrefix):
 		node := key[len(pairPrefix):]
 		if value == nil {
@@ -149,6 +174,23 @@ func (p rebindPair) appendRecord(dst []byte) []byte {
 	dst = append(dst, p.digest[:]...)
 	dst = binary.BigEndian.AppendUint64(dst, uint64(p.until))
 	return append(dst, p.answer...)
+}
+
+func appendAckRecord(dst []byte, seq int64, projection contracts.ProjectionReference) []byte {
+	dst = binary.BigEndian.AppendUint64(dst, uint64(seq))
+	return projection.AppendJSON(dst)
+}
+
+func readAckRecord(b []byte) (int64, contracts.ProjectionReference, bool) {
+	var p contracts.ProjectionReference
+	if len(b) < 8 {
+		return 0, p, false
+	}
+	seq := int64(binary.BigEndian.Uint64(b))
+	if err := json.Unmarshal(b[8:], &p); err != nil || seq < 0 || string(p.AppendJSON(nil)) != string(b[8:]) {
+		return 0, p, false
+	}
+	return seq, p, true
 }
 
 func readPairRecord(b []byte) (rebindPair, bool) {

@@ -4,6 +4,7 @@ import (
 	"container/heap"
 	"time"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
 )
 
@@ -56,7 +57,7 @@ type nodeState struct {
 	epoch      uint64 // changes with every binding and loss, so late answers are recognised
 
 	run      *heldRun
-	acked    int64 // highest sequence the node acknowledged in this session for this projection; -1 none
+	acked    int64 // highest sequence the node acknowledged for this projection, over every session; -1 none
 	tried    int   // index of the renewal attempts counts; -1 none
 	attempts int
 	retryAt  int64
@@ -171,9 +172,11 @@ func (s *scheduler) endCustody() {
 }
 
 // bound records that the node's session is now bound to node on connection conn. A new binding
-// (another connection, or another session on the same one) is a new session: what the node
-// acknowledged before is forgotten, so the current renewal is pushed again. A run whose scope is
-// not the new session's is dropped; bound reports that.
+// (another connection, or another session on the same one) starts release afresh — the current
+// renewal is pushed again unless the node already acknowledged it — but what the node
+// acknowledged is kept: a renewal is never pushed to a node that acknowledged it, whichever
+// connection or relay it came through. A run whose scope is not the new session's is dropped,
+// with what was acknowledged of it; bound reports that.
 func (s *scheduler) bound(id string, node feature.Node, conn uint64, session, controller []byte, namespace string, now int64) (dropped bool) {
 	ns := s.state(id)
 	if ns.node != nil && ns.conn == conn && string(ns.session) == string(session) {
@@ -181,8 +184,9 @@ func (s *scheduler) bound(id string, node feature.Node, conn uint64, session, co
 	}
 	ns.node, ns.conn, ns.session, ns.controller, ns.namespace = node, conn, session, controller, namespace
 	ns.epoch++
-	ns.acked, ns.tried, ns.attempts, ns.retryAt, ns.inflight, ns.since = -1, -1, 0, 0, false, now
+	ns.tried, ns.attempts, ns.retryAt, ns.inflight, ns.since = -1, 0, 0, false, now
 	if ns.run != nil && !ns.run.inScope(controller, namespace) {
+		ns.acked = -1
 		s.drop(ns, dropForeign)
 		return true
 	}
@@ -262,22 +266,37 @@ func (s *scheduler) wanted(ns *nodeState, now int64) int {
 }
 
 // result records the node's answer to a push: ok when it bound to the renewal sent (accepted or
-// replay), else a refusal or failure to retry.
-func (s *scheduler) result(r release, ok bool, now int64) {
+// replay), else a refusal or failure to retry. It reports whether the node's acknowledged
+// sequence rose.
+func (s *scheduler) result(r release, ok bool, now int64) (acked bool) {
 	ns := s.nodes[r.nodeID]
 	if ns == nil || ns.epoch != r.epoch {
-		return // the session it was sent under is gone
+		return false // the session it was sent under is gone
 	}
 	ns.inflight = false
 	if ns.run == nil {
-		return
+		return false
 	}
 	switch {
 	case ok && r.run.projection == ns.run.projection:
-		ns.acked = max(ns.acked, r.run.renewals[r.idx].sequence)
+		if seq := r.run.renewals[r.idx].sequence; seq > ns.acked {
+			ns.acked, acked = seq, true
+		}
 	case !ok && r.run == ns.run && ns.tried == r.idx:
 		ns.retryAt = now + min(retryFirst<<(ns.attempts-1), retryMax)
 	}
+	s.reschedule(ns, now)
+	return acked
+}
+
+// acknowledged records, on a standby, how far the leader's node acknowledged the run it holds
+// under projection: nothing up to seq is pushed to it again.
+func (s *scheduler) acknowledged(id string, projection contracts.ProjectionReference, seq, now int64) {
+	ns := s.nodes[id]
+	if ns == nil || ns.run == nil || ns.run.projection != projection {
+		return
+	}
+	ns.acked = seq
 	s.reschedule(ns, now)
 }
 

@@ -172,7 +172,10 @@ func TestReattachStopsReleaseMidRun(t *testing.T) {
 	}
 }
 
-func TestNodeReconnectRepushesTheCurrentRenewal(t *testing.T) {
+// TestNodeReconnectRepushesOnlyWhatItDidNotAcknowledge: a new connection or session starts release
+// afresh, but a renewal the node acknowledged is never pushed to it again, whichever connection
+// it acknowledged it on.
+func TestNodeReconnectRepushesOnlyWhatItDidNotAcknowledge(t *testing.T) {
 	f := newSchedFixture(t, "node-a")
 	f.s.hold("node-a", gridRun("node-a", 10, slot0).held(t), slot0-time0)
 	f.s.setAttached(false, slot0)
@@ -198,12 +201,25 @@ func TestNodeReconnectRepushesTheCurrentRenewal(t *testing.T) {
 	if f.bind(back, slot0+13*minute); len(f.at(slot0+13*minute)) != 0 {
 		t.Fatal("the same binding again re-pushed")
 	}
-	// A rotation on the same connection is a new session: the current one goes again.
+	// A rotation on the same connection is a new session, but the node acknowledged the current
+	// renewal: it is not pushed again; the next one goes on the new session when its slot opens.
 	rotated := &fakeNode{id: back.id, session: back.session}
 	rotated.session.Raw = []byte(`{"rotated":true}`)
 	f.bind(rotated, slot0+14*minute)
-	if got := f.at(slot0 + 14*minute); !slices.Equal(got, []int64{2}) {
-		t.Fatalf("after rotation: %v", got)
+	if got := f.at(slot0 + 14*minute); len(got) != 0 {
+		t.Fatalf("after rotation, re-pushed %v the node acknowledged", got)
+	}
+	rs = f.s.releases(slot0+20*minute, 0)
+	if len(rs) != 1 || rs[0].run.renewals[rs[0].idx].sequence != 3 || string(rs[0].session) != `{"rotated":true}` {
+		t.Fatalf("the next slot after rotation: %+v", rs)
+	}
+	// Unacknowledged, it goes again on the next session.
+	f.s.result(rs[0], false, slot0+20*minute)
+	again := &fakeNode{id: back.id, session: back.session}
+	again.session.Raw = []byte(`{"rotated":2}`)
+	f.bind(again, slot0+21*minute)
+	if got := f.at(slot0 + 21*minute); !slices.Equal(got, []int64{3}) {
+		t.Fatalf("after another rotation, the unacknowledged renewal: %v", got)
 	}
 }
 

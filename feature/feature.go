@@ -138,6 +138,16 @@ type Rebinder interface {
 	Rebind(digest [32]byte) (answer json.RawMessage, ok bool)
 }
 
+// ReplicaSync is the HA leader's word that its standbys have what the replicated parts sent
+// (SPEC §16): Sync calls done once every standby connected now with a complete copy has
+// acknowledged everything sent so far — done(true) — or at once when none is, or once the bound
+// passed — done(false). It never blocks; done is called exactly once, from any goroutine, and may
+// run before Sync returns. A part handed one (cmd/relay does, before anything
+// runs) answers what must survive a failover from done.
+type ReplicaSync interface {
+	Sync(done func(replicated bool))
+}
+
 // Replicated is a part an HA leader copies to its standbys, in memory only (SPEC §16): records by
 // key, a nil value removing one. Replicate sends every record held now, then every change, until
 // stop; send runs with the part's lock held and must not block. A standby adopts the leader's

@@ -1,6 +1,7 @@
 package ha
 
 import (
+	"bufio"
 	"encoding/binary"
 	"errors"
 	"fmt"
@@ -19,36 +20,43 @@ import (
 
 // Bounds of the channel.
 const (
-	maxFrame         = 1 << 20 // a run of 32 renewals is tens of KiB
+	maxFrame         = 1 << 20 // a leader's record: a run of 32 renewals is tens of KiB
+	maxPeerFrame     = 1 << 10 // a standby's frame: its hello, or an acknowledgement
 	handshakeTimeout = 5 * time.Second
-	prologue         = "servezone-relay-replication"
-	chunk            = noise.MaxMsgLen - 16 // plaintext per transport message, with the tag
+	// writeTimeout bounds every write: a peer that stops reading ends its channel.
+	writeTimeout = 10 * time.Second
+	// The prologue names the channel's version: a relay speaking another (no hello, other keys)
+	// fails the handshake rather than misreading the records.
+	prologue = "servezone-relay-replication-v2"
+	chunk    = noise.MaxMsgLen - 16 // plaintext per transport message, with the tag
 )
 
 var suite = noise.NewCipherSuite(noise.DH25519, noise.CipherChaChaPoly, noise.HashSHA256)
 
-// errFrameTooLarge is a peer's frame past maxFrame: the channel is closed.
+// errFrameTooLarge is a peer's frame past its bound: the channel is closed.
 var errFrameTooLarge = errors.New("ha: replication frame larger than its bound")
 
 // channel is one end of an established replication channel. Reads and writes each belong to one
 // goroutine.
 type channel struct {
-	conn net.Conn           // set at construction
-	send *noise.CipherState // set at construction: owned by the writer
-	recv *noise.CipherState // set at construction: owned by the reader
-	wbuf []byte             // owned by the writer
-	rbuf []byte             // owned by the reader
+	conn         net.Conn           // set at construction
+	rd           *bufio.Reader      // set at construction: owned by the reader
+	send         *noise.CipherState // set at construction: owned by the writer
+	recv         *noise.CipherState // set at construction: owned by the reader
+	writeTimeout time.Duration      // set at construction
+	wbuf         []byte             // owned by the writer
+	rbuf         []byte             // owned by the reader
 }
 
-// handshake runs NNpsk0 on conn under key; initiator is the standby's side.
+// handshake runs NNpsk0 on conn under key; initiator is the standby's side. The caller bounds it
+// with a deadline on conn.
 func handshake(conn net.Conn, key []byte, initiator bool) (*channel, error) {
 	hs, err := noise.NewHandshakeState(noise.Config{CipherSuite: suite, Pattern: noise.HandshakeNN, Initiator: initiator,
 		Prologue: []byte(prologue), PresharedKey: key, PresharedKeyPlacement: 0})
 	if err != nil {
 		return nil, err
 	}
-	conn.SetDeadline(time.Now().Add(handshakeTimeout))
-	defer conn.SetDeadline(time.Time{})
+	rd := bufio.NewReaderSize(conn, 64<<10)
 	var cs1, cs2 *noise.CipherState
 	if initiator {
 		msg, _, _, err := hs.WriteMessage(nil, nil)
@@ -58,16 +66,16 @@ func handshake(conn net.Conn, key []byte, initiator bool) (*channel, error) {
 		if err := writeMessage(conn, msg); err != nil {
 			return nil, err
 		}
-		in, err := readMessage(conn, nil)
+		in, err := readMessage(rd, nil)
 		if err != nil {
 			return nil, err
 		}
 		if _, cs1, cs2, err = hs.ReadMessage(nil, in); err != nil {
 			return nil, fmt.Errorf("ha: replication handshake: %w", err)
 		}
-		return &channel{conn: conn, send: cs1, recv: cs2}, nil
+		return newChannel(conn, rd, cs1, cs2), nil
 	}
-	in, err := readMessage(conn, nil)
+	in, err := readMessage(rd, nil)
 	if err != nil {
 		return nil, err
 	}
@@ -81,16 +89,16 @@ func handshake(conn net.Conn, key []byte, initiator bool) (*channel, error) {
 	if err := writeMessage(conn, msg); err != nil {
 		return nil, err
 	}
-	return &channel{conn: conn, send: cs2, recv: cs1}, nil
+	return newChannel(conn, rd, cs2, cs1), nil
+}
+
+func newChannel(conn net.Conn, rd *bufio.Reader, send, recv *noise.CipherState) *channel {
+	return &channel{conn: conn, rd: rd, send: send, recv: recv, writeTimeout: writeTimeout}
 }
 
 func writeMessage(w io.Writer, msg []byte) error {
-	var h [2]byte
-	binary.BigEndian.PutUint16(h[:], uint16(len(msg)))
-	if _, err := w.Write(h[:]); err != nil {
-		return err
-	}
-	_, err := w.Write(msg)
+	b := binary.BigEndian.AppendUint16(make([]byte, 0, 2+len(msg)), uint16(len(msg)))
+	_, err := w.Write(append(b, msg...))
 	return err
 }
 
@@ -108,11 +116,12 @@ func readMessage(r io.Reader, buf []byte) ([]byte, error) {
 	return buf, err
 }
 
-// writeFrame sends one frame.
+// writeFrame sends one frame, within the write timeout.
 func (c *channel) writeFrame(frame []byte) error {
 	if len(frame) > maxFrame {
 		return errFrameTooLarge
 	}
+	c.conn.SetWriteDeadline(time.Now().Add(c.writeTimeout))
 	var h [4]byte
 	binary.BigEndian.PutUint32(h[:], uint32(len(frame)))
 	plain := append(h[:], frame...)
@@ -124,6 +133,9 @@ func (c *channel) writeFrame(frame []byte) error {
 		}
 		c.wbuf = out
 		if err := writeMessage(c.conn, out); err != nil {
+			if ne, ok := err.(net.Error); ok && ne.Timeout() {
+				return fmt.Errorf("%w: %w", errStalled, err)
+			}
 			return err
 		}
 		plain = plain[n:]
@@ -131,12 +143,12 @@ func (c *channel) writeFrame(frame []byte) error {
 	return nil
 }
 
-// readFrame receives one frame; its bytes are valid until the next call.
-func (c *channel) readFrame() ([]byte, error) {
+// readFrame receives one frame of at most limit bytes.
+func (c *channel) readFrame(limit int) ([]byte, error) {
 	var frame []byte
 	want := -1
 	for want < 0 || len(frame) < want+4 {
-		msg, err := readMessage(c.conn, c.rbuf)
+		msg, err := readMessage(c.rd, c.rbuf)
 		if err != nil {
 			return nil, err
 		}
@@ -148,7 +160,7 @@ func (c *channel) readFrame() ([]byte, error) {
 		frame = append(frame, plain...)
 		if want < 0 && len(frame) >= 4 {
 			want = int(binary.BigEndian.Uint32(frame))
-			if want > maxFrame {
+			if want > limit {
 				return nil, errFrameTooLarge
 			}
 		}

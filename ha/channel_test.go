@@ -47,7 +47,7 @@ func TestChannelCarriesFramesOfAnySize(t *testing.T) {
 		}
 	}()
 	for i, want := range frames {
-		got, err := standby.readFrame()
+		got, err := standby.readFrame(maxFrame)
 		if err != nil {
 			t.Fatalf("frame %d: %v", i, err)
 		}
@@ -90,17 +90,28 @@ func FuzzReadRecord(f *testing.F) {
 	f.Add(record{key: "run/node-a", value: []byte(`{}`)}.frame())
 	f.Add(record{synced: true}.frame())
 	f.Add([]byte{opDelete, 0xff, 0xff})
+	f.Add(pingFrame)
+	f.Add([]byte{opPing, 0, 1, 'x'})
 	f.Fuzz(func(t *testing.T, b []byte) {
 		op, key, value, err := readRecord(b)
 		if err != nil {
 			return
 		}
-		back := record{key: key, value: value, synced: op == opSynced}
-		if op == opDelete {
-			back.value = nil
-		}
-		if op != opSynced && !bytes.Equal(back.frame(), b) && op != opDelete {
-			t.Fatalf("%q read as op %d key %q value %q, which frames back as %q", b, op, key, value, back.frame())
+		switch op {
+		case opSynced, opPing:
+			if len(b) != 3 || key != "" || value != nil {
+				t.Fatalf("%q read as marker %d with key %q value %q", b, op, key, value)
+			}
+		case opSet:
+			if back := (record{key: key, value: value}); !bytes.Equal(back.frame(), b) {
+				t.Fatalf("%q read as key %q value %q, which frames back as %q", b, key, value, back.frame())
+			}
+		case opDelete:
+			if value != nil || !bytes.HasPrefix(b, record{key: key}.frame()) {
+				t.Fatalf("%q read as a delete of %q with value %q", b, key, value)
+			}
+		default:
+			t.Fatalf("%q read as op %d", b, op)
 		}
 	})
 }

@@ -1,9 +1,10 @@
 // Package ha runs several relays per cluster (SPEC §16): one elected through a Kubernetes Lease
 // with client-go's leaderelection, the others warm standbys. It labels the relay's own Pod with
 // its role (the Service selects the leader), tells the relay when to lead and when to fence itself
-// (relay.Elector), and copies the escrow from the leader to every standby over a Noise NNpsk0
-// channel, in memory only. It never dials Cloudly, never touches a node connection, and never logs
-// what it copies.
+// (relay.Elector), and copies the replicated parts (the escrow, the VPN membership), each under its
+// own key prefix, from the leader to every standby over a Noise NNpsk0 channel, in memory only; a
+// hold waits for the standbys' acknowledgement (Sync). It never dials Cloudly, never touches a node
+// connection, and never logs what it copies.
 //
 // # Flow
 //
@@ -15,5 +16,7 @@
 //	           Cloudly) before the Lease can expire for anyone else
 //	term end:  fenced or stepping down → client-go's run cancelled, the Lease released →
 //	           label standby → Run returns: the relay's process exits, and comes back a standby
+//	feed:      a standby's handshake, then its { pod } → its whole state, then every change → acks
+//	hold:      the part queues it to every standby → Sync answers once each acknowledged it (1 s)
 //	standby:   follow the holder's Pod annotation → copy its records → ready to lead
 package ha

@@ -20,8 +20,6 @@ import (
 	"k8s.io/client-go/tools/leaderelection"
 	"k8s.io/client-go/tools/leaderelection/resourcelock"
 	"k8s.io/klog/v2"
-
-	"code.foss.global/serve.zone/relay/feature"
 )
 
 // Pod label and annotations: the role every relay gives its own Pod, which the chart's
@@ -63,11 +61,12 @@ type Config struct {
 	Client               kubernetes.Interface // the API, as the relay's service account
 
 	// Replication (replica.go): the listener standbys dial, the replicas' shared key, and the
-	// part copied; Replicated nil copies nothing.
+	// parts copied, each under its own key prefix; none copies nothing.
 	Replication    net.Listener
 	ReplicationKey []byte
-	Replicated     feature.Replicated
-	MaxCopyBytes   int64 // a standby's copy at most; zero: DefaultMaxCopyBytes
+	Parts          []Part
+	MaxCopyBytes   int64         // a standby's copy at most; zero: DefaultMaxCopyBytes
+	AckTimeout     time.Duration // how long a hold waits for the standbys (Sync); zero: DefaultAckTimeout
 
 	Logger     zerolog.Logger
 	Registerer prometheus.Registerer
@@ -115,9 +114,6 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.RenewDeadline >= cfg.LeaseDuration {
 		return nil, errors.New("ha: the renew deadline must be shorter than the lease duration")
 	}
-	if cfg.MaxCopyBytes <= 0 {
-		cfg.MaxCopyBytes = DefaultMaxCopyBytes
-	}
 	m, err := newMetrics(cfg.Registerer)
 	if err != nil {
 		return nil, err
@@ -130,7 +126,9 @@ func New(cfg Config) (*Elector, error) {
 	}
 	e := &Elector{cfg: cfg, log: cfg.Logger.With().Str("component", "ha").Logger(), m: m, role: RoleStandby, since: time.Now(),
 		tenure: newTenure(cfg.Now, cfg.RenewDeadline)}
-	e.rep = newReplication(e)
+	if e.rep, err = e.newReplication(); err != nil {
+		return nil, err
+	}
 	return e, nil
 }
 
@@ -364,7 +362,7 @@ func (e *Elector) patchPod(name string, patch []byte, what string) bool {
 }
 
 // Ready says why the relay could not lead now: the API server has answered nothing for a lease
-// duration, or its copy of the leader's escrow is not complete (the replication side judges that).
+// duration, or its copy of the leader's replicated state is not complete (the replication side judges that).
 func (e *Elector) Ready() error {
 	last := e.lastAPI.Load()
 	if last == 0 || time.Since(time.Unix(0, last)) > e.cfg.LeaseDuration {

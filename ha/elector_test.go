@@ -97,7 +97,7 @@ func startMember(t *testing.T, s *kubeapi.Server, ns, name string, key []byte) *
 	m := &member{name: name, rep: newFake(), done: make(chan struct{}), fenced: make(chan struct{})}
 	m.el, err = ha.New(ha.Config{LeaseName: "relay", Namespace: ns, Identity: name, PodName: name, PodIP: "127.0.0.1",
 		LeaseDuration: leaseDuration, RenewDeadline: renewDeadline, RetryPeriod: retryPeriod,
-		Client: s.Client(kubeapi.Relay), Replication: ln, ReplicationKey: key, Replicated: m.rep})
+		Client: s.Client(kubeapi.Relay), Replication: ln, ReplicationKey: key, Parts: []ha.Part{{Prefix: "run/", Part: m.rep, Runs: "run/"}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -2,76 +2,199 @@ package ha
 
 import (
 	"context"
-	"encoding/binary"
 	"errors"
+	"fmt"
 	"net"
+	"slices"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
+	"github.com/rs/zerolog"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/utils/clock"
 
-	"code.foss.global/serve.zone/relay/internal/backoff"
+	"code.foss.global/serve.zone/relay/feature"
 )
 
-// Escrow survives a failover (SPEC §16): the leader copies the replicated part's records to every
+// Escrow survives a failover (SPEC §16): the leader copies its replicated parts' records to every
 // standby that dials it — the whole state first, then every change — and a standby adopts them
-// as its own state, so that it holds every run and re-binding pair when it leads. In memory only,
-// bounded on both sides, never logged. Every relay listens; only the leader feeds; a standby dials
-// the address on the Pod the Lease names as holder.
+// as its own state, so that it holds every run, re-binding pair and acknowledgement (and the VPN
+// membership) when it leads. In memory only, bounded on both sides, never logged. Every relay
+// listens; only the leader feeds (feed.go); a standby dials the address on the Pod the Lease names
+// as holder (follow.go). A hold is answered once every standby with a complete copy has
+// acknowledged it (Sync).
 
-// Bounds of replication.
+// Bounds and timings of replication.
 const (
 	// DefaultMaxCopyBytes bounds a standby's copy; past it the copy is incomplete, and says so.
 	DefaultMaxCopyBytes = 512 << 20
-	// maxFeedBytes bounds what the leader queues for one standby; past it that standby is
-	// dropped, and copies again from the start when it comes back.
-	maxFeedBytes = 512 << 20
+	// DefaultAckTimeout bounds how long a hold waits for the standbys' acknowledgements
+	// (--ha-replication-ack); a standby that misses it is closed.
+	DefaultAckTimeout = time.Second
+	// maxChannels bounds the replication connections open at once, authenticated or not: eight
+	// of the relay's 256-descriptor reserve.
+	maxChannels = 8
+	// keepalive is how often each side sends when it has nothing else to say; a peer heard from
+	// not at all for silence is dropped.
+	keepalive = 2 * time.Second
+	silence   = 10 * time.Second
+	// standbyShare caps one standby's send queue on the leader, charged to the relay's memory
+	// budget (or, without one, counted against this cap alone); recordCost is charged per record
+	// beyond its key and value.
+	standbyShare = 64 << 20
+	recordCost   = 64
 	dialTimeout  = 5 * time.Second
 )
 
-// Record operations in a frame: op (1 byte), key length (2 bytes), key, value.
-const (
-	opSet    = 1
-	opDelete = 2
-	opSynced = 3 // the whole state has been sent; changes follow
-)
-
-// runPrefix names the records that are escrowed runs, for the counts the status page shows.
-const runPrefix = "run/"
+// Part is one replicated part and the key prefix that every one of its records begins with: a
+// standby's copy routes each record to the part whose prefix it has. No prefix may be another's
+// prefix.
+type Part struct {
+	Prefix string
+	Part   feature.Replicated
+	// Runs, when set, is the prefix of the records that are escrowed runs: what
+	// relay_ha_replicated_runs and the status page count.
+	Runs string
+}
 
 // ReplicationStatus is the status page's replication section.
 type ReplicationStatus struct {
 	Connected int  `json:"connected"` // on the leader: standbys fed; on a standby: 1 while it follows
 	Runs      int  `json:"runs"`      // on the leader: runs it replicates; on a standby: runs it holds as a copy
-	Complete  bool `json:"complete"`  // a standby's copy is whole and current
+	Complete  bool `json:"complete"`  // a standby's copy is whole and current (the leader's own state: true)
+	// On the leader: each standby fed, and whether it has acknowledged the whole state (only
+	// those are waited for by a hold).
+	Standbys []StandbyStatus `json:"standbys,omitempty"`
+	// On the leader: the last hold answered before every standby had it, and the last standby
+	// dropped; the counts are relay_ha_holds_unreplicated_total and
+	// relay_ha_standbys_dropped_total.
+	LastUnreplicated *EventStatus `json:"lastUnreplicated,omitempty"`
+	LastDropped      *EventStatus `json:"lastDropped,omitempty"`
+}
+
+// StandbyStatus is one standby the leader feeds.
+type StandbyStatus struct {
+	Pod      string    `json:"pod"`
+	Since    time.Time `json:"since"`
+	Complete bool      `json:"complete"`
+}
+
+// EventStatus is when something happened, why, and to which standby (none for a hold that had no
+// standby to wait for).
+type EventStatus struct {
+	At     time.Time `json:"at"`
+	Reason string    `json:"reason"`
+	Pod    string    `json:"pod,omitempty"`
+}
+
+// replicationConfig is what the replication is told, set at construction.
+type replicationConfig struct {
+	listener     net.Listener // standbys dial it; nil: this relay feeds no one
+	key          []byte       // the replicas' shared key
+	parts        []Part
+	self         []string // this relay's names (Pod, identity): a hello naming one is refused
+	pod          string   // the Pod this relay's hello names
+	maxCopy      int64
+	ackTimeout   time.Duration
+	writeTimeout time.Duration
+	clock        clock.WithTickerAndDelayedExecution
+}
+
+// replicationPorts are the election's answers the replication needs, set at construction.
+type replicationPorts struct {
+	leading func() bool   // this relay leads now
+	holder  func() string // who holds the Lease, as last seen ("": unknown)
+	// address is the holder's replication address (its Pod's annotation).
+	address func(ctx context.Context, holder string) (string, error)
+	// checkPod says why pod may not copy from this relay (nil: it may): the Pod must exist and be
+	// of this relay's release. nil: the name alone is judged.
+	checkPod func(ctx context.Context, pod string) error
 }
 
 // replication is both sides of the channel.
 type replication struct {
-	e *Elector // set at construction
+	cfg replicationConfig // set at construction
+	p   replicationPorts  // set at construction
+	log zerolog.Logger    // set at construction
+	m   *metrics          // set at construction
+	// refusalLog is log sampled: anyone on the cluster network can have a connection refused.
+	refusalLog zerolog.Logger // set at construction
+
+	memory atomic.Value // feature.Memory, set by useMemory before Run: standbys' queues are charged to it
 
 	runMu       sync.Mutex
 	runsFedKeys map[string]bool // guarded by runMu: the runs the leader has replicated
 
-	mu        sync.Mutex
-	feeds     map[*feed]struct{} // guarded by mu: standbys fed while leading
-	following net.Conn           // guarded by mu: the connection to the leader a standby follows
-	copyKeys  map[string]int     // guarded by mu: a standby's copied records and their sizes
-	copyBytes int64              // guarded by mu
-	complete  bool               // guarded by mu
-	overflow  bool               // guarded by mu: a record did not fit MaxCopyBytes
-	wake      chan struct{}      // the holder changed: follow looks again
+	mu               sync.Mutex
+	slots            map[*slot]struct{} // guarded by mu: replication connections open (leader side)
+	byPod            map[string]*feed   // guarded by mu: standbys fed while leading, one per Pod
+	lastUnreplicated *EventStatus       // guarded by mu
+	lastDropped      *EventStatus       // guarded by mu
+	following        net.Conn           // guarded by mu: the connection to the leader a standby follows
+	copyKeys         map[string]int     // guarded by mu: a standby's copied records and their sizes
+	copyBytes        int64              // guarded by mu
+	copiedRuns       int                // guarded by mu: the copied records that are runs
+	copyComplete     bool               // guarded by mu: the copy is whole as of the leader's synced marker
+	overflow         bool               // guarded by mu: a record did not fit maxCopy
+	copiedFrom       string             // guarded by mu: the leader the copy came from ("": none, or this relay led since)
+	heard            atomic.Int64       // clock's Unix nanos of the last frame from the leader followed
+	wake             chan struct{}      // the holder changed: follow looks again
 }
 
-func newReplication(e *Elector) *replication {
-	return &replication{e: e, feeds: make(map[*feed]struct{}), copyKeys: make(map[string]int), runsFedKeys: make(map[string]bool),
-		wake: make(chan struct{}, 1)}
+func newReplication(cfg replicationConfig, p replicationPorts, log zerolog.Logger, m *metrics) (*replication, error) {
+	for i, a := range cfg.parts {
+		if a.Prefix == "" || a.Part == nil {
+			return nil, errors.New("ha: every replicated part needs a key prefix")
+		}
+		for _, b := range cfg.parts[i+1:] {
+			if strings.HasPrefix(a.Prefix, b.Prefix) || strings.HasPrefix(b.Prefix, a.Prefix) {
+				return nil, fmt.Errorf("ha: replicated parts' prefixes %q and %q overlap", a.Prefix, b.Prefix)
+			}
+		}
+	}
+	if cfg.maxCopy <= 0 {
+		cfg.maxCopy = DefaultMaxCopyBytes
+	}
+	if cfg.ackTimeout <= 0 {
+		cfg.ackTimeout = DefaultAckTimeout
+	}
+	if cfg.writeTimeout <= 0 {
+		cfg.writeTimeout = writeTimeout
+	}
+	if cfg.clock == nil {
+		cfg.clock = clock.RealClock{}
+	}
+	return &replication{cfg: cfg, p: p, log: log, m: m, refusalLog: log.Sample(&zerolog.BurstSampler{Burst: 5, Period: time.Second}), slots: make(map[*slot]struct{}), byPod: make(map[string]*feed),
+		copyKeys: make(map[string]int), runsFedKeys: make(map[string]bool), wake: make(chan struct{}, 1)}, nil
+}
+
+// partOf is the part that owns key.
+func (r *replication) partOf(key string) (Part, bool) {
+	for _, p := range r.cfg.parts {
+		if strings.HasPrefix(key, p.Prefix) {
+			return p, true
+		}
+	}
+	return Part{}, false
+}
+
+func (r *replication) isRun(key string) bool {
+	p, ok := r.partOf(key)
+	return ok && p.Runs != "" && strings.HasPrefix(key, p.Runs)
+}
+
+// useMemory charges every standby's send queue to m from now on.
+func (r *replication) useMemory(m feature.Memory) {
+	if m != nil {
+		r.memory.Store(m)
+	}
 }
 
 // countRun notes a run record the leader replicates; it runs under the replicated part's lock.
 func (r *replication) countRun(key string, value []byte) {
-	if !strings.HasPrefix(key, runPrefix) {
+	if !r.isRun(key) {
 		return
 	}
 	r.runMu.Lock()
@@ -82,7 +205,7 @@ func (r *replication) countRun(key string, value []byte) {
 	}
 	n := len(r.runsFedKeys)
 	r.runMu.Unlock()
-	r.e.m.replicatedRuns.Set(float64(n))
+	r.m.replicatedRuns.Set(float64(n))
 }
 
 func (r *replication) runsFed() int {
@@ -91,334 +214,157 @@ func (r *replication) runsFed() int {
 	return len(r.runsFedKeys)
 }
 
-// holderChanged: the Lease has another holder; a standby follows the new one.
+// holderChanged: the Lease has another holder. A standby follows the new one; a relay that no
+// longer leads feeds no one.
 func (r *replication) holderChanged() {
+	mine := r.isSelf(r.p.holder())
 	r.mu.Lock()
 	if r.following != nil {
 		r.following.Close()
 	}
+	var feeds []*feed
+	if !mine {
+		for _, f := range r.byPod {
+			feeds = append(feeds, f)
+		}
+	} else {
+		r.copiedFrom = "" // what it holds from now on is its own state, not a copy of anyone's
+	}
 	r.mu.Unlock()
+	for _, f := range feeds {
+		f.end(errStepDown)
+	}
 	select {
 	case r.wake <- struct{}{}:
 	default:
 	}
 }
 
-// serve accepts standbys until ctx ends, and feeds them while this relay leads.
-func (r *replication) serve(ctx context.Context) {
-	ln := r.e.cfg.Replication
-	if ln == nil {
-		return
+// complete reports whether this relay holds the whole, current state: while it leads, its own;
+// as a standby, only a copy it is still following, that reached the leader's synced marker, fits
+// its bound, and was heard from within the silence bound. The standby's readiness rests on it.
+func (r *replication) complete() bool {
+	if r.p.leading() {
+		return true
 	}
-	stop := context.AfterFunc(ctx, func() { ln.Close() })
-	defer stop()
-	var wg sync.WaitGroup
-	defer wg.Wait()
-	for {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		wg.Add(1)
-		go func() { defer wg.Done(); r.feedOne(ctx, conn) }()
+	if len(r.cfg.parts) == 0 {
+		return true // nothing to copy, nothing missing
 	}
-}
-
-// feedOne feeds one standby while this relay leads.
-func (r *replication) feedOne(ctx context.Context, conn net.Conn) {
-	defer conn.Close()
-	if _, self := r.e.Holder(); !self || r.e.cfg.Replicated == nil {
-		return
-	}
-	ch, err := handshake(conn, r.e.cfg.ReplicationKey, false)
-	if err != nil {
-		r.e.log.Warn().Str("remote", conn.RemoteAddr().String()).Str("outcome", "refused").Msg("a replication peer failed the handshake")
-		return
-	}
-	f := &feed{wake: make(chan struct{}, 1)}
-	stop := r.e.cfg.Replicated.Replicate(func(key string, value []byte) {
-		r.countRun(key, value)
-		f.push(key, value)
-	})
-	defer stop()
-	f.push("", nil) // synced
 	r.mu.Lock()
-	r.feeds[f] = struct{}{}
-	r.e.m.standbys.Set(float64(len(r.feeds)))
+	ok := r.copyComplete && !r.overflow && r.following != nil
 	r.mu.Unlock()
-	runs := r.runsFed()
-	defer func() {
-		r.mu.Lock()
-		delete(r.feeds, f)
-		r.e.m.standbys.Set(float64(len(r.feeds)))
-		r.mu.Unlock()
-	}()
-	r.e.log.Info().Str("remote", conn.RemoteAddr().String()).Int("runs", runs).Str("outcome", "connected").Msg("feeding a standby")
-	tick := time.NewTicker(r.e.cfg.RetryPeriod)
-	defer tick.Stop()
-	for {
-		items, broken := f.take()
-		if broken {
-			r.e.log.Warn().Str("outcome", "dropped").Msg("a standby reads too slowly for its copy's bound: dropped")
-			return
-		}
-		for _, it := range items {
-			if err := ch.writeFrame(it.frame()); err != nil {
-				return
-			}
-		}
-		select {
-		case <-ctx.Done():
-			return
-		case <-f.wake:
-		case <-tick.C:
-			if _, self := r.e.Holder(); !self {
-				return // no longer the leader: feeds nothing more
-			}
-		}
-	}
-}
-
-// feed is one standby's queue on the leader: pushed to under the replicated part's lock, never
-// blocking; drained by feedOne.
-type feed struct {
-	mu     sync.Mutex
-	items  []record // guarded by mu
-	bytes  int      // guarded by mu
-	broken bool     // guarded by mu: past maxFeedBytes
-	wake   chan struct{}
-}
-
-type record struct {
-	key    string
-	value  []byte
-	synced bool
-}
-
-func (f *feed) push(key string, value []byte) {
-	f.mu.Lock()
-	if !f.broken {
-		f.items = append(f.items, record{key: key, value: value, synced: key == "" && value == nil})
-		f.bytes += len(key) + len(value)
-		f.broken = f.bytes > maxFeedBytes
-	}
-	f.mu.Unlock()
-	select {
-	case f.wake <- struct{}{}:
-	default:
-	}
-}
-
-func (f *feed) take() ([]record, bool) {
-	f.mu.Lock()
-	defer f.mu.Unlock()
-	items := f.items
-	f.items, f.bytes = nil, 0
-	return items, f.broken
-}
-
-func (rc record) frame() []byte {
-	if rc.synced {
-		return []byte{opSynced, 0, 0}
-	}
-	op := byte(opSet)
-	if rc.value == nil {
-		op = opDelete
-	}
-	b := make([]byte, 0, 3+len(rc.key)+len(rc.value))
-	b = append(b, op)
-	b = binary.BigEndian.AppendUint16(b, uint16(len(rc.key)))
-	b = append(b, rc.key...)
-	return append(b, rc.value...)
-}
-
-func readRecord(b []byte) (op byte, key string, value []byte, err error) {
-	if len(b) < 3 {
-		return 0, "", nil, errors.New("ha: replication record too short")
-	}
-	op, n := b[0], int(binary.BigEndian.Uint16(b[1:3]))
-	if len(b) < 3+n || op < opSet || op > opSynced {
-		return 0, "", nil, errors.New("ha: replication record does not read")
-	}
-	key, value = string(b[3:3+n]), b[3+n:]
-	if op == opSet {
-		value = append([]byte{}, value...) // the frame's buffer is reused
-	}
-	return op, key, value, nil
-}
-
-// follow keeps a standby's copy of the leader's records until ctx ends: it dials the holder's
-// replication address, adopts what it is sent, and after the leader's whole state has come,
-// forgets the records the leader no longer has.
-func (r *replication) follow(ctx context.Context) {
-	if r.e.cfg.Replicated == nil {
-		return
-	}
-	bo := backoff.New()
-	for ctx.Err() == nil {
-		holder, self := r.e.Holder()
-		if holder != "" && holder != r.e.cfg.Identity && !self {
-			if err := r.followOne(ctx, holder); err != nil && ctx.Err() == nil {
-				r.e.log.Debug().Err(err).Str("outcome", "lost").Msg("replication from the leader lost")
-			}
-		}
-		r.mu.Lock()
-		r.complete = false
-		r.e.m.complete.Set(0)
-		r.mu.Unlock()
-		select {
-		case <-ctx.Done():
-		case <-r.wake:
-		case <-time.After(bo.Next()):
-		}
-	}
-}
-
-func (r *replication) followOne(ctx context.Context, holder string) error {
-	actx, cancel := context.WithTimeout(ctx, apiTimeout)
-	pod, err := r.e.cfg.Client.CoreV1().Pods(r.e.cfg.Namespace).Get(actx, holder, metav1.GetOptions{})
-	cancel()
-	if err != nil {
-		return err
-	}
-	addr := pod.Annotations[ReplicationAnnotation]
-	if addr == "" {
-		return errors.New("ha: the holder's Pod names no replication address")
-	}
-	d := net.Dialer{Timeout: dialTimeout}
-	conn, err := d.DialContext(ctx, "tcp", addr)
-	if err != nil {
-		return err
-	}
-	defer conn.Close()
-	stop := context.AfterFunc(ctx, func() { conn.Close() })
-	defer stop()
-	r.mu.Lock()
-	r.following = conn
-	r.mu.Unlock()
-	defer func() {
-		r.mu.Lock()
-		r.following = nil
-		r.mu.Unlock()
-	}()
-	if now, _ := r.e.Holder(); now != holder {
-		return errors.New("ha: the holder changed")
-	}
-	ch, err := handshake(conn, r.e.cfg.ReplicationKey, true)
-	if err != nil {
-		return err
-	}
-	r.e.log.Info().Str("node", holder).Str("outcome", "following").Msg("copying the leader's escrow")
-	seen := make(map[string]bool)
-	synced := false
-	for {
-		b, err := ch.readFrame()
-		if err != nil {
-			return err
-		}
-		op, key, value, err := readRecord(b)
-		if err != nil {
-			return err
-		}
-		switch op {
-		case opSynced:
-			r.forgetUnseen(seen)
-			synced, seen = true, nil
-		case opSet:
-			if !synced {
-				seen[key] = true
-			}
-			r.adopt(key, value)
-		case opDelete:
-			r.adopt(key, nil)
-		}
-	}
-}
-
-// adopt applies one record to the copy, within its bound.
-func (r *replication) adopt(key string, value []byte) {
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	old, had := r.copyKeys[key]
-	if value != nil && r.copyBytes-int64(old)+int64(len(value)) > r.e.cfg.MaxCopyBytes {
-		r.overflow, r.complete = true, false
-		r.e.m.complete.Set(0)
-		return
-	}
-	if err := r.e.cfg.Replicated.Adopt(key, value); err != nil {
-		r.e.log.Warn().Str("outcome", "refused").Msg("a replicated record does not read: " + err.Error())
-		return
-	}
-	r.copyBytes -= int64(old)
-	if value == nil {
-		delete(r.copyKeys, key)
-	} else {
-		r.copyKeys[key] = len(value)
-		r.copyBytes += int64(len(value))
-	}
-	if !had || value == nil {
-		r.e.m.replicatedRuns.Set(float64(r.copiedRunsLocked()))
-	}
-}
-
-// forgetUnseen drops what the leader's whole state did not hold, and marks the copy complete.
-func (r *replication) forgetUnseen(seen map[string]bool) {
-	r.mu.Lock()
-	var gone []string
-	for key := range r.copyKeys {
-		if !seen[key] {
-			gone = append(gone, key)
-		}
-	}
-	r.mu.Unlock()
-	for _, key := range gone {
-		r.adopt(key, nil)
-	}
-	r.mu.Lock()
-	r.complete = !r.overflow
-	r.e.m.complete.Set(map[bool]float64{true: 1}[r.complete])
-	r.mu.Unlock()
-}
-
-func (r *replication) copiedRunsLocked() int {
-	n := 0
-	for key := range r.copyKeys {
-		if strings.HasPrefix(key, runPrefix) {
-			n++
-		}
-	}
-	return n
+	return ok && r.cfg.clock.Since(time.Unix(0, r.heard.Load())) <= silence
 }
 
 func (r *replication) status() ReplicationStatus {
-	if _, self := r.e.Holder(); self {
+	if r.p.leading() {
 		r.mu.Lock()
 		defer r.mu.Unlock()
-		return ReplicationStatus{Connected: len(r.feeds), Runs: r.runsFed(), Complete: true}
+		st := ReplicationStatus{Connected: len(r.byPod), Runs: r.runsFed(), Complete: true,
+			LastUnreplicated: r.lastUnreplicated, LastDropped: r.lastDropped}
+		for _, f := range r.byPod {
+			st.Standbys = append(st.Standbys, StandbyStatus{Pod: f.pod, Since: f.since, Complete: f.isReady()})
+		}
+		slices.SortFunc(st.Standbys, func(a, b StandbyStatus) int { return strings.Compare(a.Pod, b.Pod) })
+		return st
 	}
+	complete := r.complete()
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	st := ReplicationStatus{Runs: r.copiedRunsLocked(), Complete: r.complete}
+	st := ReplicationStatus{Runs: r.copiedRunsLocked(), Complete: complete}
 	if r.following != nil {
 		st.Connected = 1
 	}
 	return st
 }
 
-// copyReady says why this relay's copy of the leader's escrow is not complete, for the Elector's
-// Ready (a standby's /readyz): nil on the leader, with nothing to copy, or once the standby holds
-// the leader's whole state and follows its changes.
+// copyReady says why this relay's copy of the leader's replicated state is not complete, for the
+// Elector's Ready (a standby's /readyz): nil on the leader, with nothing to copy, or once the
+// standby holds the leader's whole state and follows its changes (complete).
 func (r *replication) copyReady() error {
-	if _, self := r.e.Holder(); self || r.e.cfg.Replicated == nil {
+	if r.complete() {
 		return nil
 	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case r.overflow:
-		return errors.New("the copy of the leader's escrow is past its bound")
-	case !r.complete:
-		return errors.New("the copy of the leader's escrow is not complete")
-	}
-	return nil
+	return errors.New("the copy of the leader's replicated state is not complete")
 }
+
+func (r *replication) copiedRunsLocked() int { return r.copiedRuns }
+
+// releaseLabels are the labels that make a Pod one of this relay's release (the chart's): a
+// standby's Pod must carry the values this relay's own Pod carries.
+var releaseLabels = []string{"app.kubernetes.io/name", "app.kubernetes.io/instance"}
+
+// newReplication builds the replication on the Elector's answers: whether it leads, who holds
+// the Lease, and, through the API, the holder's replication address and whether a standby's Pod
+// is one of the release.
+func (e *Elector) newReplication() (*replication, error) {
+	self, pod := []string{e.cfg.Identity}, e.cfg.Identity
+	if e.cfg.PodName != "" {
+		self, pod = append(self, e.cfg.PodName), e.cfg.PodName
+	}
+	var ownMu sync.Mutex
+	var own map[string]string // guarded by ownMu: this relay's Pod's release labels, once read
+	ownLabels := func(ctx context.Context) (map[string]string, error) {
+		ownMu.Lock()
+		defer ownMu.Unlock()
+		if own != nil || e.cfg.PodName == "" {
+			return own, nil
+		}
+		p, err := e.cfg.Client.CoreV1().Pods(e.cfg.Namespace).Get(ctx, e.cfg.PodName, metav1.GetOptions{})
+		if err != nil {
+			return nil, err
+		}
+		own = map[string]string{}
+		for _, k := range releaseLabels {
+			if v, ok := p.Labels[k]; ok {
+				own[k] = v
+			}
+		}
+		return own, nil
+	}
+	return newReplication(replicationConfig{listener: e.cfg.Replication, key: e.cfg.ReplicationKey, parts: e.cfg.Parts,
+		self: self, pod: pod, maxCopy: e.cfg.MaxCopyBytes, ackTimeout: e.cfg.AckTimeout},
+		replicationPorts{
+			leading: func() bool { _, self := e.Holder(); return self && e.Held() },
+			holder:  func() string { h, _ := e.Holder(); return h },
+			address: func(ctx context.Context, holder string) (string, error) {
+				actx, cancel := context.WithTimeout(ctx, apiTimeout)
+				defer cancel()
+				p, err := e.cfg.Client.CoreV1().Pods(e.cfg.Namespace).Get(actx, holder, metav1.GetOptions{})
+				if err != nil {
+					return "", err
+				}
+				addr := p.Annotations[ReplicationAnnotation]
+				if addr == "" {
+					return "", errors.New("ha: the holder's Pod names no replication address")
+				}
+				return addr, nil
+			},
+			checkPod: func(ctx context.Context, name string) error {
+				want, err := ownLabels(ctx)
+				if err != nil {
+					return fmt.Errorf("read this relay's own Pod: %w", err)
+				}
+				p, err := e.cfg.Client.CoreV1().Pods(e.cfg.Namespace).Get(ctx, name, metav1.GetOptions{})
+				if err != nil {
+					return err
+				}
+				for k, v := range want {
+					if p.Labels[k] != v {
+						return fmt.Errorf("its label %s is not this release's", k)
+					}
+				}
+				return nil
+			},
+		}, e.log, e.m)
+}
+
+// Sync calls done once every standby with a complete copy has acknowledged everything the
+// replicated parts have sent so far — done(true) — or at once with none connected, or once one of
+// them missed the --ha-replication-ack bound (it is closed) — done(false). It never blocks; done
+// is called exactly once, from any goroutine. It implements feature.ReplicaSync: the escrow
+// answers a hold from done.
+func (e *Elector) Sync(done func(replicated bool)) { e.rep.sync(done) }
+
+// UseMemory charges each standby's send queue to the relay's memory budget. Call it before Run.
+func (e *Elector) UseMemory(m feature.Memory) { e.rep.useMemory(m) }

@@ -389,7 +389,7 @@ func newElector(t *testing.T, admin, client kubernetes.Interface, ns, name strin
 	}
 	el, err := ha.New(ha.Config{LeaseName: rel.lease, Namespace: ns, Identity: name, PodName: name, PodIP: "127.0.0.1",
 		LeaseDuration: 3 * time.Second, RenewDeadline: 2 * time.Second, RetryPeriod: 250 * time.Millisecond,
-		Client: client, Replication: ln, ReplicationKey: key, Replicated: nothing{}})
+		Client: client, Replication: ln, ReplicationKey: key, Parts: []ha.Part{{Prefix: "none/", Part: nothing{}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -20,7 +20,6 @@ import (
 	corev1 "k8s.io/api/core/v1"
 	"k8s.io/client-go/kubernetes"
 
-	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ha"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/kubeapi"
@@ -266,7 +265,7 @@ func (c *devCluster) startReplica(name string) error {
 	}()
 	log := c.log.With().Str("pod", name).Logger()
 	var el *ha.Elector
-	elect := func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error) {
+	elect := func(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) (relay.Elector, error) {
 		client, err := c.kube.Client(kubeapi.Relay) // as the relay's service account
 		if err != nil {
 			return nil, err
@@ -276,7 +275,7 @@ func (c *devCluster) startReplica(name string) error {
 			return nil, err
 		}
 		el, err = ha.New(ha.Config{LeaseName: devHALease, Namespace: devHANamespace, Identity: name, PodName: name, PodIP: "127.0.0.1",
-			Client: client, Replication: ln, ReplicationKey: c.key, Replicated: rep, Logger: log, Registerer: reg})
+			Client: client, Replication: ln, ReplicationKey: c.key, Parts: parts, Logger: log, Registerer: reg})
 		if err != nil {
 			ln.Close()
 			return nil, err

@@ -17,7 +17,6 @@ import (
 	"k8s.io/client-go/rest"
 	"k8s.io/client-go/tools/clientcmd"
 
-	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/ha"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
@@ -37,6 +36,7 @@ type haConfig struct {
 	kubeconfig                          string
 	replicationListen                   string
 	replicationKeyFile                  string
+	replicationAck                      time.Duration
 }
 
 func haFlags(fs *flag.FlagSet, h *haConfig) {
@@ -49,6 +49,7 @@ func haFlags(fs *flag.FlagSet, h *haConfig) {
 	fs.StringVar(&h.kubeconfig, "kubeconfig", "", "kubeconfig for the Kubernetes API (default: the in-cluster service account)")
 	fs.StringVar(&h.replicationListen, "ha-replication-listen", ":8444", "where standbys copy the leader's escrow from")
 	fs.StringVar(&h.replicationKeyFile, "ha-replication-key-file", "", "the replicas' shared 32-byte key (relay keygen --replication-key-file); required with --ha-lease-name")
+	fs.DurationVar(&h.replicationAck, "ha-replication-ack", ha.DefaultAckTimeout, "how long a hold waits for every standby's acknowledgement; a standby that misses it is closed and copies again")
 }
 
 // on reports whether HA is on.
@@ -83,6 +84,8 @@ func (h *haConfig) complete() error {
 		return &relay.ConfigError{Flag: "ha-renew-deadline", Reason: "must be longer than --ha-retry-period and shorter than --ha-lease-duration"}
 	case h.replicationKeyFile == "":
 		return &relay.ConfigError{Flag: "ha-replication-key-file", Reason: "is required with --ha-lease-name"}
+	case h.replicationAck <= 0:
+		return &relay.ConfigError{Flag: "ha-replication-ack", Reason: "must be a positive duration"}
 	}
 	if _, _, err := net.SplitHostPort(h.replicationListen); err != nil {
 		return &relay.ConfigError{Flag: "ha-replication-listen", Reason: "must be host:port or :port"}
@@ -108,8 +111,8 @@ func podEnvironment() error {
 		strings.Join(missing, ", "))
 }
 
-// elector builds the Elector that copies rep: the API client, the replication listener and key.
-func (h *haConfig) elector(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (*ha.Elector, error) {
+// elector builds the Elector that copies parts: the API client, the replication listener and key.
+func (h *haConfig) elector(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) (*ha.Elector, error) {
 	key, err := vpnkey.ReadSecretFile(h.replicationKeyFile, log)
 	if err != nil {
 		return nil, usagef("--ha-replication-key-file: %v", err)
@@ -134,7 +137,7 @@ func (h *haConfig) elector(log zerolog.Logger, reg prometheus.Registerer, rep fe
 	el, err := ha.New(ha.Config{LeaseName: h.leaseName, Namespace: h.leaseNamespace, Identity: h.identity,
 		PodName: os.Getenv("POD_NAME"), PodIP: os.Getenv("POD_IP"),
 		LeaseDuration: h.leaseDuration, RenewDeadline: h.renewDeadline, RetryPeriod: h.retryPeriod, Client: client,
-		Replication: ln, ReplicationKey: key[:], Replicated: rep, Logger: log, Registerer: reg})
+		Replication: ln, ReplicationKey: key[:], Parts: parts, AckTimeout: h.replicationAck, Logger: log, Registerer: reg})
 	if err != nil {
 		ln.Close()
 		return nil, err
@@ -159,11 +162,11 @@ func writeReplicationKey(path string) error {
 }
 
 // electorOf is buildParts' election step: nil without HA.
-func electorOf(h *haConfig) func(zerolog.Logger, prometheus.Registerer, feature.Replicated) (relay.Elector, error) {
+func electorOf(h *haConfig) elect {
 	if h == nil || !h.on() {
 		return nil
 	}
-	return func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error) {
-		return h.elector(log, reg, rep)
+	return func(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) (relay.Elector, error) {
+		return h.elector(log, reg, parts)
 	}
 }

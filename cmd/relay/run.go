@@ -17,7 +17,9 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/feature"
+	"code.foss.global/serve.zone/relay/ha"
 	"code.foss.global/serve.zone/relay/ingress"
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
@@ -127,8 +129,8 @@ func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
 	return r, err
 }
 
-// elect builds the HA Elector for the part it copies (escrow); nil: no HA.
-type elect func(log zerolog.Logger, reg prometheus.Registerer, rep feature.Replicated) (relay.Elector, error)
+// elect builds the HA Elector for the parts it copies to its standbys; nil: no HA.
+type elect func(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) (relay.Elector, error)
 
 // buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
 // loopback). devHubAddress, when valid, is what registerClusterVpnHub reports as the hub's address
@@ -187,11 +189,8 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 	// The order the parts hear each event in, and are listed on the status page.
 	feats.Parts = []relay.Part{{Name: "escrow", Impl: esc}, {Name: "ingress", Impl: in}, {Name: "restore", Impl: rs},
 		{Name: "platform", Impl: pf}}
-	if el != nil {
-		if opts.Elector, err = el(log, opts.Registerer, esc); err != nil {
-			return nil, nil, err
-		}
-	}
+	// What an HA leader copies to its standbys, each part under a key prefix of its own.
+	replicated := []ha.Part{{Prefix: escrow.ReplicationPrefix, Part: esc, Runs: escrow.ReplicatedRunPrefix}}
 	var hub *vpnhub.Hub
 	if cfg.HubListen != "" {
 		var err error
@@ -202,12 +201,31 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 		ep := hub.Endpoint()
 		opts.VPNHub = &ep // what registerClusterVpnHub reports: the hub is bound, its endpoint final
 	}
-	r, err := relay.New(cfg, feats, opts)
-	if err != nil {
+	closeHub := func() {
 		if hub != nil {
 			hub.Close()
 		}
+	}
+	if el != nil {
+		if opts.Elector, err = el(log, opts.Registerer, replicated); err != nil {
+			closeHub()
+			return nil, nil, err
+		}
+		// A hold is answered once the standbys have it.
+		if s, ok := opts.Elector.(feature.ReplicaSync); ok {
+			esc.UseReplicaSync(s)
+		}
+	}
+	r, err := relay.New(cfg, feats, opts)
+	if err != nil {
+		closeHub()
 		return nil, nil, err
+	}
+	// The standbys' send queues are bytes held for peers: charged to the relay's memory budget.
+	if u, ok := opts.Elector.(interface{ UseMemory(feature.Memory) }); ok {
+		if m, ok := r.Upstream().(feature.Memory); ok {
+			u.UseMemory(m)
+		}
 	}
 	return r, hub, nil
 }

@@ -162,8 +162,9 @@ func newCluster(t testing.TB) *cluster {
 // ended (SIGTERM, SIGKILL) is not started again; one that exits otherwise is a crash, and fails
 // the test.
 type relayProc struct {
-	name string   // the Pod's name, the relay's identity in the Lease
-	c    *cluster // set at construction
+	name  string   // the Pod's name, the relay's identity in the Lease
+	c     *cluster // set at construction
+	extra []string // set at construction: flags added to every process of the container
 
 	mu       sync.Mutex
 	cur      *process    // guarded by mu: the container's current (or last) process
@@ -187,12 +188,12 @@ type process struct {
 // termEndedLine is how the relay says it exits at the end of its term.
 const termEndedLine = "the term ended: exiting"
 
-// start creates Pod name (as the ReplicaSet would), runs a relay in it and waits until its
-// /readyz answers 200: listeners bound, the API reachable, ready to lead.
-func (c *cluster) start(name string) *relayProc {
+// start creates Pod name (as the ReplicaSet would), runs a relay in it (with extra flags, if
+// any) and waits until its /readyz answers 200: listeners bound, the API reachable, ready to lead.
+func (c *cluster) start(name string, extra ...string) *relayProc {
 	c.t.Helper()
 	c.kube.CreatePod(namespace, name, "127.0.0.1")
-	p := &relayProc{name: name, c: c}
+	p := &relayProc{name: name, c: c, extra: extra}
 	pr, err := p.spawn()
 	if err != nil {
 		c.t.Fatal(err)
@@ -222,6 +223,7 @@ func (p *relayProc) spawn() (*process, error) {
 		"--ha-lease-name", leaseName, "--ha-lease-namespace", namespace,
 		"--ha-lease-duration", leaseDuration.String(), "--ha-renew-deadline", renewDeadline.String(), "--ha-retry-period", retryPeriod.String(),
 		"--kubeconfig", c.kubeconfig, "--ha-replication-listen", "127.0.0.1:0", "--ha-replication-key-file", c.key)
+	pr.cmd.Args = append(pr.cmd.Args, p.extra...)
 	// The downward API of the chart's Pod template (SPEC §16).
 	pr.cmd.Env = append(os.Environ(), "POD_NAME="+p.name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
 	stderr, err := pr.cmd.StderrPipe()
