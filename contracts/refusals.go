@@ -270,12 +270,16 @@ const (
 	// VPNSessionSilent is a session that delivered no authenticated datagram within
 	// VPNSilentTimeout of its handshake.
 	VPNSessionSilent RefusalName = "vpn-session-silent"
+	// VPNHubStandby is a hub whose relay is not the elected one of its cluster (several relays
+	// per cluster): it refuses every handshake, and closes every session when its relay stops
+	// leading, so that members redial through the Service to the relay that leads.
+	VPNHubStandby RefusalName = "vpn-hub-standby"
 )
 
 var vpnRefusals = [...]RefusalName{
 	VPNMemberUnknown, VPNMemberExpired, VPNMemberNodeMismatch, VPNAuthorityMismatch, VPNMemberRemoved, VPNMemberReplaced,
-	VPNHandshakeReplayed, VPNSessionSilent,
+	VPNHandshakeReplayed, VPNSessionSilent, VPNHubStandby,
 }
 
 // VPNRefusals lists the hub's refusal names.
-func VPNRefusals() [8]RefusalName { return vpnRefusals }
+func VPNRefusals() [9]RefusalName { return vpnRefusals }

@@ -21,8 +21,9 @@ func TestVocabulariesAreTheSeedNamesInOrder(t *testing.T) {
 		"ingress-not-designated", "node-mismatch", "assignment-not-running", "bearer-refused", "conflict"} {
 		t.Errorf("ingress = %v", got)
 	}
-	if got := VPNRefusals(); got != [8]RefusalName{"vpn-member-unknown", "vpn-member-expired", "vpn-member-node-mismatch",
-		"vpn-authority-mismatch", "vpn-member-removed", "vpn-member-replaced", "vpn-handshake-replayed", "vpn-session-silent"} {
+	if got := VPNRefusals(); got != [9]RefusalName{"vpn-member-unknown", "vpn-member-expired", "vpn-member-node-mismatch",
+		"vpn-authority-mismatch", "vpn-member-removed", "vpn-member-replaced", "vpn-handshake-replayed", "vpn-session-silent",
+		"vpn-hub-standby"} {
 		t.Errorf("vpn = %v", got)
 	}
 	// A copy cannot change the vocabulary.

@@ -25,6 +25,12 @@
 //     shut.
 //   - forward.go: the data plane for one datagram, allocation-free.
 //   - handshake.go: the judgement of message 1.
+//   - lead.go: whether the hub's relay leads (several relays per cluster): a standby's hub refuses
+//     handshakes (vpn-hub-standby) and a fenced one closes its sessions.
+//   - replica.go: the membership copied to the standbys' hubs (feature.Replicated), in records
+//     under vpn/, read strictly.
+//   - quickeys.go: the QUIC stateless-reset and token keys, derived from the hub key so that every
+//     replica resets a connection another one held.
 //   - membership.go, packet.go, queue.go, ratelimit.go: the pieces forward and handshake use.
 //   - clock.go, errors.go, metrics.go: time, named errors and relay_vpnhub_* metrics.
 //
@@ -36,6 +42,6 @@
 // another. quic-go's receive queue holds only 128 datagrams per connection; the socket under the
 // hub (vpnhub/quicsock) hands quic-go no more of a member's packets than its receive loop has room
 // for, so a burst waits in the kernel's socket buffer rather than being dropped unseen.
-// Membership, the session table, the hello timestamps and the expiry timer are guarded by Hub.mu;
-// the route table by Hub.routesMu, read once per packet.
+// Membership, the session table, the hello timestamps, the expiry timer and the replication
+// state are guarded by Hub.mu; the route table by Hub.routesMu, read once per packet.
 package vpnhub

@@ -8,6 +8,10 @@ import "code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 // live and goes nowhere. forward runs on src's receive loop, never blocks and allocates nothing:
 // the packet is decrypted in place and the queue takes the datagram's buffer.
 func (h *Hub) forward(src *session, datagram []byte) {
+	if !h.serving() { // fenced, or the tenure lapsed: the sessions are being closed, nothing more crosses
+		h.dropped(src, dropStandby)
+		return
+	}
 	packet, verdict := src.open.Open(datagram)
 	if verdict != wire.Opened {
 		h.dropped(src, openDrops[verdict])

@@ -18,6 +18,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 	"code.foss.global/serve.zone/relay/vpnhub/quicsock"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
@@ -86,12 +87,21 @@ type Hub struct {
 	logs     logLimiter
 
 	view atomic.Pointer[membershipView] // swapped under mu; read lock-free by handshakes
+	// standby is written under mu (lead.go), read lock-free by handshakes and forward. False
+	// until the relay says otherwise: a relay without HA leads from the start.
+	standby atomic.Bool
+	// tenure is the relay's tenure as the leader (feature.Tenure), set by UseTenure before the hub
+	// runs; nil: always held (a hub outside a relay, a relay without HA).
+	tenure feature.Tenure
 
 	mu        sync.Mutex
 	sessions  map[[32]byte]*session // guarded by mu: the current session of each member key
 	lastHello map[[32]byte]int64    // guarded by mu: the greatest hello timestamp accepted per member key
 	timer     Timer                 // guarded by mu: the next expiry
 	stopped   bool                  // guarded by mu: Run ended; sessions are refused
+	watchers  []*replicaWatcher     // guarded by mu: standbys the membership is copied to (replica.go)
+	records   []replicaRecord       // guarded by mu: the view's records for them, built on demand; nil: not yet
+	copied    stagedCopy            // guarded by mu: a standby's records from its leader, not yet a whole view
 
 	routesMu sync.RWMutex
 	routes   map[uint32]*session // guarded by routesMu: control address → session
@@ -163,7 +173,9 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 		sessions: make(map[[32]byte]*session), lastHello: make(map[[32]byte]int64), routes: make(map[uint32]*session),
 		batch: batch,
 	}
-	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() }}
+	resetKey, tokenKey := quicKeys(&cfg.Key)
+	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() },
+		StatelessResetKey: &resetKey, TokenGeneratorKey: &tokenKey}
 	h.ln, err = h.tr.Listen(tlsConf, &quic.Config{
 		EnableDatagrams: true, InitialPacketSize: cfg.InitialPacketSize,
 		HandshakeIdleTimeout: cfg.HandshakeTimeout, MaxIdleTimeout: cfg.IdleTimeout, KeepAlivePeriod: keepAlivePeriod,
@@ -229,22 +241,41 @@ func (h *Hub) PushMembership(body json.RawMessage) (json.RawMessage, error) {
 			Msg("vpn membership not newer than the one held")
 		return contracts.EncodeVPNMembershipApplied(cur.generation), nil
 	}
-	v := newMembershipView(m)
+	victims := h.installLocked(newMembershipView(m), now)
+	h.mu.Unlock()
+	shutVictims(victims)
+	h.log.Info().Int64("generation", m.Generation).Int("members", len(m.Members)).Int("closed", len(victims)).
+		Str("outcome", "applied").Msg("vpn membership applied")
+	return contracts.EncodeVPNMembershipApplied(m.Generation), nil
+}
+
+// victim is a session a change closes, and the refusal it is closed with.
+type victim struct {
+	s      *session
+	reason *contracts.Refusal
+}
+
+// installLocked makes v the membership (nil: none) and takes every session it no longer admits
+// out of the tables: a member gone (vpn-member-removed), now under another authority
+// (vpn-authority-mismatch), given another node id or control address (vpn-member-removed: it
+// must join again to learn it) or expired (vpn-member-expired). The standbys copying the
+// membership are sent the change. The victims are shut by the caller once mu is released.
+func (h *Hub) installLocked(v *membershipView, now int64) []victim {
+	old := h.view.Load()
 	h.view.Store(v)
+	h.records = nil
 	for key := range h.lastHello { // a key that leaves starts afresh if it comes back
-		if _, ok := v.byKey[key]; !ok {
+		if _, ok := v.lookup(key); !ok {
 			delete(h.lastHello, key)
 		}
 	}
-	type victim struct {
-		s      *session
-		reason *contracts.Refusal
-	}
 	var victims []victim
 	for key, s := range h.sessions {
-		mem, ok := v.byKey[key]
+		mem, ok := v.lookup(key)
 		var r *contracts.Refusal
 		switch {
+		case v == nil:
+			r = contracts.VPNMemberRemoved.Refuse("node %s: the hub holds no membership now", s.member.NodeID)
 		case !ok:
 			r = contracts.VPNMemberRemoved.Refuse("node %s is not in membership generation %d", s.member.NodeID, v.generation)
 		case v.authorityID != s.authority:
@@ -261,15 +292,22 @@ func (h *Hub) PushMembership(body json.RawMessage) (json.RawMessage, error) {
 		victims = append(victims, victim{s, r})
 	}
 	h.rescheduleLocked(now)
-	h.m.members.Set(float64(len(m.Members)))
-	h.m.generation.Set(float64(m.Generation))
-	h.mu.Unlock()
+	if v == nil {
+		h.m.members.Set(0)
+		h.m.generation.Set(-1)
+	} else {
+		h.m.members.Set(float64(len(v.members)))
+		h.m.generation.Set(float64(v.generation))
+	}
+	h.replicateLocked(old, v)
+	return victims
+}
+
+// shutVictims closes the sessions installLocked took out, each with its refusal.
+func shutVictims(victims []victim) {
 	for _, vi := range victims {
 		vi.s.shut(contracts.VPNCloseCodeRefused, vi.reason, string(vi.reason.Name))
 	}
-	h.log.Info().Int64("generation", m.Generation).Int("members", len(m.Members)).Int("closed", len(victims)).
-		Str("outcome", "applied").Msg("vpn membership applied")
-	return contracts.EncodeVPNMembershipApplied(m.Generation), nil
 }
 
 // Run serves until ctx ends, then closes every session and the listener.
@@ -403,6 +441,9 @@ func (h *Hub) logRefusal(conn *quic.Conn, ref *contracts.Refusal) {
 // handshake reads message 1 and judges it. An accepted handshake is a session that is not yet
 // registered.
 func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contracts.Refusal, error) {
+	if !h.serving() {
+		return nil, standbyRefusal(), nil // before any Noise work: a standby serves no membership
+	}
 	deadline := time.Now().Add(h.cfg.HandshakeTimeout)
 	hctx, cancel := context.WithDeadline(ctx, deadline)
 	defer cancel()
@@ -427,10 +468,11 @@ func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contra
 }
 
 // register makes s its member's current session, replacing any earlier one
-// (vpn-member-replaced). It refuses s when its hello's timestamp is not newer than the last one
-// accepted for its key (vpn-handshake-replayed: SPEC §7, so that a recorded message 1 can never
-// displace a live session), or when the membership changed under the handshake
-// (vpn-member-removed). open is false when the hub is stopping.
+// (vpn-member-replaced). It refuses s while the hub's relay stands by (vpn-hub-standby), when
+// its hello's timestamp is not newer than the last one accepted for its key
+// (vpn-handshake-replayed: SPEC §7, so that a recorded message 1 can never displace a live
+// session), or when the membership changed under the handshake (vpn-member-removed). open is
+// false when the hub is stopping.
 func (h *Hub) register(s *session) (ref *contracts.Refusal, open bool) {
 	h.mu.Lock()
 	old, ref, open := h.registerLocked(s)
@@ -445,6 +487,9 @@ func (h *Hub) register(s *session) (ref *contracts.Refusal, open bool) {
 func (h *Hub) registerLocked(s *session) (old *session, ref *contracts.Refusal, open bool) {
 	if h.stopped {
 		return nil, nil, false
+	}
+	if !h.serving() {
+		return nil, standbyRefusal(), true
 	}
 	v := h.view.Load()
 	var mem contracts.VPNMember

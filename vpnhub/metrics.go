@@ -37,12 +37,13 @@ const (
 	dropExpired                    // source or destination member past expiresAt
 	dropTooLarge                   // larger than the destination's mtu
 	dropQueueFull                  // the destination's queue was full: its oldest packet went
+	dropStandby                    // the hub's relay does not lead: it forwards nothing (lead.go)
 	dropReasons
 )
 
 var dropReasonNames = [dropReasons]string{
 	"", "malformed", "unauthenticated", "replayed", "spoofed", "not-unicast", "unknown-destination",
-	"expired", "too-large", "queue-full",
+	"expired", "too-large", "queue-full", "standby",
 }
 
 func (r dropReason) String() string { return dropReasonNames[r] }
@@ -95,7 +96,7 @@ func newMetrics() *metrics {
 		}
 		switch n {
 		case contracts.VPNMemberRemoved, contracts.VPNMemberReplaced, contracts.VPNSessionSilent,
-			contracts.VPNMemberExpired, contracts.VPNAuthorityMismatch: // what ends a live session
+			contracts.VPNMemberExpired, contracts.VPNAuthorityMismatch, contracts.VPNHubStandby: // what ends a live session
 			closes = append(closes, string(n))
 		}
 	}

@@ -9,11 +9,12 @@ type Status struct {
 	Generation int64 `json:"generation"` // membership generation held; -1 while none was pushed
 	Members    int   `json:"members"`    // members in that membership
 	Sessions   int   `json:"sessions"`   // members connected now
+	Serving    bool  `json:"serving"`    // the hub's relay leads: it serves that membership (an HA standby holds it unserved)
 }
 
 // Status reports the membership held and the sessions.
 func (h *Hub) Status() any {
-	st := Status{Generation: -1}
+	st := Status{Generation: -1, Serving: !h.standby.Load()}
 	if v := h.view.Load(); v != nil {
 		st.Generation, st.Members = v.generation, len(v.byKey)
 	}

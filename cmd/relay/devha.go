@@ -24,6 +24,7 @@ import (
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 	"code.foss.global/serve.zone/relay/testenv/sim"
+	"code.foss.global/serve.zone/relay/vpnhub"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
@@ -74,10 +75,12 @@ func cmdDevHA(ctx context.Context, replicas, nodes int, log zerolog.Logger, logL
 	}
 	defer c.close()
 	fmt.Fprintf(stdout, "relay dev: %d relays, one elected through the Lease %s/%s on a test kube-apiserver at %s; "+
-		"%d simulated nodes reach the leader through a Service stand-in on %s; Cloudly stand-in on %s\n",
-		replicas, devHANamespace, devHALease, c.kube.URL(), nodes, strings.TrimSuffix(strings.TrimPrefix(c.svc.URL(), "ws://"), "/"), c.cloudly.URL())
+		"%d simulated nodes reach the leader through a Service stand-in on %s (the leader's VPN hub on udp %s); Cloudly stand-in on %s\n",
+		replicas, devHANamespace, devHALease, c.kube.URL(), nodes, strings.TrimSuffix(strings.TrimPrefix(c.svc.URL(), "ws://"), "/"),
+		c.svc.UDPAddr(), c.cloudly.URL())
 	for _, r := range c.replicas() {
-		fmt.Fprintf(stdout, "relay dev: %s: downstream %s, status page http://%s/status\n", r.name, r.relay.DownstreamAddr(), r.relay.AdminAddr())
+		fmt.Fprintf(stdout, "relay dev: %s: downstream %s, VPN hub udp %s, status page http://%s/status\n", r.name, r.relay.DownstreamAddr(),
+			r.hub.Addr(), r.relay.AdminAddr())
 	}
 	fmt.Fprintf(stdout, "relay dev: every %s the script has the leader step down as on SIGTERM; another relay takes over, "+
 		"the nodes register again through the Service, and the old one starts again as a standby\n", devHAHandoverEvery)
@@ -133,6 +136,7 @@ var errReplicaRunning = errors.New("its relay runs already")
 type devReplica struct {
 	name  string
 	relay *relay.Relay
+	hub   *vpnhub.Hub // bound on loopback, with the key every replica shares
 	el    *ha.Elector
 	stop  context.CancelFunc
 	done  chan error // Serve's result
@@ -184,12 +188,16 @@ func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devC
 		ClusterID: c.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: c.cloudly.URL(), CloudlyTokenFile: tokenFile,
 		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
 		LogLevel: logLevel, LogFormat: "console", BuildVersion: buildVersion,
+		// Every replica binds a hub of its own on loopback with the one key (the chart's Secret);
+		// the Service's UDP port reaches the leader's.
+		HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(c.dir, "hub.key"),
 	}
 	if err := c.cfg.Complete(); err != nil {
 		return nil, err
 	}
 	if c.svc, err = kubeapi.StartService(c.client, devHANamespace, ha.RoleLabel, ha.RoleLeader,
-		func(p *corev1.Pod) (string, bool) { return c.downstream(p.Name) }); err != nil {
+		func(p *corev1.Pod) (string, bool) { return c.downstream(p.Name) },
+		kubeapi.WithUDP(func(p *corev1.Pod) (netip.AddrPort, bool) { return c.hubAddr(p.Name) })); err != nil {
 		return nil, err
 	}
 	c.undo = append(c.undo, c.svc.Close)
@@ -247,6 +255,17 @@ func (c *devCluster) downstream(name string) (string, bool) {
 	return r.relay.DownstreamAddr().String(), true
 }
 
+// hubAddr is where the Service stand-in's UDP port reaches Pod name's VPN hub.
+func (c *devCluster) hubAddr(name string) (netip.AddrPort, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	r, ok := c.pods[name]
+	if !ok {
+		return netip.AddrPort{}, false
+	}
+	return r.hub.Addr(), true
+}
+
 // startReplica starts the relay of Pod name as `relay run --ha-lease-name` would, with the Pod's
 // name where the downward API puts POD_NAME; it stands by until elected. When its term ends the
 // relay ends, and is started again, as its container would be.
@@ -282,7 +301,8 @@ func (c *devCluster) startReplica(name string) error {
 		}
 		return el, nil
 	}
-	r, _, err := buildParts(c.cfg, relay.Options{Logger: log}, netip.Addr{}, elect)
+	// The hub binds loopback; the report names the advertise address, which Cloudly accepts.
+	r, hub, err := buildParts(c.cfg, relay.Options{Logger: log}, netip.MustParseAddr(c.cfg.AdvertiseAddress), elect)
 	if err != nil {
 		return err
 	}
@@ -290,7 +310,7 @@ func (c *devCluster) startReplica(name string) error {
 		return err
 	}
 	ctx, stop := context.WithCancel(context.Background())
-	rep := &devReplica{name: name, relay: r, el: el, stop: stop, done: make(chan error, 1)}
+	rep := &devReplica{name: name, relay: r, hub: hub, el: el, stop: stop, done: make(chan error, 1)}
 	go func() {
 		err := r.Serve(ctx)
 		rep.done <- err

@@ -74,6 +74,9 @@ func TestDevHAHandsOver(t *testing.T) {
 	if c := <-code; c != 0 {
 		t.Fatalf("relay dev --replicas 2: exit %d; stderr:\n%s", c, errOut.String())
 	}
+	if !strings.Contains(out[0], "(the leader's VPN hub on udp 127.0.0.1:") {
+		t.Errorf("the first line names no UDP port of the Service for the hub: %q", out[0])
+	}
 	summary := out[len(out)-1]
 	t.Logf("summary: %s", summary)
 	if strings.Contains(summary, "leader=") {

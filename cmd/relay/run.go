@@ -129,7 +129,8 @@ func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
 	return r, err
 }
 
-// elect builds the HA Elector for the parts it copies to its standbys; nil: no HA.
+// elect builds the HA Elector for the parts it copies to its standbys (the escrow and the hub's
+// membership); nil: no HA.
 type elect func(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) (relay.Elector, error)
 
 // buildParts is build for callers that need the bound VPN hub as well (`relay dev` dials it on
@@ -200,6 +201,8 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 		feats.Parts = append(feats.Parts, relay.Part{Name: "vpnhub", Impl: hub})
 		ep := hub.Endpoint()
 		opts.VPNHub = &ep // what registerClusterVpnHub reports: the hub is bound, its endpoint final
+		// A standby's hub holds the leader's membership, served once it leads.
+		replicated = append(replicated, ha.Part{Prefix: vpnhub.ReplicationPrefix, Part: hub})
 	}
 	closeHub := func() {
 		if hub != nil {

@@ -100,6 +100,37 @@ func BenchmarkHA(b *testing.B) {
 	b.ReportMetric(float64(c.cloudly.TwoAttached()), "two-attached")
 }
 
+// BenchmarkHAVPN measures the VPN's goal across a failover: two relays with hubs, two members
+// joined through the Service with the real client, each sending the other a packet every 20 ms.
+// Each iteration SIGKILLs the leader (its Pod marked unready, as the kubelet does once the
+// container died) and measures, over the two members, the longest time from the kill to the
+// first packet delivered again:
+//
+//   - vpn-gap-max-ms and -p50-ms: goal ≤ lease duration + 2 s (6000 here).
+//
+// The membership is pushed once, to the first leader; every later leader serves its copy. The
+// killed replica is replaced, as its ReplicaSet would, and the new standby copies the membership
+// before the next kill.
+//
+//	go test -run '^$' -bench HAVPN -benchtime 5x ./faults/failover/
+func BenchmarkHAVPN(b *testing.B) {
+	c, f := vpnCluster(b)
+	next := 2
+	var gaps []time.Duration
+	for range b.N {
+		killed, l := c.killLeaderUnderFlow(f)
+		_, resumed, _, _ := f.gapAcross(killed)
+		gaps = append(gaps, resumed)
+		p := c.start(fmt.Sprintf("relay-%d", next))
+		next++
+		c.waitHub(p, "holding the leader's membership, unserved", func(h hubStatus) bool { return !h.Serving && h.Generation == 1 })
+		c.waitDelivered(f, time.Now(), 20, "the members' packets flowing through "+l.name)
+	}
+	b.Logf("VPN flow resumed after each SIGKILL in %v (lease %s)", gaps, leaseDuration)
+	b.ReportMetric(float64(slices.Max(gaps).Milliseconds()), "vpn-gap-max-ms")
+	b.ReportMetric(float64(median(gaps).Milliseconds()), "vpn-gap-p50-ms")
+}
+
 func median(d []time.Duration) time.Duration {
 	s := slices.Clone(d)
 	slices.Sort(s)

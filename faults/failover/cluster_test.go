@@ -71,6 +71,7 @@ type cluster struct {
 	key        string               // the replicas' replication key file
 	admin      kubernetes.Interface // the cluster's administrator: Pod objects, as the ReplicaSet
 	kubeconfig string               // the relays' kubeconfig, as their service account
+	hubKey     string               // the replicas' VPN hub key file; "": the relays run no hub (vpn_test.go)
 
 	mu     sync.Mutex
 	relays map[string]*relayProc // guarded by mu: by Pod name, every relay started (running or not)
@@ -180,6 +181,7 @@ type process struct {
 	cmd           *exec.Cmd     // set at construction
 	bound         chan struct{} // closed once the relay logged its bound addresses (or exited)
 	listen, admin string        // written before bound is closed: downstream and admin, host:port
+	hub           string        // written before bound is closed: the VPN hub's UDP address; "": no hub
 	termEnded     atomic.Bool   // the relay logged that its term ended and it exits
 	exited        chan struct{} // closed when the process has exited; exitErr is then set
 	exitErr       error
@@ -223,6 +225,7 @@ func (p *relayProc) spawn() (*process, error) {
 		"--ha-lease-name", leaseName, "--ha-lease-namespace", namespace,
 		"--ha-lease-duration", leaseDuration.String(), "--ha-renew-deadline", renewDeadline.String(), "--ha-retry-period", retryPeriod.String(),
 		"--kubeconfig", c.kubeconfig, "--ha-replication-listen", "127.0.0.1:0", "--ha-replication-key-file", c.key)
+	pr.cmd.Args = append(pr.cmd.Args, c.hubArgs()...)
 	pr.cmd.Args = append(pr.cmd.Args, p.extra...)
 	// The downward API of the chart's Pod template (SPEC §16).
 	pr.cmd.Env = append(os.Environ(), "POD_NAME="+p.name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
@@ -270,7 +273,11 @@ func (p *relayProc) spawn() (*process, error) {
 	}
 	// In a cluster the Service reaches podIP:targetPort, which needs no API; here the address is
 	// an annotation, written once the API answers (a restart may come while it is away).
-	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": map[string]string{downstreamAnnotation: pr.listen}}})
+	annotations := map[string]string{downstreamAnnotation: pr.listen}
+	if pr.hub != "" {
+		annotations[hubAnnotation] = pr.hub
+	}
+	patch, _ := json.Marshal(map[string]any{"metadata": map[string]any{"annotations": annotations}})
 	for {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		_, err := c.admin.CoreV1().Pods(namespace).Patch(ctx, p.name, types.MergePatchType, patch, metav1.PatchOptions{})
@@ -554,10 +561,10 @@ func (p *relayProc) readStderr(pr *process, r io.Reader) {
 	for sc.Scan() {
 		line := sc.Text()
 		var l struct {
-			Message, Listen, Admin string
+			Message, Listen, Admin, Hub string
 		}
 		if pr.listen == "" && json.Unmarshal([]byte(line), &l) == nil && l.Message == "relay starting" && l.Listen != "" && l.Admin != "" {
-			pr.listen, pr.admin = l.Listen, l.Admin
+			pr.listen, pr.admin, pr.hub = l.Listen, l.Admin, l.Hub
 			close(pr.bound)
 		}
 		if strings.Contains(line, termEndedLine) {

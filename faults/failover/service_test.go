@@ -2,6 +2,7 @@ package failover
 
 import (
 	"context"
+	"net/netip"
 	"testing"
 	"time"
 
@@ -12,13 +13,17 @@ import (
 )
 
 // startService stands in for the chart's Service on role=leader (kubeapi.Service), reaching each
-// Pod at the downstream address the test annotated it with; it is closed when the test ends.
+// Pod at the downstream address the test annotated it with, and at its VPN hub's UDP address when
+// it runs one; it is closed when the test ends.
 func startService(t testing.TB, client kubernetes.Interface, ns string) *kubeapi.Service {
 	t.Helper()
 	s, err := kubeapi.StartService(client, ns, roleLabel, "leader", func(p *corev1.Pod) (string, bool) {
 		a, ok := p.Annotations[downstreamAnnotation]
 		return a, ok && a != ""
-	})
+	}, kubeapi.WithUDP(func(p *corev1.Pod) (netip.AddrPort, bool) {
+		a, err := netip.ParseAddrPort(p.Annotations[hubAnnotation])
+		return a, err == nil
+	}))
 	if err != nil {
 		t.Fatal(err)
 	}

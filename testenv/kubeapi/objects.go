@@ -3,6 +3,7 @@ package kubeapi
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	authorizationv1 "k8s.io/api/authorization/v1"
@@ -138,4 +139,31 @@ func (s *Server) createPod(ns, name, podIP string) (*corev1.Pod, error) {
 		return nil, fmt.Errorf("set status.podIP of Pod %s/%s: %w", ns, name, err)
 	}
 	return pod, nil
+}
+
+// SetPodReady writes, as Admin, Pod name's Ready condition as a kubelet does: False once its
+// container has died (a crash, a SIGKILL) and until it runs again, True when it runs and is
+// ready. A Pod the Service stand-in selects serves only while it is not marked unready.
+func (s *Server) SetPodReady(ns, name string, ready bool) {
+	s.t.Helper()
+	ctx := context.Background()
+	admin, err := s.client(Admin)
+	if err != nil {
+		s.t.Fatalf("kubeapi: %v", err)
+	}
+	pods := admin.CoreV1().Pods(ns)
+	pod, err := pods.Get(ctx, name, metav1.GetOptions{})
+	if err != nil {
+		s.t.Fatalf("kubeapi: get Pod %s/%s: %v", ns, name, err)
+	}
+	status := corev1.ConditionFalse
+	if ready {
+		status = corev1.ConditionTrue
+	}
+	cond := corev1.PodCondition{Type: corev1.PodReady, Status: status, LastTransitionTime: metav1.Now()}
+	pod.Status.Conditions = slices.DeleteFunc(pod.Status.Conditions, func(c corev1.PodCondition) bool { return c.Type == corev1.PodReady })
+	pod.Status.Conditions = append(pod.Status.Conditions, cond)
+	if _, err := pods.UpdateStatus(ctx, pod, metav1.UpdateOptions{}); err != nil {
+		s.t.Fatalf("kubeapi: set Pod %s/%s ready=%v: %v", ns, name, ready, err)
+	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"net"
+	"net/netip"
 	"sort"
 	"sync"
 	"time"
@@ -17,10 +18,12 @@ import (
 // Service stands in for a Service that selects the Pods carrying one label value (the chart's
 // Service on role=leader): a loopback TCP listener that forwards each new connection to a
 // selected Pod, which it learns by watching the Pods through the API, as kube-proxy learns
-// endpoints. With several selected it takes them in turn, as kube-proxy spreads connections; a
+// endpoints. A Pod whose Ready condition is False (SetPodReady: its container died) is not
+// selected, as an EndpointSlice serves only ready endpoints. With several selected it takes them in turn, as kube-proxy spreads connections; a
 // Pod that refuses the dial is skipped for the next. With none, the connection is closed at once
 // (a Service without endpoints rejects). While the API server is away it keeps forwarding to what
-// it saw last, as kube-proxy keeps its rules. The HA tests and `relay dev --replicas` use it.
+// it saw last, as kube-proxy keeps its rules. With WithUDP it carries a UDP port as well (the
+// hub's; service_udp.go). The HA tests and `relay dev --replicas` use it.
 type Service struct {
 	ln           net.Listener                     // set at construction
 	client       kubernetes.Interface             // set at construction: one that may list and watch Pods
@@ -28,6 +31,7 @@ type Service struct {
 	label, value string                           // set at construction: the selector
 	addr         func(*corev1.Pod) (string, bool) // set at construction: a selected Pod's TCP address
 	cancel       context.CancelFunc               // set at construction
+	udp          *udpPort                         // set at construction: the UDP port; nil: TCP only
 	wg           sync.WaitGroup                   // the watch loop, the accept loop, every forwarded connection
 
 	mu       sync.Mutex
@@ -36,17 +40,37 @@ type Service struct {
 	conns    map[net.Conn]bool   // guarded by mu: both ends of every forwarded connection
 	most     int                 // guarded by mu: the most Pods selected at once
 	rejected int                 // guarded by mu: connections closed for want of a selected Pod
+	udpEnds  []netip.AddrPort    // guarded by mu: the selected Pods' UDP addresses, sorted
+	udpEpoch uint64              // guarded by mu: counts the changes of udpEnds
 }
 
 // endpoint is what the Service knows of one Pod.
 type endpoint struct {
 	selected bool
-	addr     string // "" when addr did not know it
+	addr     string         // "" when addr did not know it
+	udp      netip.AddrPort // invalid when the UDP port is off or its addr did not know it
+}
+
+// ServiceOption configures StartService.
+type ServiceOption func(*serviceOptions)
+
+type serviceOptions struct {
+	udp func(*corev1.Pod) (netip.AddrPort, bool)
+}
+
+// WithUDP adds a UDP port to the Service, forwarding to each selected Pod at the address addr
+// gives it (service_udp.go).
+func WithUDP(addr func(*corev1.Pod) (netip.AddrPort, bool)) ServiceOption {
+	return func(o *serviceOptions) { o.udp = addr }
 }
 
 // StartService listens on a loopback port and forwards to the Pods of ns labelled label=value, at
 // the address addr gives each.
-func StartService(client kubernetes.Interface, ns, label, value string, addr func(*corev1.Pod) (string, bool)) (*Service, error) {
+func StartService(client kubernetes.Interface, ns, label, value string, addr func(*corev1.Pod) (string, bool), opts ...ServiceOption) (*Service, error) {
+	var o serviceOptions
+	for _, opt := range opts {
+		opt(&o)
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return nil, err
@@ -54,6 +78,15 @@ func StartService(client kubernetes.Interface, ns, label, value string, addr fun
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{ln: ln, client: client, ns: ns, label: label, value: value, addr: addr, cancel: cancel,
 		pods: map[string]endpoint{}, conns: map[net.Conn]bool{}}
+	if o.udp != nil {
+		if s.udp, err = listenUDP(s, o.udp); err != nil {
+			ln.Close()
+			cancel()
+			return nil, err
+		}
+		s.wg.Add(1)
+		go func() { defer s.wg.Done(); s.udp.serve() }()
+	}
 	s.wg.Add(2)
 	go func() { defer s.wg.Done(); s.watch(ctx) }()
 	go func() { defer s.wg.Done(); s.accept() }()
@@ -67,6 +100,9 @@ func (s *Service) URL() string { return "ws://" + s.ln.Addr().String() + "/" }
 func (s *Service) Close() {
 	s.cancel()
 	s.ln.Close()
+	if s.udp != nil {
+		s.udp.close()
+	}
 	s.mu.Lock()
 	for c := range s.conns {
 		c.Close()
@@ -113,6 +149,7 @@ func (s *Service) watch(ctx context.Context) {
 		for i := range list.Items {
 			s.setLocked(&list.Items[i], false)
 		}
+		s.udpChangedLocked()
 		s.mu.Unlock()
 		w, err := pods.Watch(ctx, metav1.ListOptions{ResourceVersion: list.ResourceVersion})
 		if err != nil {
@@ -126,6 +163,7 @@ func (s *Service) watch(ctx context.Context) {
 			}
 			s.mu.Lock()
 			s.setLocked(pod, ev.Type == watch.Deleted)
+			s.udpChangedLocked()
 			s.mu.Unlock()
 		}
 		w.Stop()
@@ -136,9 +174,14 @@ func (s *Service) setLocked(pod *corev1.Pod, deleted bool) {
 	if deleted || pod.DeletionTimestamp != nil {
 		delete(s.pods, pod.Name)
 	} else {
-		e := endpoint{selected: pod.Labels[s.label] == s.value}
+		e := endpoint{selected: pod.Labels[s.label] == s.value && !markedUnready(pod)}
 		if a, ok := s.addr(pod); ok {
 			e.addr = a
+		}
+		if s.udp != nil {
+			if a, ok := s.udp.addr(pod); ok {
+				e.udp = a
+			}
 		}
 		s.pods[pod.Name] = e
 	}
@@ -149,6 +192,18 @@ func (s *Service) setLocked(pod *corev1.Pod, deleted bool) {
 		}
 	}
 	s.most = max(s.most, n)
+}
+
+// markedUnready reports a Pod whose Ready condition is False: its EndpointSlice endpoint is not
+// ready, and kube-proxy forwards nothing to it. A Pod without the condition (as the tests create
+// them) counts as ready.
+func markedUnready(pod *corev1.Pod) bool {
+	for _, c := range pod.Status.Conditions {
+		if c.Type == corev1.PodReady {
+			return c.Status == corev1.ConditionFalse
+		}
+	}
+	return false
 }
 
 // endpoints is the address of every selected Pod, starting with the one whose turn it is.

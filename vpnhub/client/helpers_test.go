@@ -206,6 +206,7 @@ type udpProxy struct {
 	pc     *net.UDPConn
 	target atomic.Pointer[netip.AddrPort]
 	client atomic.Pointer[netip.AddrPort]
+	former sync.Map // netip.AddrPort → true: targets switched away from, whose packets go nowhere
 }
 
 func newUDPProxy(t *testing.T, target netip.AddrPort) *udpProxy {
@@ -232,6 +233,9 @@ func newUDPProxy(t *testing.T, target netip.AddrPort) *udpProxy {
 				}
 				continue
 			}
+			if _, gone := p.former.Load(from); gone {
+				continue
+			}
 			p.client.Store(&from)
 			pc.WriteToUDPAddrPort(buf[:n], *p.target.Load())
 		}
@@ -242,4 +246,8 @@ func newUDPProxy(t *testing.T, target netip.AddrPort) *udpProxy {
 
 func (p *udpProxy) addr() netip.AddrPort { return netip.MustParseAddrPort(p.pc.LocalAddr().String()) }
 
-func (p *udpProxy) switchTo(target netip.AddrPort) { p.target.Store(&target) }
+func (p *udpProxy) switchTo(target netip.AddrPort) {
+	p.former.Store(*p.target.Load(), true)
+	p.former.Delete(target)
+	p.target.Store(&target)
+}

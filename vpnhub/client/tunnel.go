@@ -2,10 +2,12 @@ package client
 
 import (
 	"context"
+	"errors"
 	"sync"
 	"sync/atomic"
 	"time"
 
+	"github.com/quic-go/quic-go"
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
@@ -36,8 +38,10 @@ const deviceOffset = 16
 // again after every lost session and every refusal, vpn-member-replaced included (SPEC §7: a
 // refusal arrives in an unauthenticated QUIC close frame, so it may be forged), waiting by the
 // shared backoff schedule (internal/backoff: 250 ms to 30 s, full jitter). The schedule starts
-// again only after a session that lasted stableSession, so that two tunnels holding the same key
-// replace each other at the schedule's pace, not as fast as they can dial.
+// again after a session that lasted stableSession, so that two tunnels holding the same key
+// replace each other at the schedule's pace, not as fast as they can dial; and after a session
+// the hub ended with a stateless reset (it lost the session's state: a failover), so that the
+// member is back within the schedule's first wait.
 type Tunnel struct {
 	Client *Client
 	Device Device
@@ -55,6 +59,16 @@ type Tunnel struct {
 
 // stableSession is how long a session must last for the redial schedule to start again.
 const stableSession = 10 * time.Second
+
+// hubLostState reports a session that ended in a QUIC stateless reset: the hub's address answered
+// for the connection without knowing it, with the token only a holder of the hub key derives —
+// the hub restarted, or another replica of it leads now (a failover). Nothing the member did
+// ended the session, and two members sharing a key never reset each other (they are replaced by
+// a refusal), so the redial schedule starts again: the member is back after its shortest wait.
+func hubLostState(err error) bool {
+	var reset *quic.StatelessResetError
+	return errors.As(err, &reset)
+}
 
 // Sent counts packets sent to the hub; Received packets from the hub written to the device;
 // Dropped packets the device gave while no session was up, that were too large, or not from the
@@ -86,7 +100,7 @@ func (t *Tunnel) Run(ctx context.Context) error {
 			err = t.toDevice(ctx, conn)
 			t.cur.Store(nil)
 			conn.Close()
-			if time.Since(joined) >= stableSession {
+			if time.Since(joined) >= stableSession || hubLostState(err) {
 				wait.Reset()
 			}
 		}
@@ -94,8 +108,11 @@ func (t *Tunnel) Run(ctx context.Context) error {
 			return nil
 		}
 		outcome := "dial-failed"
-		if name := contracts.ReadRefusalName(err.Error(), nil); name != "" {
-			outcome = string(name)
+		var ref *contracts.Refusal
+		if errors.As(err, &ref) { // however the dial wrapped it: the hub may refuse before message 1 is written
+			outcome = string(ref.Name)
+		} else if hubLostState(err) {
+			outcome = "hub-reset"
 		}
 		sleep := wait.Next()
 		log.Warn().Str("outcome", outcome).Dur("wait", sleep).Str("error", err.Error()).Msg("vpn session down")

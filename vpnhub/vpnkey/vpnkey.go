@@ -34,7 +34,8 @@ func (k Pair) String() string {
 // GoString keeps %#v, which would print the private array field by field, to String's form.
 func (k Pair) GoString() string { return k.String() }
 
-// Private returns the private key bytes, for the Noise handshake only.
+// Private returns the private key bytes, for the Noise handshake and the keys a hub derives from
+// its own (its QUIC stateless-reset and token keys) only.
 func (k *Pair) Private() [32]byte { return k.private }
 
 // Generate creates a new key pair.
