@@ -76,6 +76,24 @@ func startRelayUnder(t *testing.T, wrap []string, bin string, cloudly *sim.Cloud
 	if err := os.WriteFile(token, []byte(cloudly.Token), 0o600); err != nil {
 		t.Fatal(err)
 	}
+	// freePort's address may be taken by another process before the relay binds it: a relay that
+	// exits for that is started again on fresh ports, a few times.
+	for attempt := 1; ; attempt++ {
+		p := spawnRelay(t, wrap, bin, cloudly, token, gctrace, extra...)
+		if await.Within(20*time.Second, func() bool { return ready(p.admin) || p.hasExited() }) && !p.hasExited() {
+			return p
+		}
+		if attempt < 4 && p.hasExited() && strings.Contains(p.lastLines(), "address already in use") {
+			continue
+		}
+		t.Fatalf("the relay never became ready; it wrote:\n%s", p.lastLines())
+	}
+}
+
+// spawnRelay starts one relay process on fresh loopback ports; it is killed when the test ends,
+// if it still runs.
+func spawnRelay(t *testing.T, wrap []string, bin string, cloudly *sim.Cloudly, token string, gctrace bool, extra ...string) *relayProcess {
+	t.Helper()
 	p := &relayProcess{listen: freePort(t), admin: freePort(t), exited: make(chan struct{})}
 	args := append([]string{"run", "--cluster-id", cloudly.ClusterID, "--node-id", "relay-node",
 		"--cloudly-url", cloudly.URL(), "--cloudly-token-file", token, "--insecure-plaintext",
@@ -114,9 +132,6 @@ func startRelayUnder(t *testing.T, wrap []string, bin string, cloudly *sim.Cloud
 			<-p.exited
 		}
 	})
-	if !await.Within(20*time.Second, func() bool { return ready(p.admin) || p.hasExited() }) || p.hasExited() {
-		t.Fatalf("the relay never became ready; it wrote:\n%s", p.lastLines())
-	}
 	return p
 }
 

@@ -149,7 +149,8 @@ func boundAddresses(r io.Reader, bound chan<- [2]string) {
 }
 
 // freePort returns a loopback address nothing listens on now. Another process may take it before
-// the relay binds it; a relay given port 0 reports what it bound instead (boundAddresses).
+// the relay binds it: startRelay then starts the relay again on fresh ports; a relay given port 0
+// reports what it bound instead (boundAddresses).
 func freePort(t *testing.T) string {
 	l, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

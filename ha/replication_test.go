@@ -103,7 +103,7 @@ type side struct {
 
 type option func(*replicationConfig, *replicationPorts)
 
-func listen(t *testing.T) net.Listener {
+func listen(t testing.TB) net.Listener {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -112,7 +112,7 @@ func listen(t *testing.T) net.Listener {
 	return ln
 }
 
-func build(t *testing.T, cfg replicationConfig, p replicationPorts, opts ...option) *side {
+func build(t testing.TB, cfg replicationConfig, p replicationPorts, opts ...option) *side {
 	t.Helper()
 	for _, o := range opts {
 		o(&cfg, &p)
@@ -130,7 +130,7 @@ func build(t *testing.T, cfg replicationConfig, p replicationPorts, opts ...opti
 }
 
 // startLeader runs the leader relay-a's side: it always leads, on ln (nil: a new listener).
-func startLeader(t *testing.T, clk clock.WithTickerAndDelayedExecution, part *memPart, ln net.Listener, opts ...option) *side {
+func startLeader(t testing.TB, clk clock.WithTickerAndDelayedExecution, part *memPart, ln net.Listener, opts ...option) *side {
 	t.Helper()
 	if ln == nil {
 		ln = listen(t)
@@ -146,7 +146,7 @@ func startLeader(t *testing.T, clk clock.WithTickerAndDelayedExecution, part *me
 }
 
 // startStandby runs standby pod's side, following the leader at addr.
-func startStandby(t *testing.T, clk clock.WithTickerAndDelayedExecution, part *memPart, addr, pod string) *side {
+func startStandby(t testing.TB, clk clock.WithTickerAndDelayedExecution, part *memPart, addr, pod string) *side {
 	t.Helper()
 	s := build(t, replicationConfig{key: testKey, parts: []Part{{Prefix: "run/", Part: part, Runs: "run/"}}, self: []string{pod}, pod: pod, clock: clk},
 		replicationPorts{leading: func() bool { return false }, holder: func() string { return "relay-a" },

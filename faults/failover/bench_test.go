@@ -136,3 +136,72 @@ func median(d []time.Duration) time.Duration {
 	slices.Sort(s)
 	return s[len(s)/2]
 }
+
+// BenchmarkHAFaults measures how long a cluster goes without an attached relay after the two
+// faults that pause what the election stands on, on two relay processes, four nodes and the real
+// API server; each iteration is one of each:
+//
+//   - sigstop-attached-max-ms and -p50-ms: the leader's process stopped (SIGSTOP), from the stop
+//     to Cloudly accepting the standby's registration (goal ≤ lease duration + 2 s, 6000 here);
+//     the stopped relay is then resumed, ends its term and comes back a standby;
+//
+//   - brownout-attached-max-ms and -p50-ms: the API server stopped past the renew deadline, so
+//     the leader fences, from the API server's resumption to Cloudly accepting a registration
+//     (goal ≤ lease duration + 2 s);
+//
+//   - two-attached and late-acts: registrations Cloudly accepted while another relay's socket
+//     was attached and acting, and requests that reached Cloudly on a socket after another
+//     relay attached (goal 0 each).
+//
+//     go test -run '^$' -bench HAFaults -benchtime 10x ./faults/failover/
+func BenchmarkHAFaults(b *testing.B) {
+	c := newCluster(b)
+	c.start("relay-a")
+	c.start("relay-b")
+	c.waitLeader(startDeadline)
+	f := startFleet(c.svc.URL(), 4)
+	defer f.close()
+	c.waitFlowing(f, time.Now())
+	var stops, brownouts []time.Duration
+	for range b.N {
+		l := c.waitLeader(takeover)
+		c.waitStandbysFollow(l, anyRuns)
+		next := c.other(l)
+		restarts := l.restartCount()
+		regs := c.cloudly.Registrations()
+		at := time.Now()
+		l.freeze()
+		stops = append(stops, c.waitAttachedAfter(regs, takeover).Sub(at))
+		c.waitAttachedLeader(next, takeover)
+		l.thaw()
+		c.eventually(l.name+"'s term ended: its process exited 0 and was started again", takeover, func() bool {
+			return l.restartCount() > restarts
+		})
+		c.waitFollows(l, next, anyRuns)
+		c.waitFlowing(f, time.Now())
+
+		l = c.waitLeader(takeover)
+		c.waitStandbysFollow(l, anyRuns)
+		c.kube.PauseAPIServer()
+		c.eventually("the leader fenced: Cloudly holds no attached socket", renewDeadline+fenceSlack, func() bool {
+			return c.cloudly.AttachedSockets() == 0
+		})
+		regs = c.cloudly.Registrations()
+		c.kube.ResumeAPIServer()
+		at = time.Now()
+		brownouts = append(brownouts, c.waitAttachedAfter(regs, takeover).Sub(at))
+		c.waitLeader(takeover)
+		c.waitFlowing(f, time.Now())
+	}
+	b.Logf("SIGSTOP to attached %v; API resumed to attached %v (lease %s)", stops, brownouts, leaseDuration)
+	b.ReportMetric(float64(slices.Max(stops).Milliseconds()), "sigstop-attached-max-ms")
+	b.ReportMetric(float64(median(stops).Milliseconds()), "sigstop-attached-p50-ms")
+	b.ReportMetric(float64(slices.Max(brownouts).Milliseconds()), "brownout-attached-max-ms")
+	b.ReportMetric(float64(median(brownouts).Milliseconds()), "brownout-attached-p50-ms")
+	b.ReportMetric(float64(c.cloudly.TwoAttached()), "two-attached")
+	late := 0
+	for _, n := range c.cloudly.LateActs() {
+		late += n
+	}
+	b.ReportMetric(float64(late), "late-acts")
+}
