@@ -123,7 +123,7 @@ type RenewalReceipt struct {
 	Status   string // accepted, replay, or the refusal the node answered with
 }
 
-// RenewalCounter counts the DNS lease renewals a simulated node admits; `relay dev` reports the
+// RenewalCounter counts the DNS lease renewals a simulated node admits; `relay-dev` reports the
 // admitted ones as escrowReleased. A counter made by RecordRenewals also keeps a receipt of every
 // renewal pushed to the node.
 type RenewalCounter struct {
