@@ -16,11 +16,12 @@ const module = "code.foss.global/serve.zone/relay"
 
 // layers says, for each package of this module, its floor and what it may import: own packages
 // (each on a lower floor: nothing imports upwards or sideways, so there is no cycle) and
-// third-party ones. Dependencies point inward: contracts and the ground-floor libraries at the
-// centre, the ports above them, the parts beside each other, relay wiring them, the daemon
+// third-party ones. Dependencies point inward: the strict JSON library, contracts on it and the
+// ground-floor libraries at the centre, the ports above them, the parts beside each other, relay wiring them, the daemon
 // wiring the relay from flags, test support above it, and the commands on top.
 const (
-	ground   = iota // contracts and the libraries that import nothing of ours
+	libs     = iota // libraries contracts itself builds on: the strict JSON reader
+	ground          // contracts and the libraries that import nothing of ours
 	ports           // the seams and keys everything above builds on
 	codecs          // the VPN's wire format, on its keys
 	parts           // the features, beside each other
@@ -39,20 +40,21 @@ type layer struct {
 }
 
 var layers = map[string]layer{
-	"contracts":            {floor: ground},
+	"contracts/strictjson": {floor: libs},
+	"contracts":            {floor: ground, own: []string{"contracts/strictjson"}},
 	"internal/backoff":     {floor: ground},
 	"internal/budget":      {floor: ground},
 	"vpnhub/quicsock":      {floor: ground, third: []string{"golang.org/x/net", "golang.org/x/sys"}},
 	"feature":              {floor: ports, own: []string{"contracts"}},
-	"internal/typedsocket": {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"internal/typedsocket": {floor: ports, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
 	"vpnhub/vpnkey":        {floor: ports, own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
 	"vpnhub/internal/wire": {floor: codecs, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
-	"escrow":               {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"ingress":              {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"escrow":               {floor: parts, own: []string{"contracts", "feature", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"ingress":              {floor: parts, own: []string{"contracts", "feature", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"restore":              {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"platform":             {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"corestore":            {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"registry":             {floor: parts, own: []string{"contracts"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"corestore":            {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"registry":             {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":               {floor: parts, own: []string{"contracts", "feature", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
 	"vpnhub/vpntest":       {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
@@ -60,7 +62,7 @@ var layers = map[string]layer{
 	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv":              {floor: harness},
 	"testenv/await":        {floor: harness},
-	"testenv/sim":          {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"testenv/sim":          {floor: harness, own: []string{"contracts", "contracts/strictjson", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv/kubeapi":      {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 	"interop":              {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
 	"testenv/relaytest":    {floor: harness2, own: []string{"contracts", "relay", "testenv/await", "testenv/sim"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},

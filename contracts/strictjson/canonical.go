@@ -1,8 +1,6 @@
-package contracts
+package strictjson
 
 import (
-	"crypto/sha256"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"math"
@@ -12,22 +10,17 @@ import (
 	"unicode/utf16"
 )
 
-// Canonical JSON and domain-separated digests (SPEC §12).
+// Canonical JSON: one byte sequence for every JSON value, so that a digest of it (contracts
+// decides the digest rules) is the same wherever the value was written.
 //
-// ASSUMPTION (project-defined, recorded in docs/decisions.md): the seeds name digests such as
-// "hashes every field except digest under its own domain" but not the exact preimage. This file is
-// the one place that decides it:
-//
-//	digest   = "sha256:" + lowercase hex of SHA-256(preimage)
-//	preimage = UTF-8 domain || "\n" || canonical JSON of the value
-//
-// Canonical JSON is RFC 8785 (JCS) with one deliberate difference: a number written as a plain
-// integer literal (digits, optional leading minus, no fraction or exponent) keeps its exact digits
-// even beyond 2^53, where JCS would round it through an IEEE double. No valid serve.zone body holds
-// such an integer in digested content (counters are safe integers), so the difference can only
-// keep the relay from silently changing a value. "-0" canonicalizes to "0". Every other number is
-// written as ECMAScript's Number.prototype.toString writes the nearest double. If the seeds' exact
-// preimage turns out different, it is corrected here and in the golden vectors under testdata/.
+// ASSUMPTION (project-defined, recorded in docs/decisions.md): canonical JSON is RFC 8785 (JCS)
+// with one deliberate difference: a number written as a plain integer literal (digits, optional
+// leading minus, no fraction or exponent) keeps its exact digits even beyond 2^53, where JCS would
+// round it through an IEEE double. No valid serve.zone body holds such an integer in digested
+// content (counters are safe integers), so the difference can only keep the relay from silently
+// changing a value. "-0" canonicalizes to "0". Every other number is written as ECMAScript's
+// Number.prototype.toString writes the nearest double. The golden vectors are under
+// testdata/canonical.
 
 // ErrNotCanonicalizable is wrapped by Canonicalize's error for input that is valid JSON but has
 // no canonical form (a repeated key or a number outside the double range).
@@ -38,7 +31,7 @@ func Canonicalize(raw []byte) ([]byte, error) {
 	if err := Valid(raw); err != nil {
 		return nil, err
 	}
-	return appendCanonical(make([]byte, 0, len(raw)), trimSpace(raw))
+	return appendCanonical(make([]byte, 0, len(raw)), TrimSpace(raw))
 }
 
 func appendCanonical(dst, v []byte) ([]byte, error) {
@@ -191,37 +184,8 @@ func AppendES6Number(dst []byte, f float64) []byte {
 	return dst
 }
 
-// Digest returns "sha256:<hex>" of the domain-separated preimage of an already canonical value.
-func Digest(domain string, canonical []byte) string {
-	h := sha256.New()
-	h.Write([]byte(domain))
-	h.Write([]byte{'\n'})
-	h.Write(canonical)
-	var sum [sha256.Size]byte
-	return "sha256:" + hex.EncodeToString(h.Sum(sum[:0]))
-}
-
-// DigestOf canonicalizes the JSON value raw and returns its digest under domain.
-func DigestOf(domain string, raw []byte) (string, error) {
-	c, err := Canonicalize(raw)
-	if err != nil {
-		return "", err
-	}
-	return Digest(domain, c), nil
-}
-
-// DigestWithout returns the digest under domain of the JSON object raw without its member named
-// field: the seeds' "every field except digest" rule.
-func DigestWithout(domain string, raw []byte, field string) (string, error) {
-	c, err := CanonicalWithout(raw, field)
-	if err != nil {
-		return "", err
-	}
-	return Digest(domain, c), nil
-}
-
 // CanonicalWithout is the canonical JSON of the object raw without its member named field: what
-// DigestWithout hashes after the domain.
+// a digest over "every field except digest" hashes.
 func CanonicalWithout(raw []byte, field string) ([]byte, error) {
 	members, err := ReadObject(raw)
 	if err != nil {
@@ -242,23 +206,4 @@ func CanonicalWithout(raw []byte, field string) ([]byte, error) {
 	}
 	obj = append(obj, '}')
 	return Canonicalize(obj)
-}
-
-// IsSha256Digest reports whether s is "sha256:" followed by 64 lowercase hex digits.
-func IsSha256Digest(s string) bool {
-	hexPart, ok := strings.CutPrefix(s, "sha256:")
-	return ok && IsLowerHex(hexPart, 64)
-}
-
-// IsLowerHex reports whether s is exactly n lowercase hexadecimal digits.
-func IsLowerHex(s string, n int) bool {
-	if len(s) != n {
-		return false
-	}
-	for i := 0; i < len(s); i++ {
-		if c := s[i]; !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f') {
-			return false
-		}
-	}
-	return true
 }

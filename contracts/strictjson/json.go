@@ -1,4 +1,4 @@
-package contracts
+package strictjson
 
 import (
 	"bytes"
@@ -50,7 +50,7 @@ func (k Kind) String() string { return kindNames[k] }
 
 // KindOf reports the kind of raw by its first non-space byte. It does not validate raw.
 func KindOf(raw []byte) Kind {
-	i := skipSpace(raw, 0)
+	i := SkipSpace(raw, 0)
 	if i >= len(raw) {
 		return KindInvalid
 	}
@@ -92,11 +92,11 @@ type Member struct {
 // Valid reports whether raw is exactly one well-formed JSON value, surrounded by nothing but
 // whitespace.
 func Valid(raw []byte) error {
-	end, err := scanValue(raw, skipSpace(raw, 0), 0)
+	end, err := ScanValue(raw, SkipSpace(raw, 0), 0)
 	if err != nil {
 		return err
 	}
-	if end = skipSpace(raw, end); end != len(raw) {
+	if end = SkipSpace(raw, end); end != len(raw) {
 		return &SyntaxError{end, "data after the value"}
 	}
 	return nil
@@ -236,44 +236,44 @@ func readFields(raw []byte, fields []Field, exact bool) error {
 
 // ReadArray reads raw as one JSON array and returns its elements, each a sub-slice of raw.
 func ReadArray(raw []byte) ([]json.RawMessage, error) {
-	i := skipSpace(raw, 0)
+	i := SkipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '[' {
 		return nil, &SyntaxError{i, "not an array"}
 	}
 	var elems []json.RawMessage
-	i = skipSpace(raw, i+1)
+	i = SkipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == ']' {
-		return []json.RawMessage{}, trailing(raw, i+1)
+		return []json.RawMessage{}, Trailing(raw, i+1)
 	}
 	for {
 		start := i
-		end, err := scanValue(raw, i, 1)
+		end, err := ScanValue(raw, i, 1)
 		if err != nil {
 			return nil, err
 		}
 		elems = append(elems, raw[start:end])
-		i = skipSpace(raw, end)
+		i = SkipSpace(raw, end)
 		if i >= len(raw) {
 			return nil, &SyntaxError{i, "unterminated array"}
 		}
 		if raw[i] == ']' {
-			return elems, trailing(raw, i+1)
+			return elems, Trailing(raw, i+1)
 		}
 		if raw[i] != ',' {
 			return nil, &SyntaxError{i, "expected , or ] in array"}
 		}
-		i = skipSpace(raw, i+1)
+		i = SkipSpace(raw, i+1)
 	}
 }
 
 // ReadString reads raw as one JSON string and returns its decoded value.
 func ReadString(raw []byte) (string, error) {
-	i := skipSpace(raw, 0)
-	end, err := scanString(raw, i)
+	i := SkipSpace(raw, 0)
+	end, err := ScanString(raw, i)
 	if err != nil {
 		return "", err
 	}
-	if err := trailing(raw, end); err != nil {
+	if err := Trailing(raw, end); err != nil {
 		return "", err
 	}
 	return decodeString(raw[i:end]), nil
@@ -281,7 +281,7 @@ func ReadString(raw []byte) (string, error) {
 
 // ReadBool reads raw as one JSON boolean.
 func ReadBool(raw []byte) (value, ok bool) {
-	switch string(trimSpace(raw)) {
+	switch string(TrimSpace(raw)) {
 	case "true":
 		return true, true
 	case "false":
@@ -291,7 +291,7 @@ func ReadBool(raw []byte) (value, ok bool) {
 }
 
 // IsNull reports whether raw is the JSON literal null.
-func IsNull(raw []byte) bool { return string(trimSpace(raw)) == "null" }
+func IsNull(raw []byte) bool { return string(TrimSpace(raw)) == "null" }
 
 // MaxSafeInteger is JavaScript's Number.MAX_SAFE_INTEGER, the largest counter the seeds admit.
 const MaxSafeInteger = 1<<53 - 1
@@ -300,7 +300,7 @@ const MaxSafeInteger = 1<<53 - 1
 // way JavaScript's Number.isSafeInteger judges a value after JSON.parse: 1.0 and 1e3 are integers,
 // 9007199254740993 is not safe.
 func ReadSafeInteger(raw []byte) (int64, bool) {
-	raw = trimSpace(raw)
+	raw = TrimSpace(raw)
 	if KindOf(raw) != KindNumber {
 		return 0, false
 	}
@@ -337,30 +337,30 @@ func ForEachMember(raw []byte, fn func(key, value []byte) error) error {
 // with the member itself. An error from either stops the walk and is returned. It spares a reader
 // of a member's members (a stream frame's request.streamId) a second scan of the member's bytes.
 func ForEachMemberWithin(raw []byte, within []string, inner func(outer, key, value []byte) error, fn func(key, value []byte) error) error {
-	i := skipSpace(raw, 0)
+	i := SkipSpace(raw, 0)
 	if i >= len(raw) || raw[i] != '{' {
 		return &SyntaxError{i, "not an object"}
 	}
-	i = skipSpace(raw, i+1)
+	i = SkipSpace(raw, i+1)
 	if i < len(raw) && raw[i] == '}' {
-		return trailing(raw, i+1)
+		return Trailing(raw, i+1)
 	}
 	for {
-		keyEnd, err := scanString(raw, i)
+		keyEnd, err := ScanString(raw, i)
 		if err != nil {
 			return err
 		}
-		key := decodeStringBytes(raw[i:keyEnd])
-		i = skipSpace(raw, keyEnd)
+		key := DecodeScannedString(raw[i:keyEnd])
+		i = SkipSpace(raw, keyEnd)
 		if i >= len(raw) || raw[i] != ':' {
 			return &SyntaxError{i, "expected : after object key"}
 		}
-		start := skipSpace(raw, i+1)
+		start := SkipSpace(raw, i+1)
 		var end int
 		if start < len(raw) && raw[start] == '{' && names(within, key) {
 			end, err = scanComposite(raw, start, 1, '}', func(k, v []byte) error { return inner(key, k, v) })
 		} else {
-			end, err = scanValue(raw, start, 1)
+			end, err = ScanValue(raw, start, 1)
 		}
 		if err != nil {
 			return err
@@ -368,17 +368,17 @@ func ForEachMemberWithin(raw []byte, within []string, inner func(outer, key, val
 		if err := fn(key, raw[start:end]); err != nil {
 			return err
 		}
-		i = skipSpace(raw, end)
+		i = SkipSpace(raw, end)
 		if i >= len(raw) {
 			return &SyntaxError{i, "unterminated object"}
 		}
 		if raw[i] == '}' {
-			return trailing(raw, i+1)
+			return Trailing(raw, i+1)
 		}
 		if raw[i] != ',' {
 			return &SyntaxError{i, "expected , or } in object"}
 		}
-		i = skipSpace(raw, i+1)
+		i = SkipSpace(raw, i+1)
 	}
 }
 
@@ -392,8 +392,9 @@ func names(keys []string, key []byte) bool {
 	return false
 }
 
-func trailing(raw []byte, i int) error {
-	if i = skipSpace(raw, i); i != len(raw) {
+// Trailing checks that nothing but whitespace follows the value ending at raw[i].
+func Trailing(raw []byte, i int) error {
+	if i = SkipSpace(raw, i); i != len(raw) {
 		return &SyntaxError{i, "data after the value"}
 	}
 	return nil
@@ -414,14 +415,16 @@ func trailing(raw []byte, i int) error {
 // usual case) costs one comparison.
 func isSpace(c byte) bool { return c <= ' ' && (c == ' ' || c == '\t' || c == '\n' || c == '\r') }
 
-func skipSpace(b []byte, i int) int {
+// SkipSpace is the offset of the first byte at or after b[i] that is not JSON whitespace.
+func SkipSpace(b []byte, i int) int {
 	for i < len(b) && isSpace(b[i]) {
 		i++
 	}
 	return i
 }
 
-func trimSpace(b []byte) []byte {
+// TrimSpace is b without JSON whitespace at either end.
+func TrimSpace(b []byte) []byte {
 	i, j := 0, len(b)
 	for i < j && isSpace(b[i]) {
 		i++
@@ -432,14 +435,16 @@ func trimSpace(b []byte) []byte {
 	return b[i:j]
 }
 
-// scanValue validates the value starting at b[i] and returns the offset just after it.
-func scanValue(b []byte, i, depth int) (int, error) {
+// ScanValue validates the value starting at b[i], nested depth deep in what contains it, and
+// returns the offset just after it. With SkipSpace, ScanString, DecodeScannedString and Trailing
+// it is what a reader of one shape in one pass builds on (contracts' stream markers).
+func ScanValue(b []byte, i, depth int) (int, error) {
 	if i >= len(b) {
 		return i, &SyntaxError{i, "unexpected end of input"}
 	}
 	switch c := b[i]; {
 	case c == '"':
-		return scanString(b, i)
+		return ScanString(b, i)
 	case c == '-' || (c >= '0' && c <= '9'):
 		return scanNumber(b, i)
 	case c == '{':
@@ -463,7 +468,7 @@ func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byt
 	if depth >= MaxJSONDepth {
 		return i, &SyntaxError{i, "nesting too deep"}
 	}
-	i = skipSpace(b, i+1)
+	i = SkipSpace(b, i+1)
 	if i < len(b) && b[i] == closer {
 		return i + 1, nil
 	}
@@ -473,24 +478,24 @@ func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byt
 		if runs && i < len(b) && b[i]-'0' < 10 {
 			j := integerRun(b, i)
 			runs = j > i
-			i = skipSpace(b, j)
+			i = SkipSpace(b, j)
 		}
 		if closer == '}' {
 			end := shortKey(b, i)
 			if end < 0 {
 				var err error
-				if end, err = scanString(b, i); err != nil {
+				if end, err = ScanString(b, i); err != nil {
 					return end, err
 				}
 			}
 			if fn != nil {
-				key = decodeStringBytes(b[i:end])
+				key = DecodeScannedString(b[i:end])
 			}
-			i = skipSpace(b, end)
+			i = SkipSpace(b, end)
 			if i >= len(b) || b[i] != ':' {
 				return i, &SyntaxError{i, "expected : after object key"}
 			}
-			i = skipSpace(b, i+1)
+			i = SkipSpace(b, i+1)
 		}
 		var end int
 		var err error
@@ -502,7 +507,7 @@ func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byt
 				end, err = scanNumber(b, i)
 			}
 		} else {
-			end, err = scanValue(b, i, depth+1)
+			end, err = ScanValue(b, i, depth+1)
 		}
 		if err != nil {
 			return end, err
@@ -512,7 +517,7 @@ func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byt
 				return end, err
 			}
 		}
-		i = skipSpace(b, end)
+		i = SkipSpace(b, end)
 		if i >= len(b) {
 			return i, &SyntaxError{i, "unterminated object or array"}
 		}
@@ -522,7 +527,7 @@ func scanComposite(b []byte, i, depth int, closer byte, fn func(key, value []byt
 		if b[i] != ',' {
 			return i, &SyntaxError{i, "expected , or " + string(closer)}
 		}
-		i = skipSpace(b, i+1)
+		i = SkipSpace(b, i+1)
 	}
 }
 
@@ -614,7 +619,7 @@ func digits(b []byte, i int) int {
 
 // shortKey returns the end of a string at b[i] that closes within the eight bytes after its opening
 // quote and has no byte that needs attention before it (a Uint8Array's keys, an envelope's), or -1
-// for any other string or anything else, which scanString reads. It is scanString's common case
+// for any other string or anything else, which ScanString reads. It is ScanString's common case
 // in one word, without looking at the byte it stopped on a second time.
 func shortKey(b []byte, i int) int {
 	if i+9 > len(b) || b[i] != '"' {
@@ -671,9 +676,9 @@ var plainStringByte = func() (t [256]bool) {
 	return t
 }()
 
-// scanString validates the string starting at b[i] (which must be '"') and returns the offset just
+// ScanString validates the string starting at b[i] (which must be '"') and returns the offset just
 // after its closing quote.
-func scanString(b []byte, i int) (int, error) {
+func ScanString(b []byte, i int) (int, error) {
 	if i >= len(b) || b[i] != '"' {
 		return i, &SyntaxError{i, "expected string"}
 	}
@@ -759,11 +764,12 @@ func hex4(b []byte, i int) (rune, bool) {
 	return r, true
 }
 
-// decodeString decodes a string scanString already validated, quotes included.
-func decodeString(q []byte) string { return string(decodeStringBytes(q)) }
+// decodeString decodes a string ScanString already validated, quotes included.
+func decodeString(q []byte) string { return string(DecodeScannedString(q)) }
 
-// decodeStringBytes is decodeString without a copy when the string has no escapes.
-func decodeStringBytes(q []byte) []byte {
+// DecodeScannedString is the content of a string ScanString validated, quotes included: a
+// sub-slice of q when it has no escapes, else a decoded copy.
+func DecodeScannedString(q []byte) []byte {
 	s := q[1 : len(q)-1]
 	if bytes.IndexByte(s, '\\') < 0 {
 		return s

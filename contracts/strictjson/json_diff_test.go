@@ -1,4 +1,4 @@
-package contracts
+package strictjson
 
 import (
 	"errors"
@@ -26,23 +26,23 @@ func matchReference(t *testing.T, in []byte, depth int) {
 	}
 	sameError("Valid", Valid(in), refValid(in))
 
-	i := skipSpace(in, 0)
+	i := SkipSpace(in, 0)
 	if ri := refSkipSpace(in, 0); i != ri {
-		t.Fatalf("skipSpace(%q) = %d, the reference %d", in, i, ri)
+		t.Fatalf("SkipSpace(%q) = %d, the reference %d", in, i, ri)
 	}
-	end, err := scanValue(in, i, depth)
+	end, err := ScanValue(in, i, depth)
 	refEnd, refErr := refScanValue(in, i, depth)
-	sameError("scanValue", err, refErr)
+	sameError("ScanValue", err, refErr)
 	if err == nil && end != refEnd {
-		t.Fatalf("scanValue(%q) ends at %d, the reference at %d", in, end, refEnd)
+		t.Fatalf("ScanValue(%q) ends at %d, the reference at %d", in, end, refEnd)
 	}
 
 	// The scalar scanners on their own, wherever the input starts.
-	end, err = scanString(in, 0)
+	end, err = ScanString(in, 0)
 	refEnd, refErr = refScanString(in, 0)
-	sameError("scanString", err, refErr)
+	sameError("ScanString", err, refErr)
 	if err == nil && end != refEnd {
-		t.Fatalf("scanString(%q) ends at %d, the reference at %d", in, end, refEnd)
+		t.Fatalf("ScanString(%q) ends at %d, the reference at %d", in, end, refEnd)
 	}
 	if len(in) > 0 && (in[0] == '-' || in[0] >= '0' && in[0] <= '9') {
 		end, err = scanNumber(in, 0)

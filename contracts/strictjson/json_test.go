@@ -1,4 +1,4 @@
-package contracts
+package strictjson
 
 import (
 	"encoding/json"
