@@ -18,7 +18,7 @@ targets=(
   "./contracts FuzzFindStreamMarkers"
   "./relay FuzzStreamFrameRouting"
   "./contracts FuzzReadProtocolOffer"
-  "./contracts FuzzCanonicalize"
+  "./contracts/strictjson FuzzCanonicalize"
   "./contracts FuzzRelayReaders"
   "./contracts FuzzReadClusterIngressRegistration"
   "./contracts FuzzReadHoldRuntimeNetworkDnsLeaseRenewalsRequest"

@@ -46,7 +46,7 @@ var suites = []suite{
 		"./escrow/", "Escrow10k", "1x", 3)},
 	{"escrow-relay", goBench("Escrow: release delay through a real relay",
 		"The same release, nodes on real sockets through the relay (1 000 nodes: 10 000 need more file descriptors than this machine allows one process).",
-		"./cmd/relay/", "EscrowReleaseThroughRelay", "1x", 3)},
+		"./daemon/", "EscrowReleaseThroughRelay", "1x", 3)},
 	{"vpnhub", runVPNHub},
 	{"ingress", goBench("Ingress: route-table reads and change hints",
 		"Reads per second of a 4 MiB table by 100 ingress connections through the relay, and the time to hint 100 connections; in-process costs beside.",

@@ -5,6 +5,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The relay's own session with Cloudly: its registration, the cluster relay block and the
@@ -173,10 +175,10 @@ func ValidateClusterRelay(raw []byte, path string) []string {
 // readClusterRelay reads an IClusterRelay block exactly, as validateClusterRelay does.
 func readClusterRelay(raw []byte, path string) (ClusterRelay, []string) {
 	var origin []byte
-	if ReadExact(raw, Req("origin", &origin)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("origin", &origin)) != nil {
 		return ClusterRelay{}, []string{path + " must use its exact schema"}
 	}
-	s, err := ReadString(origin)
+	s, err := strictjson.ReadString(origin)
 	if err != nil || !IsCanonicalOrigin(s, "https") {
 		return ClusterRelay{}, []string{path + " origin must be a canonical https origin"}
 	}
@@ -230,12 +232,12 @@ func ValidateRegisterClusterRelayRequest(raw []byte, path string) []string {
 		path = "cluster relay registration"
 	}
 	var protocol, relay, sequence []byte
-	if ReadExact(raw, Req("protocol", &protocol), Req("relay", &relay), Req("registrationSequence", &sequence)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("protocol", &protocol), strictjson.Req("relay", &relay), strictjson.Req("registrationSequence", &sequence)) != nil {
 		return []string{path + " must use its exact schema"}
 	}
 	reasons := ValidateProtocolOffer(protocol, path+" protocol")
 	reasons = append(reasons, validateRelayBlock(relay, path+" relay")...)
-	if _, ok := ReadCounter(sequence); !ok {
+	if _, ok := strictjson.ReadCounter(sequence); !ok {
 		reasons = append(reasons, path+" registrationSequence must be a non-negative safe integer")
 	}
 	return reasons
@@ -243,21 +245,21 @@ func ValidateRegisterClusterRelayRequest(raw []byte, path string) []string {
 
 func validateRelayBlock(raw []byte, path string) []string {
 	var version, nodeID, address, port []byte
-	if ReadExact(raw, Req("version", &version), Req("nodeId", &nodeID), Req("listenAddress", &address),
-		Req("listenPort", &port)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("version", &version), strictjson.Req("nodeId", &nodeID), strictjson.Req("listenAddress", &address),
+		strictjson.Req("listenPort", &port)) != nil {
 		return []string{path + " must use its exact schema"}
 	}
 	var reasons []string
-	if s, err := ReadString(version); err != nil || !IsReleaseVersion(s) {
+	if s, err := strictjson.ReadString(version); err != nil || !IsReleaseVersion(s) {
 		reasons = append(reasons, path+" version must be a release version")
 	}
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	}
-	if s, err := ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
+	if s, err := strictjson.ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
 		reasons = append(reasons, path+" listenAddress must be a unicast IPv4 literal that is neither loopback nor link-local")
 	}
-	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
+	if n, ok := strictjson.ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" listenPort must be a port from 1 to 65535")
 	}
 	return reasons
@@ -285,10 +287,10 @@ type ClusterVpnHubReport struct {
 // EncodeRegisterClusterVpnHubRequest writes { hub: { clusterId, address, quicPort }, noisePublicKey }
 // with the key in base64url without padding. A public key is no secret.
 func EncodeRegisterClusterVpnHubRequest(r ClusterVpnHubReport) []byte {
-	b := AppendString([]byte(`{"hub":{"clusterId":`), r.Hub.ClusterID)
-	b = AppendString(append(b, `,"address":`...), r.Hub.Address)
+	b := strictjson.AppendString([]byte(`{"hub":{"clusterId":`), r.Hub.ClusterID)
+	b = strictjson.AppendString(append(b, `,"address":`...), r.Hub.Address)
 	b = strconv.AppendInt(append(b, `,"quicPort":`...), int64(r.Hub.QUICPort), 10)
-	b = AppendString(append(b, `},"noisePublicKey":`...), EncodeKey32(r.NoisePublicKey))
+	b = strictjson.AppendString(append(b, `},"noisePublicKey":`...), EncodeKey32(r.NoisePublicKey))
 	return append(b, '}')
 }
 
@@ -298,12 +300,12 @@ func EncodeRegisterClusterVpnHubRequest(r ClusterVpnHubReport) []byte {
 func ReadRegisterClusterVpnHubRequest(raw []byte) (ClusterVpnHubReport, error) {
 	const path = "cluster vpn hub report"
 	var hub, key []byte
-	if ReadExact(raw, Req("hub", &hub), Req("noisePublicKey", &key)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("hub", &hub), strictjson.Req("noisePublicKey", &key)) != nil {
 		return ClusterVpnHubReport{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	h, reasons := readRuntimeNetworkVpnHub(hub, path+" hub")
 	var r ClusterVpnHubReport
-	if s, err := ReadString(key); err != nil {
+	if s, err := strictjson.ReadString(key); err != nil {
 		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
 	} else if r.NoisePublicKey, err = DecodeKey32(s); err != nil {
 		reasons = append(reasons, path+" noisePublicKey must be a 32-byte key in base64url without padding")
@@ -320,22 +322,22 @@ func ReadRegisterClusterVpnHubRequest(raw []byte) (ClusterVpnHubReport, error) {
 // Whether the address lies inside vpn.hubPrefix is Cloudly's to judge (its address plan).
 func readRuntimeNetworkVpnHub(raw []byte, path string) (RuntimeNetworkVpnHub, []string) {
 	var clusterID, address, port []byte
-	if ReadExact(raw, Req("clusterId", &clusterID), Req("address", &address), Req("quicPort", &port)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("clusterId", &clusterID), strictjson.Req("address", &address), strictjson.Req("quicPort", &port)) != nil {
 		return RuntimeNetworkVpnHub{}, []string{path + " must use its exact schema"}
 	}
 	var h RuntimeNetworkVpnHub
 	var reasons []string
-	if s, err := ReadString(clusterID); err != nil || !IsCanonicalID(s) {
+	if s, err := strictjson.ReadString(clusterID); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" clusterId must be a canonical identifier")
 	} else {
 		h.ClusterID = s
 	}
-	if s, err := ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
+	if s, err := strictjson.ReadString(address); err != nil || !IsPlausibleUnicastIPv4(s) {
 		reasons = append(reasons, path+" address must be a unicast IPv4 literal that is neither loopback nor link-local")
 	} else {
 		h.Address = s
 	}
-	if n, ok := ReadCounter(port); !ok || n < 1 || n > 65535 {
+	if n, ok := strictjson.ReadCounter(port); !ok || n < 1 || n > 65535 {
 		reasons = append(reasons, path+" quicPort must be a port from 1 to 65535")
 	} else {
 		h.QUICPort = int(n)
@@ -367,7 +369,7 @@ type RegisterClusterRelayResponse struct {
 func ReadRegisterClusterRelayResponse(raw []byte, allowHTTP bool) (RegisterClusterRelayResponse, error) {
 	const path = "cluster relay registration answer"
 	var protocol, origin []byte
-	if ReadTolerant(raw, Req("protocol", &protocol), Opt("origin", &origin)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("protocol", &protocol), strictjson.Opt("origin", &origin)) != nil {
 		return RegisterClusterRelayResponse{}, &InvalidError{[]string{path + " must be an object carrying protocol"}}
 	}
 	offer, reasons := readProtocolOffer(protocol, path+" protocol")
@@ -375,7 +377,7 @@ func ReadRegisterClusterRelayResponse(raw []byte, allowHTTP bool) (RegisterClust
 		return RegisterClusterRelayResponse{}, &InvalidError{reasons}
 	}
 	answer := RegisterClusterRelayResponse{Protocol: offer}
-	if s, err := ReadString(origin); err == nil && (IsCanonicalOrigin(s, "https") || allowHTTP && IsCanonicalOrigin(s, "http")) {
+	if s, err := strictjson.ReadString(origin); err == nil && (IsCanonicalOrigin(s, "https") || allowHTTP && IsCanonicalOrigin(s, "http")) {
 		answer.Origin = s
 	}
 	return answer, nil
@@ -387,7 +389,7 @@ func EncodeCloudlyClientSessionRequest(offer ProtocolOffer, jwt Secret) []byte {
 	o, _ := offer.MarshalJSON()
 	b := append([]byte(`{"protocol":`), o...)
 	b = append(b, `,"jwt":`...)
-	b = AppendString(b, jwt.Reveal())
+	b = strictjson.AppendString(b, jwt.Reveal())
 	return append(b, '}')
 }
 
@@ -422,21 +424,21 @@ const MaxCorestores = 4096
 func ReadClusterRelayConfigPush(raw []byte, allowHTTP bool) (ClusterRelayConfig, error) {
 	const path = "cluster relay config"
 	var config []byte
-	if ReadTolerant(raw, Req("config", &config)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("config", &config)) != nil {
 		return ClusterRelayConfig{}, &InvalidError{[]string{"cluster relay config push must be an object carrying config"}}
 	}
 	var clusterID, relay, corestores []byte
-	if ReadTolerant(config, Req("clusterId", &clusterID), Req("relay", &relay), Opt("corestores", &corestores)) != nil {
+	if strictjson.ReadTolerant(config, strictjson.Req("clusterId", &clusterID), strictjson.Req("relay", &relay), strictjson.Opt("corestores", &corestores)) != nil {
 		return ClusterRelayConfig{}, &InvalidError{[]string{path + " must be an object carrying clusterId and relay"}}
 	}
 	var cfg ClusterRelayConfig
 	var reasons []string
-	if s, err := ReadString(clusterID); err != nil || !IsCanonicalID(s) {
+	if s, err := strictjson.ReadString(clusterID); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" clusterId must be a canonical identifier")
 	} else {
 		cfg.ClusterID = s
 	}
-	if !IsNull(relay) {
+	if !strictjson.IsNull(relay) {
 		if r, rr := readClusterRelay(relay, path+" relay"); len(rr) > 0 {
 			reasons = append(reasons, rr...)
 		} else {
@@ -444,9 +446,9 @@ func ReadClusterRelayConfigPush(raw []byte, allowHTTP bool) (ClusterRelayConfig,
 		}
 	}
 	var elems []json.RawMessage
-	if corestores != nil && !IsNull(corestores) {
+	if corestores != nil && !strictjson.IsNull(corestores) {
 		var err error
-		if elems, err = ReadArray(corestores); err != nil || len(elems) > MaxCorestores {
+		if elems, err = strictjson.ReadArray(corestores); err != nil || len(elems) > MaxCorestores {
 			reasons = append(reasons, path+" corestores must be an array of at most 4096 entries")
 			elems = nil
 		}
@@ -455,12 +457,12 @@ func ReadClusterRelayConfigPush(raw []byte, allowHTTP bool) (ClusterRelayConfig,
 	for i, e := range elems {
 		p := path + " corestores[" + strconv.Itoa(i) + "]"
 		var nodeID, origin []byte
-		if ReadTolerant(e, Req("nodeId", &nodeID), Req("origin", &origin)) != nil {
+		if strictjson.ReadTolerant(e, strictjson.Req("nodeId", &nodeID), strictjson.Req("origin", &origin)) != nil {
 			reasons = append(reasons, p+" must be an object carrying nodeId and origin")
 			continue
 		}
-		node, err1 := ReadString(nodeID)
-		o, err2 := ReadString(origin)
+		node, err1 := strictjson.ReadString(nodeID)
+		o, err2 := strictjson.ReadString(origin)
 		switch {
 		case err1 != nil || !IsClusterNodeID(node):
 			reasons = append(reasons, p+" nodeId must be a cluster node id")

@@ -32,12 +32,12 @@
 //
 // # Reading peer bytes
 //
-// Every body a peer sends is read with the strict reader in json.go: a repeated key the relay
-// reads, invalid UTF-8 or a lone surrogate is refused, so the relay and Cloudly never read one
-// body two ways. Bodies the relay forwards stay raw bytes and are never re-encoded.
+// Every body a peer sends is read with the strict reader of package strictjson (contracts holds
+// the shapes and rules, strictjson the reading): a repeated key the relay reads, invalid UTF-8 or
+// a lone surrogate is refused, so the relay and Cloudly never read one body two ways. Bodies the relay forwards stay raw bytes and are never re-encoded.
 //
 // Exact where the seeds are exact, tolerant where this project guessed (SPEC.md, top rule). An
-// object shape is read one way, with its fields (Req, Opt) in one pass:
+// object shape is read one way, with its fields (strictjson.Req, Opt) in one pass:
 //
 //   - ReadExact for a seed-spelled shape: one whose keys the seeds spell (a validator, a reader, a
 //     binder or a method table). Every member named, nothing else; validators return one named

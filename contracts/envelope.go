@@ -5,6 +5,8 @@ import (
 	"crypto/hpke"
 	"encoding/base64"
 	"errors"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Secret-recipient enrollment and sealed envelopes (SPEC §17). The seeds name the two enrollment
@@ -90,7 +92,7 @@ func SealEnvelope(pub *ecdh.PublicKey, info string, plaintext []byte) (string, e
 
 // EncodeBeginEnrollment is beginSecretRecipientEnrollment's request { publicKey }.
 func EncodeBeginEnrollment(pub *ecdh.PublicKey) []byte {
-	b := AppendString([]byte(`{"publicKey":`), base64.RawURLEncoding.EncodeToString(pub.Bytes()))
+	b := strictjson.AppendString([]byte(`{"publicKey":`), base64.RawURLEncoding.EncodeToString(pub.Bytes()))
 	return append(b, '}')
 }
 
@@ -98,10 +100,10 @@ func EncodeBeginEnrollment(pub *ecdh.PublicKey) []byte {
 // side): the X25519 public key.
 func ReadBeginEnrollment(raw []byte) (*ecdh.PublicKey, error) {
 	var v []byte
-	if ReadTolerant(raw, Req("publicKey", &v)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("publicKey", &v)) != nil {
 		return nil, &InvalidError{[]string{"enrollment must carry publicKey"}}
 	}
-	s, err := ReadString(v)
+	s, err := strictjson.ReadString(v)
 	if err != nil {
 		return nil, &InvalidError{[]string{"enrollment publicKey must be a string"}}
 	}
@@ -121,15 +123,15 @@ type Enrollment struct {
 // ReadEnrollment reads beginSecretRecipientEnrollment's answer tolerantly.
 func ReadEnrollment(raw []byte) (Enrollment, error) {
 	var id, challenge []byte
-	if ReadTolerant(raw, Req("enrollmentId", &id), Req("challenge", &challenge)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("enrollmentId", &id), strictjson.Req("challenge", &challenge)) != nil {
 		return Enrollment{}, &InvalidError{[]string{"enrollment answer must carry enrollmentId and challenge"}}
 	}
 	var e Enrollment
 	var err error
-	if e.ID, err = ReadString(id); err != nil || e.ID == "" || len(e.ID) > maxEnrollmentIDLen {
+	if e.ID, err = strictjson.ReadString(id); err != nil || e.ID == "" || len(e.ID) > maxEnrollmentIDLen {
 		return Enrollment{}, &InvalidError{[]string{"enrollment answer enrollmentId must be a string of 1 to 256 bytes"}}
 	}
-	if e.Challenge, err = ReadString(challenge); err != nil {
+	if e.Challenge, err = strictjson.ReadString(challenge); err != nil {
 		return Enrollment{}, &InvalidError{[]string{"enrollment answer challenge must be a string"}}
 	}
 	return e, nil
@@ -138,8 +140,8 @@ func ReadEnrollment(raw []byte) (Enrollment, error) {
 // EncodeCompleteEnrollment is completeSecretRecipientEnrollment's request { enrollmentId,
 // response }: response the opened challenge in base64url without padding.
 func EncodeCompleteEnrollment(id string, opened []byte) []byte {
-	b := AppendString([]byte(`{"enrollmentId":`), id)
-	b = AppendString(append(b, `,"response":`...), base64.RawURLEncoding.EncodeToString(opened))
+	b := strictjson.AppendString([]byte(`{"enrollmentId":`), id)
+	b = strictjson.AppendString(append(b, `,"response":`...), base64.RawURLEncoding.EncodeToString(opened))
 	return append(b, '}')
 }
 
@@ -153,15 +155,15 @@ type CorestoreCredentialPush struct {
 // node-id reader, envelope a string. Reasons never quote the envelope.
 func ReadCorestoreCredentialPush(raw []byte) (CorestoreCredentialPush, error) {
 	var node, env []byte
-	if ReadTolerant(raw, Req("nodeId", &node), Req("envelope", &env)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("nodeId", &node), strictjson.Req("envelope", &env)) != nil {
 		return CorestoreCredentialPush{}, &InvalidError{[]string{"Corestore credential push must carry nodeId and envelope"}}
 	}
 	var p CorestoreCredentialPush
 	var err error
-	if p.NodeID, err = ReadString(node); err != nil || !IsClusterNodeID(p.NodeID) {
+	if p.NodeID, err = strictjson.ReadString(node); err != nil || !IsClusterNodeID(p.NodeID) {
 		return CorestoreCredentialPush{}, &InvalidError{[]string{"Corestore credential push nodeId must be a cluster node id"}}
 	}
-	if p.Envelope, err = ReadString(env); err != nil || p.Envelope == "" {
+	if p.Envelope, err = strictjson.ReadString(env); err != nil || p.Envelope == "" {
 		return CorestoreCredentialPush{}, &InvalidError{[]string{"Corestore credential push envelope must be a non-empty string"}}
 	}
 	return p, nil

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"strconv"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // DNS lease renewals and their escrow (SPEC §6, CONTRACTS §7).
@@ -30,7 +32,7 @@ const (
 // DnsLeaseRenewalsRequest adds every renewal's digest check") and says what is hashed
 // ("computeRuntimeNetworkDnsLeaseRenewalDigest hashes every field except digest under its own
 // domain"), but spells neither the domain nor the preimage. The rule the relay computes is this
-// project's assumption and lives here alone: the domain below, the preimage of Digest (canonical.go:
+// project's assumption and lives here alone: the domain below, the preimage of Digest (digest.go:
 // the UTF-8 domain, one "\n", the canonical JSON of the renewal without digest) and the golden
 // vectors under testdata/digest that pin it.
 //
@@ -68,11 +70,11 @@ type ProjectionReference struct {
 // AppendJSON appends the reference as JSON.
 func (p ProjectionReference) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"id":`...)
-	dst = AppendString(dst, p.ID)
+	dst = strictjson.AppendString(dst, p.ID)
 	dst = append(dst, `,"generation":`...)
 	dst = strconv.AppendInt(dst, p.Generation, 10)
 	dst = append(dst, `,"digest":`...)
-	dst = AppendString(dst, p.Digest)
+	dst = strictjson.AppendString(dst, p.Digest)
 	return append(dst, '}')
 }
 
@@ -107,9 +109,9 @@ func (r RuntimeNetworkDnsLeaseRenewal) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"controller":`...)
 	dst = append(dst, r.Controller...)
 	dst = append(dst, `,"nodeId":`...)
-	dst = AppendString(dst, r.NodeID)
+	dst = strictjson.AppendString(dst, r.NodeID)
 	dst = append(dst, `,"runtimeNamespace":`...)
-	dst = AppendString(dst, r.RuntimeNamespace)
+	dst = strictjson.AppendString(dst, r.RuntimeNamespace)
 	dst = append(dst, `,"projection":`...)
 	dst = r.Projection.AppendJSON(dst)
 	dst = append(dst, `,"sequence":`...)
@@ -121,7 +123,7 @@ func (r RuntimeNetworkDnsLeaseRenewal) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `,"expiresAt":`...)
 	dst = strconv.AppendInt(dst, r.Dns.ExpiresAt, 10)
 	dst = append(dst, `},"digest":`...)
-	dst = AppendString(dst, r.Digest)
+	dst = strictjson.AppendString(dst, r.Digest)
 	return append(dst, '}')
 }
 
@@ -220,7 +222,7 @@ type HoldRuntimeNetworkDnsLeaseRenewalsRequest struct {
 // AppendJSON appends the request as JSON.
 func (h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"nodeId":`...)
-	dst = AppendString(dst, h.NodeID)
+	dst = strictjson.AppendString(dst, h.NodeID)
 	dst = append(dst, `,"projection":`...)
 	dst = h.Projection.AppendJSON(dst)
 	dst = append(dst, `,"renewals":[`...)
@@ -261,11 +263,11 @@ const holdPath = "hold request"
 func ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) (HoldRuntimeNetworkDnsLeaseRenewalsRequest, error) {
 	var h HoldRuntimeNetworkDnsLeaseRenewalsRequest
 	var nodeID, projection, renewals []byte
-	if ReadExact(raw, Req("nodeId", &nodeID), Req("projection", &projection), Req("renewals", &renewals)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("nodeId", &nodeID), strictjson.Req("projection", &projection), strictjson.Req("renewals", &renewals)) != nil {
 		return h, &InvalidError{[]string{holdPath + " must use its exact schema"}}
 	}
 	var reasons []string
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, holdPath+" nodeId must be a cluster node id")
 	} else {
 		h.NodeID = s
@@ -273,7 +275,7 @@ func ReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) (HoldRuntimeNetwo
 	p, pr := readProjectionReference(projection, holdPath+" projection")
 	reasons = append(reasons, pr...)
 	h.Projection = p
-	elems, err := ReadArray(renewals)
+	elems, err := strictjson.ReadArray(renewals)
 	switch {
 	case err != nil:
 		reasons = append(reasons, holdPath+" renewals must be an array")
@@ -306,8 +308,8 @@ func (h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) runReasons() []string {
 	}
 	var reasons []string
 	first := h.Renewals[0]
-	firstAuthority, _ := Canonicalize(first.Authority)
-	firstController, _ := Canonicalize(first.Renewal.Controller)
+	firstAuthority, _ := strictjson.Canonicalize(first.Authority)
+	firstController, _ := strictjson.Canonicalize(first.Renewal.Controller)
 	for i, s := range h.Renewals {
 		p := holdPath + " renewals[" + strconv.Itoa(i) + "]"
 		r := s.Renewal
@@ -320,10 +322,10 @@ func (h *HoldRuntimeNetworkDnsLeaseRenewalsRequest) runReasons() []string {
 		if i == 0 {
 			continue
 		}
-		if a, _ := Canonicalize(s.Authority); string(a) != string(firstAuthority) {
+		if a, _ := strictjson.Canonicalize(s.Authority); string(a) != string(firstAuthority) {
 			reasons = append(reasons, p+" authority must equal the first renewal's authority")
 		}
-		if c, _ := Canonicalize(r.Controller); string(c) != string(firstController) {
+		if c, _ := strictjson.Canonicalize(r.Controller); string(c) != string(firstController) {
 			reasons = append(reasons, p+" renewal controller must equal the first renewal's controller")
 		}
 		if r.RuntimeNamespace != first.Renewal.RuntimeNamespace {
@@ -397,22 +399,22 @@ func ValidateHoldRuntimeNetworkDnsLeaseRenewalsRequest(raw []byte) []string {
 
 func readProjectionReference(raw []byte, path string) (ProjectionReference, []string) {
 	var id, generation, digest []byte
-	if ReadExact(raw, Req("id", &id), Req("generation", &generation), Req("digest", &digest)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("id", &id), strictjson.Req("generation", &generation), strictjson.Req("digest", &digest)) != nil {
 		return ProjectionReference{}, []string{path + " must use its exact schema"}
 	}
 	var p ProjectionReference
 	var reasons []string
-	if s, err := ReadString(id); err != nil || !IsCanonicalID(s) {
+	if s, err := strictjson.ReadString(id); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" id must be a canonical identifier")
 	} else {
 		p.ID = s
 	}
-	if n, ok := ReadCounter(generation); !ok {
+	if n, ok := strictjson.ReadCounter(generation); !ok {
 		reasons = append(reasons, path+" generation must be a non-negative safe integer")
 	} else {
 		p.Generation = n
 	}
-	if s, err := ReadString(digest); err != nil || !IsSha256Digest(s) {
+	if s, err := strictjson.ReadString(digest); err != nil || !IsSha256Digest(s) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else {
 		p.Digest = s
@@ -422,7 +424,7 @@ func readProjectionReference(raw []byte, path string) (ProjectionReference, []st
 
 func readSignedRenewal(raw []byte, path string) (SignedRuntimeNetworkDnsLeaseRenewal, []string) {
 	var authority, renewal, signature []byte
-	if ReadExact(raw, Req("authority", &authority), Req("renewal", &renewal), Req("signature", &signature)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("authority", &authority), strictjson.Req("renewal", &renewal), strictjson.Req("signature", &signature)) != nil {
 		return SignedRuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
 	var reasons []string
@@ -442,32 +444,32 @@ func readSignedRenewal(raw []byte, path string) (SignedRuntimeNetworkDnsLeaseRen
 
 // isOpaqueValue: present, not null, and with a canonical form so that it compares as a value.
 func isOpaqueValue(raw []byte) bool {
-	if IsNull(raw) {
+	if strictjson.IsNull(raw) {
 		return false
 	}
-	_, err := Canonicalize(raw)
+	_, err := strictjson.Canonicalize(raw)
 	return err == nil
 }
 
 func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []string) {
 	var controller, nodeID, namespace, projection, sequence, dns, digestRaw []byte
-	if ReadExact(raw, Req("controller", &controller), Req("nodeId", &nodeID), Req("runtimeNamespace", &namespace),
-		Req("projection", &projection), Req("sequence", &sequence), Req("dns", &dns), Req("digest", &digestRaw)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("controller", &controller), strictjson.Req("nodeId", &nodeID), strictjson.Req("runtimeNamespace", &namespace),
+		strictjson.Req("projection", &projection), strictjson.Req("sequence", &sequence), strictjson.Req("dns", &dns), strictjson.Req("digest", &digestRaw)) != nil {
 		return RuntimeNetworkDnsLeaseRenewal{}, []string{path + " must use its exact schema"}
 	}
 	var r RuntimeNetworkDnsLeaseRenewal
 	var reasons []string
-	if KindOf(controller) != KindObject || !isOpaqueValue(controller) {
+	if strictjson.KindOf(controller) != strictjson.KindObject || !isOpaqueValue(controller) {
 		reasons = append(reasons, path+" controller must be an object")
 	} else {
 		r.Controller = controller
 	}
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	} else {
 		r.NodeID = s
 	}
-	if s, err := ReadString(namespace); err != nil || !IsCanonicalID(s) {
+	if s, err := strictjson.ReadString(namespace); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" runtimeNamespace must be a canonical identifier")
 	} else {
 		r.RuntimeNamespace = s
@@ -475,7 +477,7 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 	p, pr := readProjectionReference(projection, path+" projection")
 	reasons = append(reasons, pr...)
 	r.Projection = p
-	if n, ok := ReadCounter(sequence); !ok {
+	if n, ok := strictjson.ReadCounter(sequence); !ok {
 		reasons = append(reasons, path+" sequence must be a non-negative safe integer")
 	} else {
 		r.Sequence = n
@@ -483,7 +485,7 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 	w, wr := readDnsWindow(dns, path+" dns")
 	reasons = append(reasons, wr...)
 	r.Dns = w
-	digest, err := ReadString(digestRaw)
+	digest, err := strictjson.ReadString(digestRaw)
 	if err != nil || !IsSha256Digest(digest) {
 		reasons = append(reasons, path+" digest must be a sha256 digest")
 	} else if len(reasons) == 0 {
@@ -501,7 +503,7 @@ func readRenewal(raw []byte, path string) (RuntimeNetworkDnsLeaseRenewal, []stri
 
 func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
 	var issuedAt, notBefore, expiresAt []byte
-	if ReadExact(raw, Req("issuedAt", &issuedAt), Req("notBefore", &notBefore), Req("expiresAt", &expiresAt)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("issuedAt", &issuedAt), strictjson.Req("notBefore", &notBefore), strictjson.Req("expiresAt", &expiresAt)) != nil {
 		return DnsWindow{}, []string{path + " must use its exact schema"}
 	}
 	var w DnsWindow
@@ -511,7 +513,7 @@ func readDnsWindow(raw []byte, path string) (DnsWindow, []string) {
 		raw []byte
 		dst *int64
 	}{{"issuedAt", issuedAt, &w.IssuedAt}, {"notBefore", notBefore, &w.NotBefore}, {"expiresAt", expiresAt, &w.ExpiresAt}} {
-		if n, ok := ReadCounter(f.raw); ok {
+		if n, ok := strictjson.ReadCounter(f.raw); ok {
 			*f.dst = n
 		} else {
 			reasons = append(reasons, path+" "+f.key+" must be a non-negative safe integer (Unix ms)")
@@ -539,10 +541,10 @@ func EncodeHoldRuntimeNetworkDnsLeaseRenewalsResponse(held int) json.RawMessage 
 // the answer must be exactly { held } with held equal to the number of renewals sent.
 func BindHoldRuntimeNetworkDnsLeaseRenewalsResponse(raw []byte, sent int) error {
 	var held []byte
-	if ReadExact(raw, Req("held", &held)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("held", &held)) != nil {
 		return &InvalidError{[]string{"hold answer must use its exact schema"}}
 	}
-	if n, ok := ReadCounter(held); !ok || n != int64(sent) {
+	if n, ok := strictjson.ReadCounter(held); !ok || n != int64(sent) {
 		return &InvalidError{[]string{"hold answer held must equal the number of renewals sent"}}
 	}
 	return nil
@@ -572,26 +574,26 @@ type RuntimeNetworkDnsLeaseRenewalReference struct {
 func BindApplyRuntimeNetworkDnsLeaseRenewalResponse(raw []byte, sent RuntimeNetworkDnsLeaseRenewalReference) (string, error) {
 	const path = "apply answer"
 	var statusRaw, renewal []byte
-	if ReadExact(raw, Req("status", &statusRaw), Req("renewal", &renewal)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("status", &statusRaw), strictjson.Req("renewal", &renewal)) != nil {
 		return "", &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	var reasons []string
-	status, err := ReadString(statusRaw)
+	status, err := strictjson.ReadString(statusRaw)
 	if err != nil || (status != ApplyStatusAccepted && status != ApplyStatusReplay) {
 		reasons = append(reasons, path+" status must be accepted or replay")
 	}
 	var projection, sequence, digest []byte
-	if ReadExact(renewal, Req("projection", &projection), Req("sequence", &sequence), Req("digest", &digest)) != nil {
+	if strictjson.ReadExact(renewal, strictjson.Req("projection", &projection), strictjson.Req("sequence", &sequence), strictjson.Req("digest", &digest)) != nil {
 		reasons = append(reasons, path+" renewal must use its exact schema")
 		return "", &InvalidError{reasons}
 	}
 	if p, pr := readProjectionReference(projection, path+" renewal projection"); len(pr) > 0 || p != sent.Projection {
 		reasons = append(reasons, path+" renewal projection must be the sent renewal's projection")
 	}
-	if n, ok := ReadCounter(sequence); !ok || n != sent.Sequence {
+	if n, ok := strictjson.ReadCounter(sequence); !ok || n != sent.Sequence {
 		reasons = append(reasons, path+" renewal sequence must be the sent renewal's sequence")
 	}
-	if d, err := ReadString(digest); err != nil || d != sent.Digest {
+	if d, err := strictjson.ReadString(digest); err != nil || d != sent.Digest {
 		reasons = append(reasons, path+" renewal digest must be the sent renewal's digest")
 	}
 	if len(reasons) > 0 {

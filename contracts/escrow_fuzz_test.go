@@ -4,6 +4,8 @@ import (
 	"bytes"
 	"encoding/json"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // FuzzReadHoldRuntimeNetworkDnsLeaseRenewalsRequest feeds the hold request reader arbitrary bytes.
@@ -49,7 +51,7 @@ func FuzzReadHoldRuntimeNetworkDnsLeaseRenewalsRequest(f *testing.F) {
 			if len(ref.Renewals[i]) != 3 || !bytes.Contains(raw, s.Raw) {
 				t.Fatalf("renewals[%d] is not the exact envelope received", i)
 			}
-			renewal, ok, err := Lookup(s.Raw, "renewal")
+			renewal, ok, err := strictjson.Lookup(s.Raw, "renewal")
 			if err != nil || !ok {
 				t.Fatalf("renewals[%d] Raw unreadable: %v", i, err)
 			}

@@ -9,6 +9,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 const (
@@ -326,7 +328,7 @@ func TestApplyRequestAndResponseBinding(t *testing.T) {
 	session := []byte(`{"nodeId":"node-a","controller":{"kind":"cloudly","id":"cloudly-a"},"runtimeNamespace":"ns-1","epoch":3}`)
 	req := AppendApplyRuntimeNetworkDnsLeaseRenewalRequest(nil, session, signed)
 	var gotSession, gotSigned []byte
-	if err := ReadExact(req, Req("session", &gotSession), Req("signed", &gotSigned)); err != nil ||
+	if err := strictjson.ReadExact(req, strictjson.Req("session", &gotSession), strictjson.Req("signed", &gotSigned)); err != nil ||
 		!bytes.Equal(gotSession, session) || !bytes.Equal(gotSigned, signed) {
 		t.Fatalf("apply request %s: %v", req, err)
 	}
@@ -372,7 +374,7 @@ func TestRenewalDigestUnverified(t *testing.T) {
 	// Renewal 2 sealed under another preimage: the domain without its "\n".
 	r := h.Renewals[1].Renewal
 	r.Digest = "sha256:" + zeroHex
-	canonical, err := CanonicalWithout(r.AppendJSON(nil), "digest")
+	canonical, err := strictjson.CanonicalWithout(r.AppendJSON(nil), "digest")
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -390,14 +392,14 @@ func TestRenewalDigestUnverified(t *testing.T) {
 	if !bytes.Contains(raw, got.Renewals[1].Raw) || got.Renewals[1].Renewal.Digest != r.Digest {
 		t.Fatal("the unverified renewal is not kept as received")
 	}
-	renewal, _, _ := Lookup(got.Renewals[1].Raw, "renewal")
+	renewal, _, _ := strictjson.Lookup(got.Renewals[1].Raw, "renewal")
 	if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(renewal, r.Digest, true); c != DigestInvalid {
 		t.Fatalf("strict check = %v, want DigestInvalid", c)
 	}
 	if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(renewal, r.Digest, false); c != DigestUnverified {
 		t.Fatalf("tolerant check = %v, want DigestUnverified", c)
 	}
-	first, _, _ := Lookup(got.Renewals[0].Raw, "renewal")
+	first, _, _ := strictjson.Lookup(got.Renewals[0].Raw, "renewal")
 	for _, strict := range []bool{false, true} {
 		if c := CheckRuntimeNetworkDnsLeaseRenewalDigest(first, got.Renewals[0].Renewal.Digest, strict); c != DigestMatches {
 			t.Fatalf("a reproduced digest, strict %v: %v", strict, c)

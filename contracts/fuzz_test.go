@@ -3,94 +3,12 @@ package contracts
 import (
 	"bytes"
 	"encoding/json"
-	"os"
-	"path/filepath"
-	"reflect"
 	"slices"
-	"strconv"
 	"testing"
 	"unicode/utf8"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
-
-func addGoldenInputs(f *testing.F) {
-	ins, _ := filepath.Glob("testdata/canonical/*.in.json")
-	for _, in := range ins {
-		if b, err := os.ReadFile(in); err == nil {
-			f.Add(b)
-		}
-	}
-}
-
-// FuzzCanonicalize checks that canonical JSON is a fixed point, is valid JSON, and means the same
-// value as its input.
-func FuzzCanonicalize(f *testing.F) {
-	addGoldenInputs(f)
-	for _, s := range []string{`{"a":1,"a":2}`, `[1e400]`, `"\ud800"`, `{"b":[],"a":{"c":-0.0}}`, `12345678901234567890`} {
-		f.Add([]byte(s))
-	}
-	f.Fuzz(func(t *testing.T, in []byte) {
-		if Valid(in) == nil && !json.Valid(in) {
-			t.Fatalf("Valid accepted what encoding/json refuses: %q", in)
-		}
-		out, err := Canonicalize(in)
-		if err != nil {
-			return
-		}
-		again, err := Canonicalize(out)
-		if err != nil || string(again) != string(out) {
-			t.Fatalf("not a fixed point: %q -> %q -> %q (%v)", in, out, again, err)
-		}
-		a, err := decodeValue(in)
-		if err != nil {
-			t.Fatalf("canonicalized what encoding/json cannot read: %q", in)
-		}
-		b, err := decodeValue(out)
-		if err != nil {
-			t.Fatalf("canonical output unreadable: %q", out)
-		}
-		if !reflect.DeepEqual(a, b) {
-			t.Fatalf("value changed: %q -> %q", in, out)
-		}
-	})
-}
-
-// decodeValue decodes with encoding/json, reading every number as the nearest double, except an
-// integer literal beyond the double range, which canonicalization keeps digit for digit.
-func decodeValue(raw []byte) (any, error) {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if err := d.Decode(&v); err != nil {
-		return nil, err
-	}
-	var walk func(any) (any, error)
-	walk = func(v any) (any, error) {
-		switch x := v.(type) {
-		case json.Number:
-			f, err := strconv.ParseFloat(string(x), 64)
-			if err != nil {
-				return string(x), nil // an integer literal beyond the double range: compared digit for digit
-			}
-			return f, nil
-		case []any:
-			for i := range x {
-				var err error
-				if x[i], err = walk(x[i]); err != nil {
-					return nil, err
-				}
-			}
-		case map[string]any:
-			for k := range x {
-				var err error
-				if x[k], err = walk(x[k]); err != nil {
-					return nil, err
-				}
-			}
-		}
-		return v, nil
-	}
-	return walk(v)
-}
 
 // FuzzReadProtocolOffer reads arbitrary bodies the way every carrier reads a peer's offer.
 func FuzzReadProtocolOffer(f *testing.F) {
@@ -152,14 +70,14 @@ func FuzzRelayReaders(f *testing.F) {
 			t.Fatalf("session node id is not valid UTF-8: %q", node)
 		}
 		if node, ok, err := ReadRouteNodeID(body); err == nil && ok {
-			if Valid(body) != nil {
+			if strictjson.Valid(body) != nil {
 				t.Fatalf("routed by a body that is not valid JSON: %q", body)
 			}
 			_ = IsClusterNodeID(node)
 		}
 		if s, err := ReadRegisterPalletRuntimeSessionResponse(body); err == nil {
 			if !IsClusterNodeID(s.NodeID) || s.RuntimeNamespace != "" && !IsCanonicalID(s.RuntimeNamespace) ||
-				s.Controller != nil && KindOf(s.Controller) != KindObject || Valid(s.Raw) != nil {
+				s.Controller != nil && strictjson.KindOf(s.Controller) != strictjson.KindObject || strictjson.Valid(s.Raw) != nil {
 				t.Fatalf("accepted a session the rules refuse: %+v", s)
 			}
 		}
@@ -267,11 +185,11 @@ func FuzzIngressReaders(f *testing.F) {
 	req := TrafficStatisticsRequest{FromDayUTC: "2024-05-01", ToDayUTC: "2024-05-31", Limit: 3}
 	f.Fuzz(func(t *testing.T, body []byte) {
 		if tbl, err := ReadPushClusterRouteTableRequest(body); err == nil && !tbl.IsNull() {
-			if Valid(tbl.Raw) != nil || !bytes.Contains(body, tbl.Raw) || tbl.Revision < 0 || tbl.Revision > MaxSafeInteger {
+			if strictjson.Valid(tbl.Raw) != nil || !bytes.Contains(body, tbl.Raw) || tbl.Revision < 0 || tbl.Revision > strictjson.MaxSafeInteger {
 				t.Fatalf("table %+v from %q", tbl, body)
 			}
-			stated, ok, _ := Lookup(tbl.Raw, "revision")
-			n, counter := ReadCounter(stated)
+			stated, ok, _ := strictjson.Lookup(tbl.Raw, "revision")
+			n, counter := strictjson.ReadCounter(stated)
 			if tbl.Derived == (ok && counter) || !tbl.Derived && n != tbl.Revision || tbl.Derived && tbl.Revision != DeriveRouteTableRevision(tbl.Raw) {
 				t.Fatalf("revision misread: %+v from %q", tbl, body)
 			}
@@ -284,8 +202,8 @@ func FuzzIngressReaders(f *testing.F) {
 			t.Fatalf("page %+v from %q", page, body)
 		}
 		for _, b := range page.Buckets {
-			if Valid(b.Raw) != nil || !bytes.Contains(body, b.Raw) || b.Day != "" && !IsUTCCalendarDay(b.Day) ||
-				b.Object && KindOf(b.Raw) != KindObject || !b.Object && (b.Day != "" || b.NodeStated) {
+			if strictjson.Valid(b.Raw) != nil || !bytes.Contains(body, b.Raw) || b.Day != "" && !IsUTCCalendarDay(b.Day) ||
+				b.Object && strictjson.KindOf(b.Raw) != strictjson.KindObject || !b.Object && (b.Day != "" || b.NodeStated) {
 				t.Fatalf("bucket %+v from %q", b, body)
 			}
 		}

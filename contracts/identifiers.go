@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Identifier vocabularies (seed-defined, SPEC §12, CONTRACTS §3).
@@ -61,7 +63,7 @@ func ReadReplicaID(s string) (ReplicaID, bool) {
 		}
 	}
 	n, err := strconv.ParseInt(idx, 10, 64)
-	if err != nil || n > MaxSafeInteger {
+	if err != nil || n > strictjson.MaxSafeInteger {
 		return ReplicaID{}, false
 	}
 	return ReplicaID{NodeID: node, Index: n}, true

@@ -5,6 +5,8 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"strconv"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The cluster ingress (SPEC §8, CONTRACTS §8): the registration an ingress sends through the
@@ -74,23 +76,23 @@ func ReadClusterIngressRegistration(raw []byte) (ClusterIngressRegistration, err
 
 func readClusterIngressRegistration(raw []byte, path string) (ClusterIngressRegistration, []string) {
 	var bearer, version, nodeID, protocol, capabilities []byte
-	if ReadExact(raw, Req("bearer", &bearer), Req("version", &version), Req("nodeId", &nodeID),
-		Req("protocol", &protocol), Opt("capabilities", &capabilities)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("bearer", &bearer), strictjson.Req("version", &version), strictjson.Req("nodeId", &nodeID),
+		strictjson.Req("protocol", &protocol), strictjson.Opt("capabilities", &capabilities)) != nil {
 		return ClusterIngressRegistration{}, []string{path + " must use its exact schema"}
 	}
 	var r ClusterIngressRegistration
 	var reasons []string
-	if s, err := ReadString(bearer); err != nil {
+	if s, err := strictjson.ReadString(bearer); err != nil {
 		reasons = append(reasons, path+" bearer must be a string")
 	} else {
 		r.Bearer = NewSecret(s)
 	}
-	if s, err := ReadString(version); err != nil {
+	if s, err := strictjson.ReadString(version); err != nil {
 		reasons = append(reasons, path+" version must be a string")
 	} else {
 		r.Version = s
 	}
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	} else {
 		r.NodeID = s
@@ -109,16 +111,16 @@ func readClusterIngressRegistration(raw []byte, path string) (ClusterIngressRegi
 // EncodeClusterIngressRegistration writes the request in the seed's key order. It is the one
 // place the ingress's bearer is revealed, into the bytes sent to the relay.
 func EncodeClusterIngressRegistration(r ClusterIngressRegistration) []byte {
-	b := AppendString([]byte(`{"bearer":`), r.Bearer.Reveal())
-	b = AppendString(append(b, `,"version":`...), r.Version)
-	b = AppendString(append(b, `,"nodeId":`...), r.NodeID)
+	b := strictjson.AppendString([]byte(`{"bearer":`), r.Bearer.Reveal())
+	b = strictjson.AppendString(append(b, `,"version":`...), r.Version)
+	b = strictjson.AppendString(append(b, `,"nodeId":`...), r.NodeID)
 	if r.Capabilities != nil {
 		b = append(b, `,"capabilities":[`...)
 		for i, c := range r.Capabilities {
 			if i > 0 {
 				b = append(b, ',')
 			}
-			b = AppendString(b, c)
+			b = strictjson.AppendString(b, c)
 		}
 		b = append(b, ']')
 	}
@@ -127,13 +129,13 @@ func EncodeClusterIngressRegistration(r ClusterIngressRegistration) []byte {
 }
 
 func readCapabilities(raw []byte) ([]string, bool) {
-	elems, err := ReadArray(raw)
+	elems, err := strictjson.ReadArray(raw)
 	if err != nil {
 		return nil, false
 	}
 	out := make([]string, 0, len(elems))
 	for _, e := range elems {
-		s, err := ReadString(e)
+		s, err := strictjson.ReadString(e)
 		if err != nil {
 			return nil, false
 		}
@@ -146,11 +148,11 @@ func readCapabilities(raw []byte) ([]string, bool) {
 // { accepted: true, revision | null, protocol } far enough to know it is an acceptance: an object
 // whose accepted member is the literal true. The rest stays opaque and is forwarded untouched.
 func ReadClusterIngressRegistrationAcceptance(raw []byte) bool {
-	v, ok, err := Lookup(raw, "accepted")
+	v, ok, err := strictjson.Lookup(raw, "accepted")
 	if err != nil || !ok {
 		return false
 	}
-	accepted, ok := ReadBool(v)
+	accepted, ok := strictjson.ReadBool(v)
 	return ok && accepted
 }
 
@@ -177,20 +179,20 @@ func ValidateClusterIngressRegistrationRefusal(raw []byte, path string) []string
 
 func readClusterIngressRegistrationRefusal(raw []byte, path string) (ClusterIngressRegistrationRefusal, []string) {
 	var code, reason, retryAfter []byte
-	if ReadExact(raw, Req("code", &code), Req("reason", &reason), Req("retryAfterMs", &retryAfter)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("code", &code), strictjson.Req("reason", &reason), strictjson.Req("retryAfterMs", &retryAfter)) != nil {
 		return ClusterIngressRegistrationRefusal{}, []string{path + " must use its exact schema"}
 	}
 	r := ClusterIngressRegistrationRefusal{Code: ClusterIngressRegistrationRefusedCode}
 	var reasons []string
-	if s, err := ReadString(code); err != nil || s != ClusterIngressRegistrationRefusedCode {
+	if s, err := strictjson.ReadString(code); err != nil || s != ClusterIngressRegistrationRefusedCode {
 		reasons = append(reasons, path+" code must be "+ClusterIngressRegistrationRefusedCode)
 	}
-	if s, err := ReadString(reason); err != nil || !IsClusterIngressRegistrationRefusalReason(s) {
+	if s, err := strictjson.ReadString(reason); err != nil || !IsClusterIngressRegistrationRefusalReason(s) {
 		reasons = append(reasons, path+" reason must be a cluster ingress registration refusal reason")
 	} else {
 		r.Reason = s
 	}
-	if n, ok := ReadSafeInteger(retryAfter); !ok || n < ClusterIngressMinimumRetryAfterMs || n > ClusterIngressMaximumRetryAfterMs {
+	if n, ok := strictjson.ReadSafeInteger(retryAfter); !ok || n < ClusterIngressMinimumRetryAfterMs || n > ClusterIngressMaximumRetryAfterMs {
 		reasons = append(reasons, path+" retryAfterMs must be an integer from "+
 			strconv.Itoa(ClusterIngressMinimumRetryAfterMs)+" to "+strconv.Itoa(ClusterIngressMaximumRetryAfterMs))
 	} else {
@@ -221,8 +223,8 @@ func IsClusterIngressRegistrationRefusalReason(s string) bool {
 
 // Data is the refusal as the error data it travels as, in the seed's key order.
 func (r ClusterIngressRegistrationRefusal) Data() json.RawMessage {
-	b := AppendString([]byte(`{"code":`), r.Code)
-	b = AppendString(append(b, `,"reason":`...), r.Reason)
+	b := strictjson.AppendString([]byte(`{"code":`), r.Code)
+	b = strictjson.AppendString(append(b, `,"reason":`...), r.Reason)
 	b = strconv.AppendInt(append(b, `,"retryAfterMs":`...), r.RetryAfterMs, 10)
 	return append(b, '}')
 }
@@ -272,10 +274,10 @@ func ValidateClusterIngressRouteTableChange(raw []byte, path string) []string {
 
 func readClusterIngressRouteTableChange(raw []byte, path string) (int64, []string) {
 	var revision []byte
-	if ReadExact(raw, Req("revision", &revision)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("revision", &revision)) != nil {
 		return 0, []string{path + " must use its exact schema"}
 	}
-	n, ok := ReadCounter(revision)
+	n, ok := strictjson.ReadCounter(revision)
 	if !ok {
 		return 0, []string{path + " revision must be a non-negative safe integer"}
 	}
@@ -318,16 +320,16 @@ func (t RouteTable) IsNull() bool { return t.Raw == nil }
 // still served and its revision is derived from its bytes (Derived). The relay reads nothing
 // else of a table.
 func ReadRouteTable(raw []byte, path string) (RouteTable, error) {
-	if IsNull(raw) {
+	if strictjson.IsNull(raw) {
 		return RouteTable{}, nil
 	}
-	raw = trimSpace(raw)
-	if KindOf(raw) == KindObject {
+	raw = strictjson.TrimSpace(raw)
+	if strictjson.KindOf(raw) == strictjson.KindObject {
 		var revision []byte
-		if ReadTolerant(raw, Opt("revision", &revision)) != nil {
+		if strictjson.ReadTolerant(raw, strictjson.Opt("revision", &revision)) != nil {
 			return RouteTable{}, &InvalidError{[]string{path + " must not repeat its revision"}}
 		}
-		if n, ok := ReadCounter(revision); ok {
+		if n, ok := strictjson.ReadCounter(revision); ok {
 			return RouteTable{Raw: raw, Revision: n}, nil
 		}
 	}
@@ -346,7 +348,7 @@ func DeriveRouteTableRevision(raw []byte) int64 {
 // readTableCarrier reads a body { table } with exactly that key (seed-spelled).
 func readTableCarrier(body []byte, path string) (RouteTable, error) {
 	var table []byte
-	if ReadExact(body, Req("table", &table)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("table", &table)) != nil {
 		return RouteTable{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	return ReadRouteTable(table, path+" table")
@@ -396,13 +398,13 @@ func EncodeAppliedRevision(t RouteTable) []byte {
 func ReadGetClusterIngressRouteTableRequest(body []byte) (known int64, err error) {
 	const path = "cluster ingress route table request"
 	var knownRevision []byte
-	if ReadExact(body, Req("knownRevision", &knownRevision)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("knownRevision", &knownRevision)) != nil {
 		return 0, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
-	if IsNull(knownRevision) {
+	if strictjson.IsNull(knownRevision) {
 		return -1, nil
 	}
-	n, ok := ReadCounter(knownRevision)
+	n, ok := strictjson.ReadCounter(knownRevision)
 	if !ok {
 		return 0, &InvalidError{[]string{path + " knownRevision must be null or a non-negative safe integer"}}
 	}

@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 const offer32 = `{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"}`
@@ -233,7 +235,7 @@ func TestRouteTableReaders(t *testing.T) {
 			if err != nil || !tbl.Derived || string(tbl.Raw) != table || tbl.Revision != DeriveRouteTableRevision([]byte(table)) {
 				t.Errorf("%s: %+v %v", table, tbl, err)
 			}
-			if tbl.Revision < 0 || tbl.Revision > MaxSafeInteger {
+			if tbl.Revision < 0 || tbl.Revision > strictjson.MaxSafeInteger {
 				t.Errorf("%s: derived revision %d is not a safe counter", table, tbl.Revision)
 			}
 		}

@@ -3,6 +3,8 @@ package contracts
 import (
 	"encoding/json"
 	"strconv"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Corestore platform agent (SPEC §17, CONTRACTS §9.8–9.9). Seed-defined: the three relay →
@@ -72,11 +74,11 @@ type PlatformDesiredState struct {
 func ReadPlatformDesiredState(raw []byte) (PlatformDesiredState, error) {
 	const path = "platform desired state"
 	var capabilities, providerConfigs, bindings []byte
-	if ReadExact(raw, Req("capabilities", &capabilities), Req("providerConfigs", &providerConfigs), Req("bindings", &bindings)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("capabilities", &capabilities), strictjson.Req("providerConfigs", &providerConfigs), strictjson.Req("bindings", &bindings)) != nil {
 		return PlatformDesiredState{}, &InvalidError{[]string{path + " must use its exact schema { capabilities, providerConfigs, bindings }"}}
 	}
 	st := PlatformDesiredState{Capabilities: capabilities, ProviderConfigs: providerConfigs}
-	elems, err := ReadArray(bindings)
+	elems, err := strictjson.ReadArray(bindings)
 	if err != nil {
 		return PlatformDesiredState{}, &InvalidError{[]string{path + " bindings must be an array"}}
 	}
@@ -87,10 +89,10 @@ func ReadPlatformDesiredState(raw []byte) (PlatformDesiredState, error) {
 	for i, e := range elems {
 		var node, binding []byte
 		at := path + " bindings[" + strconv.Itoa(i) + "]"
-		if ReadExact(e, Req("nodeId", &node), Req("binding", &binding)) != nil {
+		if strictjson.ReadExact(e, strictjson.Req("nodeId", &node), strictjson.Req("binding", &binding)) != nil {
 			return PlatformDesiredState{}, &InvalidError{[]string{at + " must use its exact schema { nodeId, binding }"}}
 		}
-		id, err := ReadString(node)
+		id, err := strictjson.ReadString(node)
 		if err != nil || !IsClusterNodeID(id) {
 			return PlatformDesiredState{}, &InvalidError{[]string{at + " nodeId must be a cluster node id"}}
 		}
@@ -146,9 +148,9 @@ type BackupClosureRequest struct {
 
 // Encode is the request body, exactly the seed's five members.
 func (r BackupClosureRequest) Encode() []byte {
-	b := AppendString([]byte(`{"backupId":`), r.BackupID)
-	b = AppendString(append(b, `,"serviceId":`...), r.ServiceID)
-	b = AppendString(append(b, `,"nodeId":`...), r.NodeID)
+	b := strictjson.AppendString([]byte(`{"backupId":`), r.BackupID)
+	b = strictjson.AppendString(append(b, `,"serviceId":`...), r.ServiceID)
+	b = strictjson.AppendString(append(b, `,"nodeId":`...), r.NodeID)
 	b = append(append(b, `,"descriptor":`...), r.Descriptor...)
 	b = AppendStreamMarker(append(b, `,"closure":`...), r.StreamID)
 	return append(b, '}')
@@ -157,10 +159,10 @@ func (r BackupClosureRequest) Encode() []byte {
 // ReadBackupClosureResponse reads backupServiceDatabaseClosure's answer { accepted } exactly.
 func ReadBackupClosureResponse(raw []byte) (accepted bool, err error) {
 	var v []byte
-	if ReadExact(raw, Req("accepted", &v)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("accepted", &v)) != nil {
 		return false, &InvalidError{[]string{"backup closure answer must use its exact schema { accepted }"}}
 	}
-	accepted, ok := ReadBool(v)
+	accepted, ok := strictjson.ReadBool(v)
 	if !ok {
 		return false, &InvalidError{[]string{"backup closure answer accepted must be a boolean"}}
 	}
@@ -170,9 +172,9 @@ func ReadBackupClosureResponse(raw []byte) (accepted bool, err error) {
 // EncodeRestoreClosureRequest is restoreServiceDatabaseClosure's request { backupId, serviceId,
 // nodeId } (seed-spelled).
 func EncodeRestoreClosureRequest(backupID, serviceID, nodeID string) []byte {
-	b := AppendString([]byte(`{"backupId":`), backupID)
-	b = AppendString(append(b, `,"serviceId":`...), serviceID)
-	b = AppendString(append(b, `,"nodeId":`...), nodeID)
+	b := strictjson.AppendString([]byte(`{"backupId":`), backupID)
+	b = strictjson.AppendString(append(b, `,"serviceId":`...), serviceID)
+	b = strictjson.AppendString(append(b, `,"nodeId":`...), nodeID)
 	return append(b, '}')
 }
 
@@ -186,7 +188,7 @@ type RestoreClosureResponse struct {
 // a VirtualStream marker (the library's object; its other members ignored, as every marker's).
 func ReadRestoreClosureResponse(raw []byte) (RestoreClosureResponse, error) {
 	var descriptor, closure []byte
-	if ReadExact(raw, Req("descriptor", &descriptor), Req("closure", &closure)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("descriptor", &descriptor), strictjson.Req("closure", &closure)) != nil {
 		return RestoreClosureResponse{}, &InvalidError{[]string{"restore closure answer must use its exact schema { descriptor, closure }"}}
 	}
 	r := RestoreClosureResponse{Descriptor: descriptor}
@@ -200,7 +202,7 @@ func ReadRestoreClosureResponse(raw []byte) (RestoreClosureResponse, error) {
 
 // AppendStreamMarker appends the library's stream marker { "_isVirtualStream": true, "streamId" }.
 func AppendStreamMarker(b []byte, streamID string) []byte {
-	b = AppendString(append(b, `{"_isVirtualStream":true,"streamId":`...), streamID)
+	b = strictjson.AppendString(append(b, `{"_isVirtualStream":true,"streamId":`...), streamID)
 	return append(b, '}')
 }
 
@@ -208,13 +210,13 @@ func AppendStreamMarker(b []byte, streamID string) []byte {
 // whose streamId is a string of 1 to MaxStreamIDLen bytes; other members are ignored.
 func ReadStreamMarker(raw []byte) (string, bool) {
 	var marked, id []byte
-	if ReadTolerant(raw, Req("_isVirtualStream", &marked), Req("streamId", &id)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("_isVirtualStream", &marked), strictjson.Req("streamId", &id)) != nil {
 		return "", false
 	}
-	if v, ok := ReadBool(marked); !ok || !v {
+	if v, ok := strictjson.ReadBool(marked); !ok || !v {
 		return "", false
 	}
-	s, err := ReadString(id)
+	s, err := strictjson.ReadString(id)
 	if err != nil || s == "" || len(s) > MaxStreamIDLen {
 		return "", false
 	}
@@ -244,7 +246,7 @@ func ReadCorestoreBackups(raw []byte) (backups []CorestoreBackup, skipped int, e
 	}
 	for _, e := range elems {
 		var id, service, descriptor []byte
-		if ReadTolerant(e, Req("backupId", &id), Req("serviceId", &service), Req("descriptor", &descriptor)) != nil {
+		if strictjson.ReadTolerant(e, strictjson.Req("backupId", &id), strictjson.Req("serviceId", &service), strictjson.Req("descriptor", &descriptor)) != nil {
 			skipped++
 			continue
 		}
@@ -268,7 +270,7 @@ func ReadCorestoreRestores(raw []byte) (restores []CorestoreRestore, skipped int
 	}
 	for _, e := range elems {
 		var id, service []byte
-		if ReadTolerant(e, Req("backupId", &id), Req("serviceId", &service)) != nil {
+		if strictjson.ReadTolerant(e, strictjson.Req("backupId", &id), strictjson.Req("serviceId", &service)) != nil {
 			skipped++
 			continue
 		}
@@ -284,10 +286,10 @@ func ReadCorestoreRestores(raw []byte) (restores []CorestoreRestore, skipped int
 
 func readCorestoreList(raw []byte, key string) ([]json.RawMessage, error) {
 	var list []byte
-	if ReadTolerant(raw, Req(key, &list)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req(key, &list)) != nil {
 		return nil, &InvalidError{[]string{"Corestore's listing must be an object carrying " + key}}
 	}
-	elems, err := ReadArray(list)
+	elems, err := strictjson.ReadArray(list)
 	if err != nil {
 		return nil, &InvalidError{[]string{"Corestore's listing " + key + " must be an array"}}
 	}
@@ -297,8 +299,8 @@ func readCorestoreList(raw []byte, key string) ([]json.RawMessage, error) {
 // readCorestoreIDs reads a backupId and serviceId in the canonical identifier vocabulary: what
 // Cloudly's exact validator reads them with, and safe in a URL path.
 func readCorestoreIDs(id, service []byte) (CorestoreRestore, bool) {
-	b, err1 := ReadString(id)
-	s, err2 := ReadString(service)
+	b, err1 := strictjson.ReadString(id)
+	s, err2 := strictjson.ReadString(service)
 	if err1 != nil || err2 != nil || !IsCanonicalID(b) || !IsCanonicalID(s) {
 		return CorestoreRestore{}, false
 	}

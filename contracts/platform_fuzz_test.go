@@ -5,6 +5,8 @@ import (
 	"crypto/ecdh"
 	"encoding/json"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // FuzzPlatformReaders: the readers of the Corestore platform agent never panic, never keep a
@@ -21,20 +23,20 @@ func FuzzPlatformReaders(f *testing.F) {
 		if st, err := ReadPlatformDesiredState(in); err == nil {
 			nodes := []string{"n"}
 			for _, b := range st.Bindings {
-				if !IsClusterNodeID(b.NodeID) || Valid(b.Binding) != nil {
+				if !IsClusterNodeID(b.NodeID) || strictjson.Valid(b.Binding) != nil {
 					t.Fatalf("binding %+v", b)
 				}
 				nodes = append(nodes, b.NodeID)
 			}
 			for _, body := range st.SplitByNode(nodes) {
-				if Valid(body) != nil {
+				if strictjson.Valid(body) != nil {
 					t.Fatalf("split body not JSON: %s", body)
 				}
 			}
 		}
 		if bs, _, err := ReadCorestoreBackups(in); err == nil {
 			for _, b := range bs {
-				if !IsCanonicalID(b.BackupID) || Valid(b.Descriptor) != nil {
+				if !IsCanonicalID(b.BackupID) || strictjson.Valid(b.Descriptor) != nil {
 					t.Fatalf("backup %+v", b)
 				}
 			}
@@ -46,7 +48,7 @@ func FuzzPlatformReaders(f *testing.F) {
 				}
 			}
 		}
-		if r, err := ReadRestoreClosureResponse(in); err == nil && (r.StreamID == "" || Valid(r.Descriptor) != nil) {
+		if r, err := ReadRestoreClosureResponse(in); err == nil && (r.StreamID == "" || strictjson.Valid(r.Descriptor) != nil) {
 			t.Fatalf("restore answer %+v", r)
 		}
 		ReadBackupClosureResponse(in)
@@ -77,7 +79,7 @@ func FuzzStreamChunks(f *testing.F) {
 			}
 			var arr []int
 			switch {
-			case json.Unmarshal(in, &arr) == nil && KindOf(in) == KindArray:
+			case json.Unmarshal(in, &arr) == nil && strictjson.KindOf(in) == strictjson.KindArray:
 				checkInts(t, in, arr, got)
 			case json.Unmarshal(in, &ref) == nil && ref.Type == "Buffer":
 				checkInts(t, in, ref.Data, got)

@@ -8,6 +8,8 @@ import (
 	"errors"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 const desiredState = `{"capabilities":{"corestore-inventory":true,"n":12345678901234567890},"providerConfigs":[{"k":"v\u00e9"}],` +
@@ -214,10 +216,10 @@ func TestStreamFrames(t *testing.T) {
 	if id, ok := ReadStreamFrameID(nil, []byte(`{"streamId":"s"}`)); !ok || id != "s" {
 		t.Fatal("answer's stream id")
 	}
-	if err := Valid(ans); err != nil {
+	if err := strictjson.Valid(ans); err != nil {
 		t.Fatal(err)
 	}
-	if err := Valid(AppendFeedbackFrame(nil, "s", "c4")); err != nil {
+	if err := strictjson.Valid(AppendFeedbackFrame(nil, "s", "c4")); err != nil {
 		t.Fatal(err)
 	}
 }

@@ -7,6 +7,8 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The protocol handshake (seed-defined: SPEC §3, CONTRACTS §2).
@@ -63,7 +65,7 @@ func ParseVersion(s string) (Version, error) {
 			}
 		}
 		v, err := strconv.ParseUint(p, 10, 64)
-		if err != nil || v > MaxSafeInteger {
+		if err != nil || v > strictjson.MaxSafeInteger {
 			return Version{}, fmt.Errorf("version must be MAJOR.MINOR.PATCH")
 		}
 		n[i] = v
@@ -122,9 +124,9 @@ func mustOffer(installed, minimum string) ProtocolOffer {
 // MarshalJSON writes the offer with its two members in the seed order.
 func (o ProtocolOffer) MarshalJSON() ([]byte, error) {
 	b := append(make([]byte, 0, 64), `{"interfacesVersion":`...)
-	b = AppendString(b, o.InterfacesVersion)
+	b = strictjson.AppendString(b, o.InterfacesVersion)
 	b = append(b, `,"minimumPeerVersion":`...)
-	b = AppendString(b, o.MinimumPeerVersion)
+	b = strictjson.AppendString(b, o.MinimumPeerVersion)
 	return append(b, '}'), nil
 }
 
@@ -183,7 +185,7 @@ func ValidateProtocolOfferOn(body []byte, path string) []string {
 }
 
 func readProtocolOfferOn(body []byte, path string) (ProtocolOffer, []string) {
-	raw, ok, err := Lookup(body, "protocol")
+	raw, ok, err := strictjson.Lookup(body, "protocol")
 	if err != nil || !ok {
 		return ProtocolOffer{}, []string{path + " protocol must use its exact schema"}
 	}
@@ -205,11 +207,11 @@ func ReadProtocolOffer(body []byte) (ProtocolOffer, error) {
 // strings. It does not judge the versions.
 func readOffer(raw []byte) (ProtocolOffer, bool) {
 	var iv, mv []byte
-	if ReadExact(raw, Req("interfacesVersion", &iv), Req("minimumPeerVersion", &mv)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("interfacesVersion", &iv), strictjson.Req("minimumPeerVersion", &mv)) != nil {
 		return ProtocolOffer{}, false
 	}
-	i, err1 := ReadString(iv)
-	m, err2 := ReadString(mv)
+	i, err1 := strictjson.ReadString(iv)
+	m, err2 := strictjson.ReadString(mv)
 	if err1 != nil || err2 != nil {
 		return ProtocolOffer{}, false
 	}
@@ -277,13 +279,13 @@ func (r *ProtocolRefusal) Data() json.RawMessage {
 // not one. It reads plain data with exact keys and valid offers only.
 func ReadProtocolRefusal(raw []byte) (ProtocolRefusal, bool) {
 	var code, reason, refusing, refused []byte
-	if ReadExact(raw, Req("code", &code), Req("reason", &reason), Req("refusing", &refusing), Req("refused", &refused)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("code", &code), strictjson.Req("reason", &reason), strictjson.Req("refusing", &refusing), strictjson.Req("refused", &refused)) != nil {
 		return ProtocolRefusal{}, false
 	}
-	if s, err := ReadString(code); err != nil || s != ProtocolIncompatibleCode {
+	if s, err := strictjson.ReadString(code); err != nil || s != ProtocolIncompatibleCode {
 		return ProtocolRefusal{}, false
 	}
-	why, err := ReadString(reason)
+	why, err := strictjson.ReadString(reason)
 	if err != nil || !isIncompatibility(why) {
 		return ProtocolRefusal{}, false
 	}

@@ -4,6 +4,8 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Named refusals. A refusal that crosses the wire is the error text "<name>: <reason>", its name
@@ -48,16 +50,16 @@ func (r *Refusal) Data() []byte {
 	if r.data != nil {
 		return r.data
 	}
-	return append(AppendString([]byte(`{"code":`), string(r.Name)), '}')
+	return append(strictjson.AppendString([]byte(`{"code":`), string(r.Name)), '}')
 }
 
 // ReadRefusalName reads the name of a refusal received as an error: error data {"code": name}
 // first, else the leading "<name>:" token of the text. It answers "" when neither names one.
 // A refusal name is lowercase letters, digits and hyphens.
 func ReadRefusalName(text string, data []byte) RefusalName {
-	if KindOf(data) == KindObject {
-		if raw, ok, err := Lookup(data, "code"); err == nil && ok {
-			if code, err := ReadString(raw); err == nil && isRefusalToken(code) {
+	if strictjson.KindOf(data) == strictjson.KindObject {
+		if raw, ok, err := strictjson.Lookup(data, "code"); err == nil && ok {
+			if code, err := strictjson.ReadString(raw); err == nil && isRefusalToken(code) {
 				return RefusalName(code)
 			}
 		}

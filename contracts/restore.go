@@ -3,6 +3,8 @@ package contracts
 import (
 	"encoding/json"
 	"strconv"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Isolated restore (seed-defined methods and progress, project-defined Corestore HTTP; SPEC §9,
@@ -32,7 +34,7 @@ const CorestoreIsolatedRestorePathPrefix = "/isolated-restore/"
 // CorestoreRefusalBody is the answer Corestore refuses a control with, beside a non-2xx status:
 // { reason } (project-defined). The relay passes the reason on as restore-node-refused: <reason>.
 func CorestoreRefusalBody(reason string) []byte {
-	return append(AppendString([]byte(`{"reason":`), reason), '}')
+	return append(strictjson.AppendString([]byte(`{"reason":`), reason), '}')
 }
 
 // IsolatedRestoreCorestoreOp maps one of the five methods to its Corestore operation.
@@ -110,12 +112,12 @@ const MaxIsolatedRestoreControlBytes = 1 << 20
 func ReadIsolatedRestoreNodeControl(raw []byte) (IsolatedRestoreNodeControl, error) {
 	const path = "isolated restore request"
 	var nodeID, control []byte
-	if ReadExact(raw, Req("nodeId", &nodeID), Req("control", &control)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("nodeId", &nodeID), strictjson.Req("control", &control)) != nil {
 		return IsolatedRestoreNodeControl{}, &InvalidError{[]string{path + " must use its exact schema { nodeId, control }"}}
 	}
 	var req IsolatedRestoreNodeControl
 	var reasons []string
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, path+" nodeId must be a cluster node id")
 	} else {
 		req.NodeID = s
@@ -176,17 +178,17 @@ func NormalizeIsolatedRestoreProgress(raw []byte) (IsolatedRestoreProgress, erro
 	const path = "isolated restore progress"
 	var nodeID, restoreID, archiveID, status, revision, lastFence, expected, received, completed, total,
 		preparedAt, updatedAt, executedAt, stagedObject []byte
-	if ReadExact(raw, Req("nodeId", &nodeID), Req("restoreId", &restoreID), Req("stagingArchiveId", &archiveID),
-		Req("status", &status), Req("revision", &revision), Req("lastFence", &lastFence),
-		Req("expectedObjects", &expected), Req("receivedObjects", &received), Req("completedMappings", &completed),
-		Req("totalMappings", &total), Req("preparedAt", &preparedAt), Req("updatedAt", &updatedAt),
-		Opt("executedAt", &executedAt), Opt("stagedObject", &stagedObject)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("nodeId", &nodeID), strictjson.Req("restoreId", &restoreID), strictjson.Req("stagingArchiveId", &archiveID),
+		strictjson.Req("status", &status), strictjson.Req("revision", &revision), strictjson.Req("lastFence", &lastFence),
+		strictjson.Req("expectedObjects", &expected), strictjson.Req("receivedObjects", &received), strictjson.Req("completedMappings", &completed),
+		strictjson.Req("totalMappings", &total), strictjson.Req("preparedAt", &preparedAt), strictjson.Req("updatedAt", &updatedAt),
+		strictjson.Opt("executedAt", &executedAt), strictjson.Opt("stagedObject", &stagedObject)) != nil {
 		return IsolatedRestoreProgress{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	var p IsolatedRestoreProgress
 	var reasons []string
 	fail := func(reason string) { reasons = append(reasons, path+" "+reason) }
-	if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 		fail("nodeId must be a cluster node id")
 	} else {
 		p.NodeID = s
@@ -196,13 +198,13 @@ func NormalizeIsolatedRestoreProgress(raw []byte) (IsolatedRestoreProgress, erro
 		raw []byte
 		dst *string
 	}{{"restoreId", restoreID, &p.RestoreID}, {"stagingArchiveId", archiveID, &p.StagingArchiveID}} {
-		if s, err := ReadString(f.raw); err != nil || !IsCanonicalID(s) {
+		if s, err := strictjson.ReadString(f.raw); err != nil || !IsCanonicalID(s) {
 			fail(f.key + " must be a canonical identifier")
 		} else {
 			*f.dst = s
 		}
 	}
-	if s, err := ReadString(status); err != nil || !isIsolatedRestoreStatus(s) {
+	if s, err := strictjson.ReadString(status); err != nil || !isIsolatedRestoreStatus(s) {
 		fail("status must be one of prepared, executing, failed, executed, cleaned")
 	} else {
 		p.Status = s
@@ -225,7 +227,7 @@ func NormalizeIsolatedRestoreProgress(raw []byte) (IsolatedRestoreProgress, erro
 	}
 	bad := map[string]bool{}
 	for _, c := range counters {
-		if n, ok := ReadCounter(c.raw); !ok || n < c.min {
+		if n, ok := strictjson.ReadCounter(c.raw); !ok || n < c.min {
 			fail(c.key + " must be " + c.minWords)
 			bad[c.key] = true
 		} else {
@@ -233,14 +235,14 @@ func NormalizeIsolatedRestoreProgress(raw []byte) (IsolatedRestoreProgress, erro
 		}
 	}
 	if executedAt != nil {
-		if n, ok := ReadCounter(executedAt); !ok {
+		if n, ok := strictjson.ReadCounter(executedAt); !ok {
 			fail("executedAt must be a Unix millisecond timestamp")
 		} else {
 			p.ExecutedAt = &n
 		}
 	}
 	if stagedObject != nil {
-		if KindOf(stagedObject) != KindObject {
+		if strictjson.KindOf(stagedObject) != strictjson.KindObject {
 			fail("stagedObject must be an object")
 		} else {
 			p.StagedObject = stagedObject
@@ -273,13 +275,13 @@ func NormalizeIsolatedRestoreProgress(raw []byte) (IsolatedRestoreProgress, erro
 // AppendJSON appends the progress as JSON, keys in the seed's order.
 func (p IsolatedRestoreProgress) AppendJSON(dst []byte) []byte {
 	dst = append(dst, `{"nodeId":`...)
-	dst = AppendString(dst, p.NodeID)
+	dst = strictjson.AppendString(dst, p.NodeID)
 	dst = append(dst, `,"restoreId":`...)
-	dst = AppendString(dst, p.RestoreID)
+	dst = strictjson.AppendString(dst, p.RestoreID)
 	dst = append(dst, `,"stagingArchiveId":`...)
-	dst = AppendString(dst, p.StagingArchiveID)
+	dst = strictjson.AppendString(dst, p.StagingArchiveID)
 	dst = append(dst, `,"status":`...)
-	dst = AppendString(dst, p.Status)
+	dst = strictjson.AppendString(dst, p.Status)
 	for _, f := range []struct {
 		key string
 		n   int64
@@ -336,19 +338,19 @@ func BindIsolatedRestoreProgressToNode(p IsolatedRestoreProgress, b IsolatedRest
 // result is checked exactly with NormalizeIsolatedRestoreProgress; a summary that is not an
 // object, repeats a key, or breaks a progress rule is an *InvalidError.
 func ProjectIsolatedRestoreProgress(nodeID string, summary []byte) (json.RawMessage, IsolatedRestoreProgress, error) {
-	members, err := ReadObject(summary)
+	members, err := strictjson.ReadObject(summary)
 	if err != nil {
 		return nil, IsolatedRestoreProgress{}, &InvalidError{[]string{"Corestore's staging summary must be an object without repeated keys"}}
 	}
 	out := make([]byte, 0, len(summary)+len(nodeID)+16)
 	out = append(out, `{"nodeId":`...)
-	out = AppendString(out, nodeID)
+	out = strictjson.AppendString(out, nodeID)
 	for _, mem := range members {
 		if mem.Key == "nodeId" || !isProgressKey(mem.Key) {
 			continue
 		}
 		out = append(out, ',')
-		out = AppendString(out, mem.Key)
+		out = strictjson.AppendString(out, mem.Key)
 		out = append(out, ':')
 		out = append(out, mem.Value...)
 	}

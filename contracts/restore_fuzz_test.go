@@ -6,6 +6,8 @@ import (
 	"reflect"
 	"strconv"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 func addProgressSeeds(f *testing.F) {
@@ -34,7 +36,7 @@ func FuzzNormalizeIsolatedRestoreProgress(f *testing.F) {
 		case err != nil && refOK:
 			// The strict reader may refuse what encoding/json reads: a repeated key, invalid UTF-8,
 			// a lone surrogate escape. Nothing else.
-			if _, rerr := ReadObject(in); rerr == nil {
+			if _, rerr := strictjson.ReadObject(in); rerr == nil {
 				t.Fatalf("refused (%v) what the reference accepts: %q", err, in)
 			}
 		}
@@ -66,8 +68,8 @@ func FuzzProjectIsolatedRestoreProgress(f *testing.F) {
 		if _, err := NormalizeIsolatedRestoreProgress(out); err != nil {
 			t.Fatalf("projected progress does not normalize: %v", err)
 		}
-		inMembers, _ := ReadObject(in)
-		outMembers, _ := ReadObject(out)
+		inMembers, _ := strictjson.ReadObject(in)
+		outMembers, _ := strictjson.ReadObject(out)
 		got := make(map[string][]byte, len(outMembers))
 		for _, m := range outMembers {
 			got[m.Key] = m.Value
@@ -127,10 +129,10 @@ func referenceProgress(in []byte) (IsolatedRestoreProgress, bool) {
 			return 0, false
 		}
 		f, err := strconv.ParseFloat(string(n), 64)
-		if err != nil || f != float64(int64(f)) || f < 0 || f > MaxSafeInteger {
+		if err != nil || f != float64(int64(f)) || f < 0 || f > strictjson.MaxSafeInteger {
 			return 0, false
 		}
-		if i, err := strconv.ParseInt(string(n), 10, 64); err == nil && i > MaxSafeInteger {
+		if i, err := strconv.ParseInt(string(n), 10, 64); err == nil && i > strictjson.MaxSafeInteger {
 			return 0, false
 		}
 		return int64(f), true

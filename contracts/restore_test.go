@@ -5,6 +5,8 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 const validProgress = `{"nodeId":"node-a","restoreId":"restore-1","stagingArchiveId":"staging-1","status":"prepared",` +
@@ -120,7 +122,7 @@ func progressWith(key, raw string) string {
 	if key == "executedAt" || key == "stagedObject" {
 		return progressWithAll(map[string]string{key: raw})
 	}
-	members, _ := ReadObject([]byte(validProgress))
+	members, _ := strictjson.ReadObject([]byte(validProgress))
 	out := "{"
 	found := false
 	for i, m := range members {
@@ -187,7 +189,7 @@ func TestNormalizeIsolatedRestoreProgressRefusesEachRule(t *testing.T) {
 
 // progressWithAll replaces (or adds) several members of validProgress.
 func progressWithAll(repl map[string]string) string {
-	members, _ := ReadObject([]byte(validProgress))
+	members, _ := strictjson.ReadObject([]byte(validProgress))
 	out := "{"
 	seen := map[string]bool{}
 	for i, m := range members {

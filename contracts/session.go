@@ -1,6 +1,10 @@
 package contracts
 
-import "encoding/json"
+import (
+	"encoding/json"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
+)
 
 // RuntimeSession is what the relay reads of the session binding Cloudly answers a node's
 // registerPalletRuntimeSession with ({ session, protocol }): the node, controller and runtime
@@ -18,7 +22,7 @@ type RuntimeSession struct {
 // other member stays opaque.
 func ReadRegisterPalletRuntimeSessionResponse(raw []byte) (RuntimeSession, error) {
 	const path = "node registration answer"
-	session, ok, err := Lookup(raw, "session")
+	session, ok, err := strictjson.Lookup(raw, "session")
 	if err != nil || !ok {
 		return RuntimeSession{}, &InvalidError{[]string{path + " must carry a session"}}
 	}
@@ -34,18 +38,18 @@ func ReadRegisterPalletRuntimeSessionResponse(raw []byte) (RuntimeSession, error
 func ReadRuntimeSession(session []byte) (RuntimeSession, error) {
 	const path = "session"
 	var nodeID, controller, namespace []byte
-	if ReadTolerant(session, Req("nodeId", &nodeID), Opt("controller", &controller), Opt("runtimeNamespace", &namespace)) != nil {
+	if strictjson.ReadTolerant(session, strictjson.Req("nodeId", &nodeID), strictjson.Opt("controller", &controller), strictjson.Opt("runtimeNamespace", &namespace)) != nil {
 		return RuntimeSession{}, &InvalidError{[]string{path + " must be an object carrying nodeId"}}
 	}
-	n, err := ReadString(nodeID)
+	n, err := strictjson.ReadString(nodeID)
 	if err != nil || !IsClusterNodeID(n) {
 		return RuntimeSession{}, &InvalidError{[]string{path + " nodeId must be a cluster node id"}}
 	}
-	s := RuntimeSession{NodeID: n, Raw: trimSpace(session)}
-	if KindOf(controller) == KindObject {
+	s := RuntimeSession{NodeID: n, Raw: strictjson.TrimSpace(session)}
+	if strictjson.KindOf(controller) == strictjson.KindObject {
 		s.Controller = controller
 	}
-	if ns, err := ReadString(namespace); err == nil && IsCanonicalID(ns) {
+	if ns, err := strictjson.ReadString(namespace); err == nil && IsCanonicalID(ns) {
 		s.RuntimeNamespace = ns
 	}
 	return s, nil
@@ -54,39 +58,39 @@ func ReadRuntimeSession(session []byte) (RuntimeSession, error) {
 // ReadRouteNodeID reads the node a Cloudly → node request is for: request.session.nodeId, else
 // request.nodeId. ok is false when the body names no node.
 func ReadRouteNodeID(body []byte) (nodeID string, ok bool, err error) {
-	if session, has, err := Lookup(body, "session"); err != nil {
+	if session, has, err := strictjson.Lookup(body, "session"); err != nil {
 		return "", false, err
-	} else if has && KindOf(session) == KindObject {
-		if raw, has, err := Lookup(session, "nodeId"); err != nil {
+	} else if has && strictjson.KindOf(session) == strictjson.KindObject {
+		if raw, has, err := strictjson.Lookup(session, "nodeId"); err != nil {
 			return "", false, err
 		} else if has {
-			n, err := ReadString(raw)
+			n, err := strictjson.ReadString(raw)
 			return n, err == nil, err
 		}
 	}
-	raw, has, err := Lookup(body, "nodeId")
+	raw, has, err := strictjson.Lookup(body, "nodeId")
 	if err != nil || !has {
 		return "", false, err
 	}
-	n, err := ReadString(raw)
+	n, err := strictjson.ReadString(raw)
 	return n, err == nil, err
 }
 
 // ReadSessionNodeID reads request.session.nodeId of a node → Cloudly request. present is false
 // when the body has no session or its session names no node.
 func ReadSessionNodeID(body []byte) (nodeID string, present bool, err error) {
-	session, has, err := Lookup(body, "session")
+	session, has, err := strictjson.Lookup(body, "session")
 	if err != nil || !has {
 		return "", false, err
 	}
-	if KindOf(session) != KindObject {
+	if strictjson.KindOf(session) != strictjson.KindObject {
 		return "", true, &InvalidError{[]string{"request session must be an object"}}
 	}
-	raw, has, err := Lookup(session, "nodeId")
+	raw, has, err := strictjson.Lookup(session, "nodeId")
 	if err != nil || !has {
 		return "", false, err
 	}
-	n, err := ReadString(raw)
+	n, err := strictjson.ReadString(raw)
 	if err != nil {
 		return "", true, &InvalidError{[]string{"request session nodeId must be a string"}}
 	}
@@ -95,7 +99,7 @@ func ReadSessionNodeID(body []byte) (nodeID string, present bool, err error) {
 
 // EqualJSON reports whether two JSON values are the same value: equal canonical forms.
 func EqualJSON(a, b []byte) bool {
-	ca, err1 := Canonicalize(a)
-	cb, err2 := Canonicalize(b)
+	ca, err1 := strictjson.Canonicalize(a)
+	cb, err2 := strictjson.Canonicalize(b)
 	return err1 == nil && err2 == nil && string(ca) == string(cb)
 }

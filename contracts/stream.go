@@ -1,6 +1,10 @@
 package contracts
 
-import "bytes"
+import (
+	"bytes"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
+)
 
 // Streams (SPEC §5.1; seed-named, shaped by the published TypedRequest library 3.3.0). A stream
 // travels inside a request or answer body as the marker { "_isVirtualStream": true, "streamId" }
@@ -55,27 +59,27 @@ func FindStreamMarkers(body []byte, fn func(streamID string) error) error {
 	if !HasStreamMarker(body) {
 		return nil
 	}
-	i := skipSpace(body, 0)
+	i := strictjson.SkipSpace(body, 0)
 	end, err := walkMarkers(body, i, 0, fn)
 	if err != nil {
 		return err
 	}
-	return trailing(body, end)
+	return strictjson.Trailing(body, end)
 }
 
 // walkMarkers reads the value at b[i], reporting the markers inside it, and returns the offset
 // just after it. Every byte is read once: scalars are scanned, composites walked.
 func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 	if i >= len(b) {
-		return i, &SyntaxError{i, "unexpected end of input"}
+		return i, &strictjson.SyntaxError{Offset: i, Msg: "unexpected end of input"}
 	}
 	switch b[i] {
 	case '{', '[':
 	default:
-		return scanValue(b, i, depth)
+		return strictjson.ScanValue(b, i, depth)
 	}
-	if depth >= MaxJSONDepth {
-		return i, &SyntaxError{i, "nesting too deep"}
+	if depth >= strictjson.MaxJSONDepth {
+		return i, &strictjson.SyntaxError{Offset: i, Msg: "nesting too deep"}
 	}
 	closer := byte(']')
 	if b[i] == '{' {
@@ -83,23 +87,23 @@ func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 	}
 	var marked, hasID bool
 	var id []byte
-	i = skipSpace(b, i+1)
+	i = strictjson.SkipSpace(b, i+1)
 	if i < len(b) && b[i] == closer {
 		return i + 1, nil
 	}
 	for {
 		var key []byte
 		if closer == '}' {
-			keyEnd, err := scanString(b, i)
+			keyEnd, err := strictjson.ScanString(b, i)
 			if err != nil {
 				return keyEnd, err
 			}
-			key = decodeStringBytes(b[i:keyEnd]) // no copy unless escaped
-			i = skipSpace(b, keyEnd)
+			key = strictjson.DecodeScannedString(b[i:keyEnd]) // no copy unless escaped
+			i = strictjson.SkipSpace(b, keyEnd)
 			if i >= len(b) || b[i] != ':' {
-				return i, &SyntaxError{i, "expected : after object key"}
+				return i, &strictjson.SyntaxError{Offset: i, Msg: "expected : after object key"}
 			}
-			i = skipSpace(b, i+1)
+			i = strictjson.SkipSpace(b, i+1)
 		}
 		start := i
 		end, err := walkMarkers(b, i, depth+1, fn)
@@ -113,12 +117,12 @@ func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 		case string(key) == "streamId":
 			id, hasID = nil, false
 			if b[start] == '"' {
-				id, hasID = decodeStringBytes(b[start:end]), true
+				id, hasID = strictjson.DecodeScannedString(b[start:end]), true
 			}
 		}
-		i = skipSpace(b, end)
+		i = strictjson.SkipSpace(b, end)
 		if i >= len(b) {
-			return i, &SyntaxError{i, "unterminated object or array"}
+			return i, &strictjson.SyntaxError{Offset: i, Msg: "unterminated object or array"}
 		}
 		if b[i] == closer {
 			if marked && hasID && len(id) > 0 && len(id) <= MaxStreamIDLen {
@@ -129,9 +133,9 @@ func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 			return i + 1, nil
 		}
 		if b[i] != ',' {
-			return i, &SyntaxError{i, "expected , or " + string(closer)}
+			return i, &strictjson.SyntaxError{Offset: i, Msg: "expected , or " + string(closer)}
 		}
-		i = skipSpace(b, i+1)
+		i = strictjson.SkipSpace(b, i+1)
 	}
 }
 
@@ -141,7 +145,7 @@ func walkMarkers(b []byte, i, depth int, fn func(string) error) (int, error) {
 func ReadStreamFrameID(request, response []byte) (streamID string, ok bool) {
 	var ids [2]StreamIDMember
 	for k, body := range [2][]byte{request, response} {
-		if KindOf(body) == KindObject && ForEachMember(body, ids[k].Member) != nil {
+		if strictjson.KindOf(body) == strictjson.KindObject && strictjson.ForEachMember(body, ids[k].Member) != nil {
 			ids[k] = StreamIDMember{} // a body that is not JSON names no stream
 		}
 	}
@@ -173,7 +177,7 @@ func StreamFrameID(request, response StreamIDMember) (streamID string, ok bool) 
 		if m.n != 1 {
 			continue
 		}
-		if id, err := ReadString(m.value); err == nil && id != "" && len(id) <= MaxStreamIDLen {
+		if id, err := strictjson.ReadString(m.value); err == nil && id != "" && len(id) <= MaxStreamIDLen {
 			return id, true
 		}
 	}

@@ -6,6 +6,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 func markers(t *testing.T, body string) []string {
@@ -56,11 +58,11 @@ func TestFindStreamMarkers(t *testing.T) {
 	if !errors.Is(err, stop) {
 		t.Errorf("an error from fn is not returned: %v", err)
 	}
-	var se *SyntaxError
+	var se *strictjson.SyntaxError
 	if err := FindStreamMarkers([]byte(`{"_isVirtualStream":true,"streamId":"a"`), func(string) error { return nil }); !errors.As(err, &se) {
 		t.Errorf("truncated body: %v, want a syntax error", err)
 	}
-	deep := strings.Repeat(`[`, MaxJSONDepth+1) + `{"_isVirtualStream":true,"streamId":"d"}` + strings.Repeat(`]`, MaxJSONDepth+1)
+	deep := strings.Repeat(`[`, strictjson.MaxJSONDepth+1) + `{"_isVirtualStream":true,"streamId":"d"}` + strings.Repeat(`]`, strictjson.MaxJSONDepth+1)
 	if err := FindStreamMarkers([]byte(deep), func(string) error { return nil }); !errors.As(err, &se) {
 		t.Errorf("nesting beyond MaxJSONDepth: %v, want a syntax error", err)
 	}
@@ -143,12 +145,12 @@ func FuzzFindStreamMarkers(f *testing.F) {
 		err := FindStreamMarkers(body, func(id string) error { got = append(got, id); return nil })
 		want, valid := referenceMarkers(body)
 		if err != nil {
-			if valid && Valid(body) == nil {
+			if valid && strictjson.Valid(body) == nil {
 				t.Fatalf("a valid body was refused: %v", err)
 			}
 			return
 		}
-		if !valid || Valid(body) != nil {
+		if !valid || strictjson.Valid(body) != nil {
 			return // the strict reader and encoding/json disagree on validity: nothing to compare
 		}
 		// Every marker the receiver's JSON.parse sees must be bound: the relay reports a superset,

@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"strconv"
 	"time"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Traffic statistics: getClusterTrafficStatistics { fromDayUtc, toDayUtc, cursor?, limit } →
@@ -78,16 +80,16 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 		path = "cluster traffic statistics request"
 	}
 	var fromRaw, toRaw, cursor, limit []byte
-	if ReadExact(body, Req("fromDayUtc", &fromRaw), Req("toDayUtc", &toRaw), Opt("cursor", &cursor), Req("limit", &limit)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("fromDayUtc", &fromRaw), strictjson.Req("toDayUtc", &toRaw), strictjson.Opt("cursor", &cursor), strictjson.Req("limit", &limit)) != nil {
 		return TrafficStatisticsRequest{}, []string{path + " must use its exact schema"}
 	}
 	var r TrafficStatisticsRequest
 	var reasons []string
-	from, err1 := ReadString(fromRaw)
+	from, err1 := strictjson.ReadString(fromRaw)
 	if err1 != nil || !IsUTCCalendarDay(from) {
 		reasons = append(reasons, path+" fromDayUtc must be a UTC calendar day YYYY-MM-DD")
 	}
-	to, err2 := ReadString(toRaw)
+	to, err2 := strictjson.ReadString(toRaw)
 	if err2 != nil || !IsUTCCalendarDay(to) {
 		reasons = append(reasons, path+" toDayUtc must be a UTC calendar day YYYY-MM-DD")
 	}
@@ -95,7 +97,7 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 	// with no bucket (TrafficStatisticsRequest.Empty).
 	r.FromDayUTC, r.ToDayUTC = from, to
 	if cursor != nil {
-		s, err := ReadString(cursor)
+		s, err := strictjson.ReadString(cursor)
 		if err != nil || !IsTrafficStatisticsCursor(s) {
 			reasons = append(reasons, path+" cursor must be 1 to 1048576 printable ASCII characters")
 		}
@@ -104,7 +106,7 @@ func readTrafficStatisticsRequest(body []byte, path string) (TrafficStatisticsRe
 	// The seeds spell limit and no bound on it. One above MaxTrafficStatisticsLimit is served as
 	// MaxTrafficStatisticsLimit: a page holds at most limit buckets, and a shorter one with its
 	// nextCursor is a page all the same. One below 1 asks for a page that cannot move.
-	n, ok := ReadSafeInteger(limit)
+	n, ok := strictjson.ReadSafeInteger(limit)
 	if !ok || n < MinTrafficStatisticsLimit {
 		reasons = append(reasons, path+" limit must be a positive integer")
 	}
@@ -118,10 +120,10 @@ func (r TrafficStatisticsRequest) Empty() bool { return r.ToDayUTC < r.FromDayUT
 
 // Encode writes the request in the seed's key order; the cursor is omitted when "".
 func (r TrafficStatisticsRequest) Encode() []byte {
-	b := AppendString([]byte(`{"fromDayUtc":`), r.FromDayUTC)
-	b = AppendString(append(b, `,"toDayUtc":`...), r.ToDayUTC)
+	b := strictjson.AppendString([]byte(`{"fromDayUtc":`), r.FromDayUTC)
+	b = strictjson.AppendString(append(b, `,"toDayUtc":`...), r.ToDayUTC)
 	if r.Cursor != "" {
-		b = AppendString(append(b, `,"cursor":`...), r.Cursor)
+		b = strictjson.AppendString(append(b, `,"cursor":`...), r.Cursor)
 	}
 	b = strconv.AppendInt(append(b, `,"limit":`...), int64(r.Limit), 10)
 	return append(b, '}')
@@ -154,12 +156,12 @@ type TrafficBucket struct {
 func ReadGetClusterTrafficStatisticsResponse(body []byte, req TrafficStatisticsRequest) (TrafficStatisticsPage, error) {
 	const path = "cluster traffic statistics page"
 	var statistics, nextCursor []byte
-	if ReadExact(body, Req("statistics", &statistics), Opt("nextCursor", &nextCursor)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("statistics", &statistics), strictjson.Opt("nextCursor", &nextCursor)) != nil {
 		return TrafficStatisticsPage{}, &InvalidError{[]string{path + " must use its exact schema"}}
 	}
 	var p TrafficStatisticsPage
 	var reasons []string
-	elems, err := ReadArray(statistics)
+	elems, err := strictjson.ReadArray(statistics)
 	if err != nil || len(elems) > req.Limit {
 		reasons = append(reasons, path+" statistics must be an array of at most limit elements")
 		elems = nil
@@ -169,7 +171,7 @@ func ReadGetClusterTrafficStatisticsResponse(body []byte, req TrafficStatisticsR
 		p.Buckets = append(p.Buckets, readTrafficBucket(e))
 	}
 	if nextCursor != nil {
-		s, err := ReadString(nextCursor)
+		s, err := strictjson.ReadString(nextCursor)
 		if err != nil || !IsTrafficStatisticsCursor(s) {
 			reasons = append(reasons, path+" nextCursor must be 1 to 1048576 printable ASCII characters")
 		}
@@ -184,16 +186,16 @@ func ReadGetClusterTrafficStatisticsResponse(body []byte, req TrafficStatisticsR
 func readTrafficBucket(raw []byte) TrafficBucket {
 	b := TrafficBucket{Raw: raw}
 	var day, node []byte
-	if KindOf(raw) != KindObject || ReadTolerant(raw, Opt("dayUtc", &day), Opt("nodeId", &node)) != nil {
+	if strictjson.KindOf(raw) != strictjson.KindObject || strictjson.ReadTolerant(raw, strictjson.Opt("dayUtc", &day), strictjson.Opt("nodeId", &node)) != nil {
 		return b
 	}
 	b.Object = true
-	if s, err := ReadString(day); err == nil && IsUTCCalendarDay(s) {
+	if s, err := strictjson.ReadString(day); err == nil && IsUTCCalendarDay(s) {
 		b.Day = s
 	}
 	if node != nil {
 		b.NodeStated = true
-		b.NodeID, _ = ReadString(node)
+		b.NodeID, _ = strictjson.ReadString(node)
 	}
 	return b
 }

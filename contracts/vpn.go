@@ -4,6 +4,8 @@ import (
 	"net/netip"
 	"strconv"
 	"time"
+
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The managed VPN hub's wire (SPEC §7). Everything in this file is project-defined unless marked
@@ -132,7 +134,7 @@ func IsVPNControlAddress(prefix netip.Prefix, a netip.Addr) bool {
 
 // readIPv4 reads a canonical dotted-quad IPv4 literal.
 func readIPv4(raw []byte) (netip.Addr, bool) {
-	s, err := ReadString(raw)
+	s, err := strictjson.ReadString(raw)
 	if err != nil {
 		return netip.Addr{}, false
 	}
@@ -154,30 +156,30 @@ func readIPv4(raw []byte) (netip.Addr, bool) {
 func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 	const path = "vpn membership"
 	var authorityID, controlPrefix, generation, membersRaw []byte
-	if ReadTolerant(raw, Req("authorityId", &authorityID), Req("controlPrefix", &controlPrefix),
-		Req("generation", &generation), Req("members", &membersRaw)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("authorityId", &authorityID), strictjson.Req("controlPrefix", &controlPrefix),
+		strictjson.Req("generation", &generation), strictjson.Req("members", &membersRaw)) != nil {
 		return VPNMembership{}, &InvalidError{[]string{path + " must be an object carrying authorityId, controlPrefix, generation and members"}}
 	}
 	var out VPNMembership
 	var reasons []string
-	if s, err := ReadString(authorityID); err != nil || !IsCanonicalID(s) {
+	if s, err := strictjson.ReadString(authorityID); err != nil || !IsCanonicalID(s) {
 		reasons = append(reasons, path+" authorityId must be a canonical identifier")
 	} else {
 		out.AuthorityID = s
 	}
 	prefixOK := false
-	if s, err := ReadString(controlPrefix); err == nil {
+	if s, err := strictjson.ReadString(controlPrefix); err == nil {
 		out.ControlPrefix, prefixOK = ReadVPNControlPrefix(s)
 	}
 	if !prefixOK {
 		reasons = append(reasons, path+" controlPrefix must be a private IPv4 prefix no longer than /30")
 	}
-	if g, ok := ReadCounter(generation); !ok {
+	if g, ok := strictjson.ReadCounter(generation); !ok {
 		reasons = append(reasons, path+" generation must be a non-negative safe integer")
 	} else {
 		out.Generation = g
 	}
-	elems, err := ReadArray(membersRaw)
+	elems, err := strictjson.ReadArray(membersRaw)
 	if err != nil || len(elems) > VPNMaxMembers {
 		reasons = append(reasons, path+" members must be an array of at most 65536 entries")
 		elems = nil
@@ -189,21 +191,21 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 	for i, e := range elems {
 		p := path + " members[" + strconv.Itoa(i) + "]"
 		var nodeID, publicKey, controlAddress, expiresAt []byte
-		if ReadTolerant(e, Req("nodeId", &nodeID), Req("publicKey", &publicKey), Req("controlAddress", &controlAddress),
-			Req("expiresAt", &expiresAt)) != nil {
+		if strictjson.ReadTolerant(e, strictjson.Req("nodeId", &nodeID), strictjson.Req("publicKey", &publicKey), strictjson.Req("controlAddress", &controlAddress),
+			strictjson.Req("expiresAt", &expiresAt)) != nil {
 			reasons = append(reasons, p+" must be an object carrying nodeId, publicKey, controlAddress and expiresAt")
 			continue
 		}
 		var mem VPNMember
 		bad := len(reasons)
-		if s, err := ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
+		if s, err := strictjson.ReadString(nodeID); err != nil || !IsClusterNodeID(s) {
 			reasons = append(reasons, p+" nodeId must be a cluster node id")
 		} else if nodes[s] {
 			reasons = append(reasons, p+" nodeId must be unique")
 		} else {
 			mem.NodeID = s
 		}
-		if s, err := ReadString(publicKey); err != nil {
+		if s, err := strictjson.ReadString(publicKey); err != nil {
 			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
 		} else if k, err := DecodeKey32(s); err != nil {
 			reasons = append(reasons, p+" publicKey must be a 32-byte key in base64url without padding")
@@ -219,7 +221,7 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 		} else {
 			mem.ControlAddress = a
 		}
-		if t, ok := ReadCounter(expiresAt); !ok {
+		if t, ok := strictjson.ReadCounter(expiresAt); !ok {
 			reasons = append(reasons, p+" expiresAt must be a non-negative safe integer (Unix ms)")
 		} else {
 			mem.ExpiresAt = t
@@ -238,9 +240,9 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 // EncodeVPNMembershipPush encodes m as pushClusterVpnMembership's request, keys in the order
 // SPEC §7 lists them.
 func EncodeVPNMembershipPush(m VPNMembership) []byte {
-	b := AppendString([]byte(`{"authorityId":`), m.AuthorityID)
+	b := strictjson.AppendString([]byte(`{"authorityId":`), m.AuthorityID)
 	b = append(b, `,"controlPrefix":`...)
-	b = AppendString(b, m.ControlPrefix.String())
+	b = strictjson.AppendString(b, m.ControlPrefix.String())
 	b = append(b, `,"generation":`...)
 	b = strconv.AppendInt(b, m.Generation, 10)
 	b = append(b, `,"members":[`...)
@@ -248,9 +250,9 @@ func EncodeVPNMembershipPush(m VPNMembership) []byte {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = AppendString(append(b, `{"nodeId":`...), mem.NodeID)
-		b = AppendString(append(b, `,"publicKey":`...), EncodeKey32(mem.PublicKey))
-		b = AppendString(append(b, `,"controlAddress":`...), mem.ControlAddress.String())
+		b = strictjson.AppendString(append(b, `{"nodeId":`...), mem.NodeID)
+		b = strictjson.AppendString(append(b, `,"publicKey":`...), EncodeKey32(mem.PublicKey))
+		b = strictjson.AppendString(append(b, `,"controlAddress":`...), mem.ControlAddress.String())
 		b = strconv.AppendInt(append(b, `,"expiresAt":`...), mem.ExpiresAt, 10)
 		b = append(b, '}')
 	}
@@ -267,10 +269,10 @@ func EncodeVPNMembershipApplied(generation int64) []byte {
 // appliedGeneration; any other member is ignored.
 func ReadVPNMembershipApplied(raw []byte) (int64, bool) {
 	var generation []byte
-	if ReadTolerant(raw, Req("appliedGeneration", &generation)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("appliedGeneration", &generation)) != nil {
 		return 0, false
 	}
-	return ReadCounter(generation)
+	return strictjson.ReadCounter(generation)
 }
 
 // VPNHello is message 1's payload: the node the key claims to be, and the node's Unix time in
@@ -283,7 +285,7 @@ type VPNHello struct {
 
 // EncodeVPNHello encodes message 1's payload { nodeId, timestamp }.
 func EncodeVPNHello(h VPNHello) []byte {
-	b := AppendString([]byte(`{"nodeId":`), h.NodeID)
+	b := strictjson.AppendString([]byte(`{"nodeId":`), h.NodeID)
 	b = strconv.AppendInt(append(b, `,"timestamp":`...), h.Timestamp, 10)
 	return append(b, '}')
 }
@@ -293,18 +295,18 @@ func EncodeVPNHello(h VPNHello) []byte {
 // cluster node id and timestamp a non-negative safe integer.
 func ReadVPNHello(raw []byte) (VPNHello, error) {
 	var node, timestamp []byte
-	if ReadTolerant(raw, Opt("nodeId", &node), Opt("timestamp", &timestamp)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Opt("nodeId", &node), strictjson.Opt("timestamp", &timestamp)) != nil {
 		return VPNHello{}, &InvalidError{[]string{"vpn hello must be an object"}}
 	}
 	var h VPNHello
 	var reasons []string
-	if s, err := ReadString(node); err != nil || !IsClusterNodeID(s) {
+	if s, err := strictjson.ReadString(node); err != nil || !IsClusterNodeID(s) {
 		reasons = append(reasons, "vpn hello nodeId must be a cluster node id")
 	} else {
 		h.NodeID = s
 	}
 	var ok bool
-	if h.Timestamp, ok = ReadCounter(timestamp); !ok {
+	if h.Timestamp, ok = strictjson.ReadCounter(timestamp); !ok {
 		reasons = append(reasons, "vpn hello timestamp must be a non-negative safe integer (Unix µs)")
 	}
 	if len(reasons) > 0 {
@@ -323,7 +325,7 @@ type VPNWelcome struct {
 
 // EncodeVPNWelcome encodes message 2's payload { controlAddress, mtu, expiresAt }.
 func EncodeVPNWelcome(w VPNWelcome) []byte {
-	b := AppendString([]byte(`{"controlAddress":`), w.ControlAddress.String())
+	b := strictjson.AppendString([]byte(`{"controlAddress":`), w.ControlAddress.String())
 	b = strconv.AppendInt(append(b, `,"mtu":`...), int64(w.MTU), 10)
 	b = strconv.AppendInt(append(b, `,"expiresAt":`...), w.ExpiresAt, 10)
 	return append(b, '}')
@@ -335,7 +337,7 @@ func EncodeVPNWelcome(w VPNWelcome) []byte {
 func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
 	const path = "vpn welcome"
 	var controlAddress, mtu, expiresAt []byte
-	if ReadTolerant(raw, Opt("controlAddress", &controlAddress), Opt("mtu", &mtu), Opt("expiresAt", &expiresAt)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Opt("controlAddress", &controlAddress), strictjson.Opt("mtu", &mtu), strictjson.Opt("expiresAt", &expiresAt)) != nil {
 		return VPNWelcome{}, &InvalidError{[]string{path + " must be an object"}}
 	}
 	var w VPNWelcome
@@ -345,13 +347,13 @@ func ReadVPNWelcome(raw []byte) (VPNWelcome, error) {
 	} else {
 		w.ControlAddress = a
 	}
-	if n, ok := ReadCounter(mtu); !ok || n < VPNMinMTU || n > VPNMaxMTU {
+	if n, ok := strictjson.ReadCounter(mtu); !ok || n < VPNMinMTU || n > VPNMaxMTU {
 		reasons = append(reasons, path+" mtu must be an integer from 68 to 65535")
 	} else {
 		w.MTU = int(n)
 	}
 	var ok bool
-	if w.ExpiresAt, ok = ReadCounter(expiresAt); !ok {
+	if w.ExpiresAt, ok = strictjson.ReadCounter(expiresAt); !ok {
 		reasons = append(reasons, path+" expiresAt must be a non-negative safe integer (Unix ms)")
 	}
 	if len(reasons) > 0 {

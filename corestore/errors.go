@@ -11,6 +11,7 @@ import (
 	"unicode/utf8"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Every error Call returns is a *contracts.Refusal named restore-node-unreachable or
@@ -96,13 +97,13 @@ func refused(status int, contentType string, body []byte) *contracts.Refusal {
 }
 
 func corestoreReason(contentType string, body []byte) string {
-	if contracts.KindOf(body) == contracts.KindObject {
+	if strictjson.KindOf(body) == strictjson.KindObject {
 		for _, key := range []string{"reason", "error", "message"} {
-			raw, ok, err := contracts.Lookup(body, key)
+			raw, ok, err := strictjson.Lookup(body, key)
 			if err != nil || !ok {
 				continue
 			}
-			if s, err := contracts.ReadString(raw); err == nil {
+			if s, err := strictjson.ReadString(raw); err == nil {
 				return SanitizeReason(s)
 			}
 		}

@@ -12,6 +12,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/feature"
 )
 
@@ -224,7 +225,7 @@ func (e *Escrow) NodeBound(n feature.Node) {
 	if !contracts.IsClusterNodeID(s.NodeID) {
 		return
 	}
-	controller, err := contracts.Canonicalize(s.Controller)
+	controller, err := strictjson.Canonicalize(s.Controller)
 	if err != nil {
 		controller = nil // no canonical form: no run is in its scope
 	}

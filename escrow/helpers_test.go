@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 const (
@@ -185,11 +186,11 @@ func (n *fakeNode) sequences() []int64 {
 
 // admit answers { status: accepted, renewal } for the renewal in an apply request.
 func admit(body json.RawMessage) (json.RawMessage, error) {
-	signed, _, _ := contracts.Lookup(body, "signed")
-	renewal, _, _ := contracts.Lookup(signed, "renewal")
-	projection, _, _ := contracts.Lookup(renewal, "projection")
-	sequence, _, _ := contracts.Lookup(renewal, "sequence")
-	digest, _, _ := contracts.Lookup(renewal, "digest")
+	signed, _, _ := strictjson.Lookup(body, "signed")
+	renewal, _, _ := strictjson.Lookup(signed, "renewal")
+	projection, _, _ := strictjson.Lookup(renewal, "projection")
+	sequence, _, _ := strictjson.Lookup(renewal, "sequence")
+	digest, _, _ := strictjson.Lookup(renewal, "digest")
 	out := []byte(`{"status":"accepted","renewal":{"projection":`)
 	out = append(out, projection...)
 	out = append(out, `,"sequence":`...)
@@ -200,10 +201,10 @@ func admit(body json.RawMessage) (json.RawMessage, error) {
 }
 
 func signedSequence(body json.RawMessage) int64 {
-	signed, _, _ := contracts.Lookup(body, "signed")
-	renewal, _, _ := contracts.Lookup(signed, "renewal")
-	seq, _, _ := contracts.Lookup(renewal, "sequence")
-	n, _ := contracts.ReadCounter(seq)
+	signed, _, _ := strictjson.Lookup(body, "signed")
+	renewal, _, _ := strictjson.Lookup(signed, "renewal")
+	seq, _, _ := strictjson.Lookup(renewal, "sequence")
+	n, _ := strictjson.ReadCounter(seq)
 	return n
 }
 

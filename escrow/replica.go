@@ -8,6 +8,7 @@ import (
 	"strings"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The escrow as an HA leader copies it to its standbys (SPEC §16, feature.Replicated): in memory
@@ -157,7 +158,7 @@ func (e *Escrow) ForgetCopy() {
 // appendHold appends the run as the hold request that would hold it again.
 func (r *heldRun) appendHold(dst []byte, node string) []byte {
 	dst = append(dst, `{"nodeId":`...)
-	dst = contracts.AppendString(dst, node)
+	dst = strictjson.AppendString(dst, node)
 	dst = append(dst, `,"projection":`...)
 	dst = r.projection.AppendJSON(dst)
 	dst = append(dst, `,"renewals":[`...)

@@ -6,6 +6,7 @@ import (
 	"sort"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // heldRun is one node's run in the compact form the relay keeps for hours: the signed envelopes
@@ -36,7 +37,7 @@ func newHeldRun(h *contracts.HoldRuntimeNetworkDnsLeaseRenewalsRequest) *heldRun
 		size += len(s.Raw)
 	}
 	first := h.Renewals[0].Renewal
-	controller, _ := contracts.Canonicalize(first.Controller) // the reader checked it has a canonical form
+	controller, _ := strictjson.Canonicalize(first.Controller) // the reader checked it has a canonical form
 	run := &heldRun{
 		projection: h.Projection,
 		controller: controller,

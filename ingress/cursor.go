@@ -6,6 +6,7 @@ import (
 	"strings"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The relay's statistics cursor (project-defined, OQ-15): "c1." and the base64url (no padding) of
@@ -28,16 +29,16 @@ type position struct {
 func (p position) finished() bool { return p.done || p.failures >= maxPageFailures }
 
 func encodeCursor(from, to string, ps []position) string {
-	b := contracts.AppendString([]byte(`{"fromDayUtc":`), from)
-	b = contracts.AppendString(append(b, `,"toDayUtc":`...), to)
+	b := strictjson.AppendString([]byte(`{"fromDayUtc":`), from)
+	b = strictjson.AppendString(append(b, `,"toDayUtc":`...), to)
 	b = append(b, `,"ingress":[`...)
 	for i, p := range ps {
 		if i > 0 {
 			b = append(b, ',')
 		}
-		b = contracts.AppendString(append(b, `{"nodeId":`...), p.node)
+		b = strictjson.AppendString(append(b, `{"nodeId":`...), p.node)
 		if p.cursor != "" {
-			b = contracts.AppendString(append(b, `,"cursor":`...), p.cursor)
+			b = strictjson.AppendString(append(b, `,"cursor":`...), p.cursor)
 		}
 		if p.done {
 			b = append(b, `,"done":true`...)
@@ -63,45 +64,45 @@ func decodeCursor(s, from, to string) ([]position, bool) {
 		return nil, false
 	}
 	var fromRaw, toRaw, ingress []byte
-	if contracts.ReadExact(raw, contracts.Req("fromDayUtc", &fromRaw), contracts.Req("toDayUtc", &toRaw),
-		contracts.Req("ingress", &ingress)) != nil {
+	if strictjson.ReadExact(raw, strictjson.Req("fromDayUtc", &fromRaw), strictjson.Req("toDayUtc", &toRaw),
+		strictjson.Req("ingress", &ingress)) != nil {
 		return nil, false
 	}
-	if f, err := contracts.ReadString(fromRaw); err != nil || f != from {
+	if f, err := strictjson.ReadString(fromRaw); err != nil || f != from {
 		return nil, false
 	}
-	if t, err := contracts.ReadString(toRaw); err != nil || t != to {
+	if t, err := strictjson.ReadString(toRaw); err != nil || t != to {
 		return nil, false
 	}
-	elems, err := contracts.ReadArray(ingress)
+	elems, err := strictjson.ReadArray(ingress)
 	if err != nil {
 		return nil, false
 	}
 	ps := make([]position, 0, len(elems))
 	for _, e := range elems {
 		var nodeID, cursor, done, failures []byte
-		if contracts.ReadExact(e, contracts.Req("nodeId", &nodeID), contracts.Opt("cursor", &cursor),
-			contracts.Opt("done", &done), contracts.Opt("failures", &failures)) != nil {
+		if strictjson.ReadExact(e, strictjson.Req("nodeId", &nodeID), strictjson.Opt("cursor", &cursor),
+			strictjson.Opt("done", &done), strictjson.Opt("failures", &failures)) != nil {
 			return nil, false
 		}
 		var p position
-		if p.node, err = contracts.ReadString(nodeID); err != nil || !contracts.IsClusterNodeID(p.node) ||
+		if p.node, err = strictjson.ReadString(nodeID); err != nil || !contracts.IsClusterNodeID(p.node) ||
 			len(ps) > 0 && p.node <= ps[len(ps)-1].node {
 			return nil, false
 		}
 		if cursor != nil {
-			if p.cursor, err = contracts.ReadString(cursor); err != nil || !contracts.IsTrafficStatisticsCursor(p.cursor) || len(p.cursor) > maxIngressCursorBytes {
+			if p.cursor, err = strictjson.ReadString(cursor); err != nil || !contracts.IsTrafficStatisticsCursor(p.cursor) || len(p.cursor) > maxIngressCursorBytes {
 				return nil, false
 			}
 		}
 		if done != nil {
-			if v, ok := contracts.ReadBool(done); !ok || !v {
+			if v, ok := strictjson.ReadBool(done); !ok || !v {
 				return nil, false
 			}
 			p.done = true
 		}
 		if failures != nil {
-			n, ok := contracts.ReadCounter(failures)
+			n, ok := strictjson.ReadCounter(failures)
 			if !ok || n < 1 || n > maxPageFailures {
 				return nil, false
 			}

@@ -33,7 +33,7 @@ type harnessOptions struct {
 }
 
 // newHarness starts a relay with the ingress feature (testenv/relaytest: a real relay attached to
-// the sim Cloudly, as `relay dev`) with Cloudly's ingress handlers, and waits until the relay has
+// the sim Cloudly, as `relay-dev`) with Cloudly's ingress handlers, and waits until the relay has
 // pulled the route table. Everything stops at the end of the test.
 func newHarness(t testing.TB, opts harnessOptions) *harness {
 	t.Helper()

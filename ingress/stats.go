@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/feature"
 )
 
@@ -270,7 +271,7 @@ func (pg *statsPage) finish() {
 	}
 	out = append(out, ']')
 	if next != "" {
-		out = contracts.AppendString(append(out, `,"nextCursor":`...), next)
+		out = strictjson.AppendString(append(out, `,"nextCursor":`...), next)
 	}
 	out = append(out, '}')
 	s.metrics.statsPages.WithLabelValues("answered").Inc()

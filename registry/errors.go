@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Project-defined refusal names. The registry answers in the distribution specification's error
@@ -54,9 +55,9 @@ var ErrUpstreamURL = errors.New("registry upstream must be an http(s) URL withou
 // writeRefusal answers with the relay's own error in the distribution error format.
 func writeRefusal(w http.ResponseWriter, status int, specCode string, r *contracts.Refusal) {
 	body := []byte(`{"errors":[{"code":`)
-	body = contracts.AppendString(body, specCode)
+	body = strictjson.AppendString(body, specCode)
 	body = append(body, `,"message":`...)
-	body = contracts.AppendString(body, r.Error())
+	body = strictjson.AppendString(body, r.Error())
 	body = append(body, "}]}\n"...)
 	h := w.Header()
 	h.Set("Content-Type", "application/json")

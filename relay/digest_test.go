@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
@@ -79,9 +80,9 @@ func TestHoldDigestUnderAnotherPreimage(t *testing.T) {
 		}
 		e.Cloudly.SetAvailable(false)
 		e.Eventually("the renewal released and admitted by the node", func() bool { return n.AdmittedRenewalSequence() == 1 })
-		signed, _, _ := contracts.Lookup(n.Last(contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal), "signed")
-		renewals, _, _ := contracts.Lookup(body, "renewals")
-		held, err := contracts.ReadArray(renewals)
+		signed, _, _ := strictjson.Lookup(n.Last(contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal), "signed")
+		renewals, _, _ := strictjson.Lookup(body, "renewals")
+		held, err := strictjson.ReadArray(renewals)
 		if err != nil || string(signed) != string(held[0]) {
 			t.Fatalf("released\n%s\nwant the envelope Cloudly sent\n%s", signed, held[0])
 		}
@@ -110,10 +111,10 @@ func TestHoldDigestUnderAnotherPreimage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		renewals, _, _ := contracts.Lookup(body, "renewals")
-		first, _ := contracts.ReadArray(renewals)
-		r, _, _ := contracts.Lookup(first[0], "renewal")
-		d, _, _ := contracts.Lookup(r, "digest")
+		renewals, _, _ := strictjson.Lookup(body, "renewals")
+		first, _ := strictjson.ReadArray(renewals)
+		r, _, _ := strictjson.Lookup(first[0], "renewal")
+		d, _, _ := strictjson.Lookup(r, "digest")
 		bad := strings.Replace(string(body), string(d), strings.ToUpper(string(d)), 1)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()

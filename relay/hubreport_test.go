@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
@@ -26,7 +27,7 @@ func testHub() *contracts.VPNHubEndpoint {
 // members reads a JSON object as Cloudly receives it, in its order, refusing a repeated key.
 func members(t *testing.T, what string, raw []byte) ([]string, map[string]json.RawMessage) {
 	t.Helper()
-	obj, err := contracts.ReadObject(raw)
+	obj, err := strictjson.ReadObject(raw)
 	if err != nil {
 		t.Fatalf("%s is not one JSON object: %v\n%s", what, err, raw)
 	}

@@ -13,6 +13,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
@@ -74,7 +75,7 @@ func (n *rawNode) read() typedsocket.Envelope {
 // call sends one request frame and returns its answer.
 func (n *rawNode) call(id, method, body string) typedsocket.Envelope {
 	n.t.Helper()
-	n.write(`{"method":` + string(contracts.AppendString(nil, method)) + `,"request":` + body +
+	n.write(`{"method":` + string(strictjson.AppendString(nil, method)) + `,"request":` + body +
 		`,"response":null,"correlation":{"id":"` + id + `","phase":"request"},"localData":null,"serverData":null}`)
 	env := n.read()
 	if env.ID != id {

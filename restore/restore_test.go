@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 	"code.foss.global/serve.zone/relay/restore"
 	"code.foss.global/serve.zone/relay/testenv/await"
@@ -39,7 +40,7 @@ func wantRefusal(t *testing.T, err error, name contracts.RefusalName, text strin
 func readProgress(t *testing.T, answer []byte) contracts.IsolatedRestoreProgress {
 	t.Helper()
 	var progress []byte
-	if contracts.ReadExact(answer, contracts.Req("progress", &progress)) != nil {
+	if strictjson.ReadExact(answer, strictjson.Req("progress", &progress)) != nil {
 		t.Fatalf("answer %s is not { progress }", answer)
 	}
 	p, err := contracts.NormalizeIsolatedRestoreProgress(progress)
@@ -253,7 +254,7 @@ func TestAnswerNamingAnotherNodeKeepsTheCarriedNode(t *testing.T) {
 
 // setMembers rewrites members of a JSON object (adding absent ones at the end).
 func setMembers(body []byte, repl map[string]string) []byte {
-	members, _ := contracts.ReadObject(body)
+	members, _ := strictjson.ReadObject(body)
 	out := []byte{'{'}
 	seen := map[string]bool{}
 	for _, m := range members {

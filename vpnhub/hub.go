@@ -43,7 +43,7 @@ type Config struct {
 	// bind one inside a network namespace). The hub closes it when Run ends.
 	Conn net.PacketConn
 	// ReportAddress, when valid, is reported by Endpoint instead of the bound address. Only for
-	// `relay dev`, whose hub binds loopback, which registerClusterRelay refuses.
+	// `relay-dev`, whose hub binds loopback, which registerClusterRelay refuses.
 	ReportAddress netip.Addr
 	// Key is the hub's static Noise key.
 	Key vpnkey.Pair

@@ -20,13 +20,13 @@ import (
 // ha.enabled (every alert) is testdata/prometheusrule.golden.yaml, which test.sh keeps equal to
 // the template and checks with promtool; here each relay_* name it queries must be a metric of
 // the relay: in docs/operating.md's generated table (checked against a single relay's registry
-// by cmd/relay TestOperatingDocListsEveryMetric) or one the election registers, and each label it
+// by daemon TestOperatingDocListsEveryMetric) or one the election registers, and each label it
 // groups or matches on one of its metrics' or a scrape target's.
 
 const (
 	ruleGolden     = "testdata/prometheusrule.golden.yaml"
 	operatingDoc   = "../../docs/operating.md"
-	metricsMarker  = "<!-- metrics: generated and checked by cmd/relay TestOperatingDocListsEveryMetric -->"
+	metricsMarker  = "<!-- metrics: generated and checked by daemon TestOperatingDocListsEveryMetric -->"
 	certExpiryName = "relay_downstream_certificate_expiry_timestamp_seconds"
 )
 

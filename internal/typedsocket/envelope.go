@@ -6,6 +6,7 @@ import (
 	"strconv"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Phase is correlation.phase.
@@ -128,7 +129,7 @@ func Decode(frame []byte) (Envelope, error) {
 		}
 		return respStream.Member(key, value)
 	}
-	err := contracts.ForEachMemberWithin(frame, envelopeBodies, bodyMember, func(key, value []byte) error {
+	err := strictjson.ForEachMemberWithin(frame, envelopeBodies, bodyMember, func(key, value []byte) error {
 		var bit uint8
 		switch string(key) {
 		case "method":
@@ -151,7 +152,7 @@ func Decode(frame []byte) (Envelope, error) {
 			return nil
 		}
 		if seen&bit != 0 {
-			return contracts.ErrDuplicateKey
+			return strictjson.ErrDuplicateKey
 		}
 		seen |= bit
 		return nil
@@ -160,7 +161,7 @@ func Decode(frame []byte) (Envelope, error) {
 		return Envelope{}, &DecodeError{Reason: "not a JSON object with distinct keys: " + err.Error()}
 	}
 	env.RelayNodeRaw = relayNode
-	m, err := contracts.ReadString(method)
+	m, err := strictjson.ReadString(method)
 	methodOK := err == nil && m != "" && len(m) <= MaxMethodLen
 	if methodOK {
 		env.Method = m
@@ -193,19 +194,19 @@ func Decode(frame []byte) (Envelope, error) {
 		return bad("method must be a string of 1 to 256 bytes")
 	}
 	if env.Phase == PhaseRequest {
-		if contracts.KindOf(request) != contracts.KindObject {
+		if strictjson.KindOf(request) != strictjson.KindObject {
 			return bad("request must be an object")
 		}
 		env.Request = request
 		return env, nil
 	}
 	env.RelayNodeRaw = nil // an answer's is nobody's concern
-	if errRaw != nil && !contracts.IsNull(errRaw) {
+	if errRaw != nil && !strictjson.IsNull(errRaw) {
 		var textRaw, data []byte
-		if contracts.ReadTolerant(errRaw, contracts.Req("text", &textRaw), contracts.Opt("data", &data)) != nil {
+		if strictjson.ReadTolerant(errRaw, strictjson.Req("text", &textRaw), strictjson.Opt("data", &data)) != nil {
 			return bad("error must be an object with one text")
 		}
-		t, err := contracts.ReadString(textRaw)
+		t, err := strictjson.ReadString(textRaw)
 		if err != nil {
 			return bad("error text must be a string")
 		}
@@ -213,7 +214,7 @@ func Decode(frame []byte) (Envelope, error) {
 	} else if response != nil {
 		env.Response = response // any JSON value, passed on untouched
 	}
-	if retry != nil && !contracts.IsNull(retry) {
+	if retry != nil && !strictjson.IsNull(retry) {
 		env.Retry = retry
 	}
 	return env, nil
@@ -229,14 +230,14 @@ func readCorrelation(raw []byte) (id string, phase Phase, ok bool) {
 		return "", 0, false
 	}
 	var idRaw, phaseRaw []byte
-	if contracts.ReadTolerant(raw, contracts.Req("id", &idRaw), contracts.Req("phase", &phaseRaw)) != nil {
+	if strictjson.ReadTolerant(raw, strictjson.Req("id", &idRaw), strictjson.Req("phase", &phaseRaw)) != nil {
 		return "", 0, false
 	}
-	id, err := contracts.ReadString(idRaw)
+	id, err := strictjson.ReadString(idRaw)
 	if err != nil || id == "" || len(id) > MaxIDLen {
 		return "", 0, false
 	}
-	switch p, _ := contracts.ReadString(phaseRaw); p {
+	switch p, _ := strictjson.ReadString(phaseRaw); p {
 	case "request":
 		return id, PhaseRequest, true
 	case "response":
@@ -248,16 +249,16 @@ func readCorrelation(raw []byte) (id string, phase Phase, ok bool) {
 // Append appends the envelope's wire form to dst. Bodies are copied byte for byte.
 func (env *Envelope) Append(dst []byte) []byte {
 	dst = append(dst, `{"method":`...)
-	dst = contracts.AppendString(dst, env.Method)
+	dst = strictjson.AppendString(dst, env.Method)
 	if env.Phase == PhaseRequest {
 		if env.RelayNodeID != "" {
 			dst = append(dst, `,"relayNodeId":`...)
-			dst = contracts.AppendString(dst, env.RelayNodeID)
+			dst = strictjson.AppendString(dst, env.RelayNodeID)
 		}
 		dst = append(dst, `,"request":`...)
 		dst = appendRaw(dst, env.Request, "{}")
 		dst = append(dst, `,"response":null,"correlation":{"id":`...)
-		dst = contracts.AppendString(dst, env.ID)
+		dst = strictjson.AppendString(dst, env.ID)
 		return append(dst, `,"phase":"request"}}`...)
 	}
 	dst = append(dst, `,"request":{},"response":`...)
@@ -267,11 +268,11 @@ func (env *Envelope) Append(dst []byte) []byte {
 		dst = appendRaw(dst, env.Response, "null")
 	}
 	dst = append(dst, `,"correlation":{"id":`...)
-	dst = contracts.AppendString(dst, env.ID)
+	dst = strictjson.AppendString(dst, env.ID)
 	dst = append(dst, `,"phase":"response"}`...)
 	if env.Error != nil {
 		dst = append(dst, `,"error":{"text":`...)
-		dst = contracts.AppendString(dst, env.Error.Text)
+		dst = strictjson.AppendString(dst, env.Error.Text)
 		if env.Error.Data != nil {
 			dst = append(dst, `,"data":`...)
 			dst = append(dst, env.Error.Data...)
@@ -316,7 +317,7 @@ func WithoutRelayNodeID(frame []byte) []byte {
 	out := make([]byte, 0, len(frame))
 	out = append(out, '{')
 	found := false
-	err := contracts.ForEachMember(frame, func(key, value []byte) error {
+	err := strictjson.ForEachMember(frame, func(key, value []byte) error {
 		if string(key) == RelayNodeIDMember {
 			found = true
 			return nil
@@ -324,7 +325,7 @@ func WithoutRelayNodeID(frame []byte) []byte {
 		if len(out) > 1 {
 			out = append(out, ',')
 		}
-		out = contracts.AppendString(out, string(key))
+		out = strictjson.AppendString(out, string(key))
 		out = append(out, ':')
 		out = append(out, value...)
 		return nil

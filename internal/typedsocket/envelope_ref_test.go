@@ -7,6 +7,7 @@ import (
 	"testing"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // referenceDecode is Decode as it was before it read a frame in one pass (envelope.go at 45fa1cf):
@@ -18,7 +19,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 	var env Envelope
 	var method, correlation, request, response, errRaw, retry, relayNode []byte
 	var seen uint8
-	err := contracts.ForEachMember(frame, func(key, value []byte) error {
+	err := strictjson.ForEachMember(frame, func(key, value []byte) error {
 		var bit uint8
 		if string(key) == "relayNodeId" {
 			relayNode = value
@@ -41,7 +42,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 			return nil
 		}
 		if seen&bit != 0 {
-			return contracts.ErrDuplicateKey
+			return strictjson.ErrDuplicateKey
 		}
 		seen |= bit
 		return nil
@@ -49,7 +50,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 	if err != nil {
 		return Envelope{}, &DecodeError{Reason: "not a JSON object with distinct keys: " + err.Error()}
 	}
-	m, err := contracts.ReadString(method)
+	m, err := strictjson.ReadString(method)
 	methodOK := err == nil && m != "" && len(m) <= MaxMethodLen
 	if methodOK {
 		env.Method = m
@@ -82,18 +83,18 @@ func referenceDecode(frame []byte) (Envelope, error) {
 		return bad("method must be a string of 1 to 256 bytes")
 	}
 	if env.Phase == PhaseRequest {
-		if contracts.KindOf(request) != contracts.KindObject {
+		if strictjson.KindOf(request) != strictjson.KindObject {
 			return bad("request must be an object")
 		}
 		env.Request, env.RelayNodeRaw = request, relayNode
 		return env, nil
 	}
-	if errRaw != nil && !contracts.IsNull(errRaw) {
+	if errRaw != nil && !strictjson.IsNull(errRaw) {
 		var textRaw, data []byte
-		if contracts.ReadTolerant(errRaw, contracts.Req("text", &textRaw), contracts.Opt("data", &data)) != nil {
+		if strictjson.ReadTolerant(errRaw, strictjson.Req("text", &textRaw), strictjson.Opt("data", &data)) != nil {
 			return bad("error must be an object with one text")
 		}
-		t, err := contracts.ReadString(textRaw)
+		t, err := strictjson.ReadString(textRaw)
 		if err != nil {
 			return bad("error text must be a string")
 		}
@@ -101,7 +102,7 @@ func referenceDecode(frame []byte) (Envelope, error) {
 	} else if response != nil {
 		env.Response = response // any JSON value, passed on untouched
 	}
-	if retry != nil && !contracts.IsNull(retry) {
+	if retry != nil && !strictjson.IsNull(retry) {
 		env.Retry = retry
 	}
 	return env, nil
@@ -158,14 +159,14 @@ func FuzzDecodeMatchesReference(f *testing.F) {
 // referenceReadStreamFrameID is contracts.ReadStreamFrameID at 45fa1cf.
 func referenceReadStreamFrameID(request, response []byte) (streamID string, ok bool) {
 	for _, body := range [2][]byte{request, response} {
-		if contracts.KindOf(body) != contracts.KindObject {
+		if strictjson.KindOf(body) != strictjson.KindObject {
 			continue
 		}
-		raw, has, err := contracts.Lookup(body, "streamId")
+		raw, has, err := strictjson.Lookup(body, "streamId")
 		if err != nil || !has {
 			continue
 		}
-		if id, err := contracts.ReadString(raw); err == nil && id != "" && len(id) <= contracts.MaxStreamIDLen {
+		if id, err := strictjson.ReadString(raw); err == nil && id != "" && len(id) <= contracts.MaxStreamIDLen {
 			return id, true
 		}
 	}

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 func TestDecodeRequestKeepsRawBody(t *testing.T) {
@@ -68,7 +69,7 @@ func TestDecodeLibraryFrames(t *testing.T) {
 	})
 	t.Run("a method is any string of 1 to 256 bytes", func(t *testing.T) {
 		for _, m := range []string{"has space", "ns.method/v2", "##VirtualStreamish##", strings.Repeat("m", MaxMethodLen)} {
-			frame := `{"method":` + string(contracts.AppendString(nil, m)) + `,"request":{},"correlation":{"id":"1","phase":"request"}}`
+			frame := `{"method":` + string(strictjson.AppendString(nil, m)) + `,"request":{},"correlation":{"id":"1","phase":"request"}}`
 			if env, err := Decode([]byte(frame)); err != nil || env.Method != m {
 				t.Errorf("method %q: %+v %v", m, env, err)
 			}

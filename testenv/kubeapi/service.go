@@ -23,7 +23,7 @@ import (
 // Pod that refuses the dial is skipped for the next. With none, the connection is closed at once
 // (a Service without endpoints rejects). While the API server is away it keeps forwarding to what
 // it saw last, as kube-proxy keeps its rules. With WithUDP it carries a UDP port as well (the
-// hub's; service_udp.go). The HA tests and `relay dev --replicas` use it.
+// hub's; service_udp.go). The HA tests and `relay-dev --replicas` use it.
 type Service struct {
 	ln           net.Listener                     // set at construction
 	client       kubernetes.Interface             // set at construction: one that may list and watch Pods

@@ -15,6 +15,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -165,7 +166,7 @@ func (c *Cloudly) LastRelayNode(method string) string {
 	if len(raw) == 0 {
 		return ""
 	}
-	s, err := contracts.ReadString(raw)
+	s, err := strictjson.ReadString(raw)
 	if err != nil {
 		return "unreadable " + string(raw)
 	}
@@ -563,10 +564,10 @@ func (c *Cloudly) clientSession(body json.RawMessage) (json.RawMessage, error) {
 		return nil, err
 	}
 	var protocol, jwtRaw []byte
-	if contracts.ReadExact(body, contracts.Req("protocol", &protocol), contracts.Req("jwt", &jwtRaw)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("protocol", &protocol), strictjson.Req("jwt", &jwtRaw)) != nil {
 		return nil, contracts.RelayRequestInvalid.Refuse("registerCloudlyClientSession must use its exact schema { protocol, jwt }")
 	}
-	if jwt, err := contracts.ReadString(jwtRaw); err != nil || jwt != c.Token {
+	if jwt, err := strictjson.ReadString(jwtRaw); err != nil || jwt != c.Token {
 		return nil, &typedsocket.Error{Text: "unauthenticated: the machine JWT is not valid", Data: json.RawMessage("null")}
 	}
 	return json.Marshal(contracts.CloudlyClientSessionResponse{Protocol: c.Offer})
@@ -722,9 +723,9 @@ func (c *Cloudly) registerNode(body json.RawMessage) (json.RawMessage, error) {
 		ResolvedAuthorities  []string `json:"resolvedAuthorities"`
 	}
 	var protocol, bearer, generation, nonce, nodeID, authorities []byte
-	if contracts.ReadExact(body, contracts.Req("protocol", &protocol), contracts.Req("bearer", &bearer),
-		contracts.Req("credentialGeneration", &generation), contracts.Req("nodeInstanceNonce", &nonce),
-		contracts.Req("nodeId", &nodeID), contracts.Req("resolvedAuthorities", &authorities)) != nil ||
+	if strictjson.ReadExact(body, strictjson.Req("protocol", &protocol), strictjson.Req("bearer", &bearer),
+		strictjson.Req("credentialGeneration", &generation), strictjson.Req("nodeInstanceNonce", &nonce),
+		strictjson.Req("nodeId", &nodeID), strictjson.Req("resolvedAuthorities", &authorities)) != nil ||
 		json.Unmarshal(body, &reg) != nil || !contracts.IsClusterNodeID(reg.NodeID) || !contracts.IsCanonicalUUID(reg.NodeInstanceNonce) ||
 		!canonicalAuthorities(reg.ResolvedAuthorities) {
 		return nil, &typedsocket.Error{Text: "registration-invalid: the registration body is not valid", Data: json.RawMessage("null")}

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -54,18 +55,18 @@ func (c *Cloudly) judgeRelayNode(req *typedsocket.Request) error {
 // sessionNodeRaw is request.session.nodeId when the body carries one, decoded; without a copy
 // unless it is escaped.
 func sessionNodeRaw(body []byte) ([]byte, bool) {
-	session, ok, err := contracts.Lookup(body, "session")
-	if err != nil || !ok || contracts.KindOf(session) != contracts.KindObject {
+	session, ok, err := strictjson.Lookup(body, "session")
+	if err != nil || !ok || strictjson.KindOf(session) != strictjson.KindObject {
 		return nil, false
 	}
-	raw, ok, err := contracts.Lookup(session, "nodeId")
+	raw, ok, err := strictjson.Lookup(session, "nodeId")
 	if err != nil || !ok {
 		return nil, false
 	}
 	if id, plain := rawNodeID(raw); plain {
 		return id, true
 	}
-	id, err := contracts.ReadString(raw)
+	id, err := strictjson.ReadString(raw)
 	return []byte(id), err == nil
 }
 

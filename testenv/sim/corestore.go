@@ -28,6 +28,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // Corestore is a node Corestore stand-in: the project-defined isolated-restore HTTP API
@@ -319,7 +320,7 @@ func (c *Corestore) handle(op string, body []byte) ([]byte, *corestoreError) {
 	if !ok {
 		return nil, refuse(http.StatusBadRequest, "control-invalid: the %s control must use its exact schema", op)
 	}
-	grantText, err := contracts.ReadString(m["grant"])
+	grantText, err := strictjson.ReadString(m["grant"])
 	if err != nil {
 		return nil, refuse(http.StatusUnauthorized, "grant-refused: the grant must be a string")
 	}
@@ -329,7 +330,7 @@ func (c *Corestore) handle(op string, body []byte) ([]byte, *corestoreError) {
 	}
 	expected := int64(-1)
 	if raw, ok := m["expectedRevision"]; ok {
-		n, ok := contracts.ReadCounter(raw)
+		n, ok := strictjson.ReadCounter(raw)
 		if !ok {
 			return nil, refuse(http.StatusBadRequest, "control-invalid: expectedRevision must be a non-negative safe integer")
 		}
@@ -561,11 +562,11 @@ func (s *staging) summary(stagedObject, object json.RawMessage) []byte {
 // readExactKeys reads raw as an object with exactly keys, all required, and returns their values.
 func readExactKeys(raw []byte, keys ...string) (map[string][]byte, bool) {
 	vals := make([][]byte, len(keys))
-	fields := make([]contracts.Field, len(keys))
+	fields := make([]strictjson.Field, len(keys))
 	for i, k := range keys {
-		fields[i] = contracts.Req(k, &vals[i])
+		fields[i] = strictjson.Req(k, &vals[i])
 	}
-	if contracts.ReadExact(raw, fields...) != nil {
+	if strictjson.ReadExact(raw, fields...) != nil {
 		return nil, false
 	}
 	m := make(map[string][]byte, len(keys))

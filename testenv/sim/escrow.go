@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // EscrowRun is a run of DNS lease renewals the simulated Cloudly signs ahead of time for one node:
@@ -42,7 +43,7 @@ func renewalDigest(preimage func([]byte) []byte, raw []byte) (string, error) {
 	if preimage == nil {
 		return contracts.ComputeRuntimeNetworkDnsLeaseRenewalDigest(raw)
 	}
-	c, err := contracts.CanonicalWithout(raw, "digest")
+	c, err := strictjson.CanonicalWithout(raw, "digest")
 	if err != nil {
 		return "", err
 	}
@@ -123,7 +124,7 @@ type RenewalReceipt struct {
 	Status   string // accepted, replay, or the refusal the node answered with
 }
 
-// RenewalCounter counts the DNS lease renewals a simulated node admits; `relay dev` reports the
+// RenewalCounter counts the DNS lease renewals a simulated node admits; `relay-dev` reports the
 // admitted ones as escrowReleased. A counter made by RecordRenewals also keeps a receipt of every
 // renewal pushed to the node.
 type RenewalCounter struct {

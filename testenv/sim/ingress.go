@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -269,8 +270,8 @@ func (in *Ingress) reregister(ctx context.Context) error {
 	if err != nil {
 		return err
 	}
-	raw, _, _ := contracts.Lookup(resp, "revision")
-	rev, ok := contracts.ReadCounter(raw)
+	raw, _, _ := strictjson.Lookup(resp, "revision")
+	rev, ok := strictjson.ReadCounter(raw)
 	in.mu.Lock()
 	newer := ok && rev > in.revision
 	in.mu.Unlock()

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -115,7 +116,7 @@ func (ic *IngressControl) refuse(reason string) (json.RawMessage, string, error)
 }
 
 func (ic *IngressControl) routeTable(body json.RawMessage) (json.RawMessage, error) {
-	if contracts.ReadExact(body) != nil {
+	if strictjson.ReadExact(body) != nil {
 		return nil, contracts.RelayRequestInvalid.Refuse("getClusterRouteTable takes {}")
 	}
 	ic.mu.Lock()

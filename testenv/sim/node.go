@@ -14,6 +14,7 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -146,7 +147,7 @@ func (n *Node) Register(ctx context.Context) (json.RawMessage, error) {
 // carried back to the wrong node, or reshaped on the way, is not this node's session.
 func (n *Node) bindRegistration(resp json.RawMessage) (json.RawMessage, error) {
 	var session, protocol []byte
-	if contracts.ReadExact(resp, contracts.Req("session", &session), contracts.Req("protocol", &protocol)) != nil {
+	if strictjson.ReadExact(resp, strictjson.Req("session", &session), strictjson.Req("protocol", &protocol)) != nil {
 		return nil, fmt.Errorf("node %s: registration answer must be exactly { session, protocol }", n.ID)
 	}
 	offer, err := contracts.ReadProtocolOffer(resp)
@@ -264,8 +265,8 @@ func (n *Node) serve(_ *typedsocket.Conn, req *typedsocket.Request) {
 	case contracts.MethodPushRelayUpstreamChanged:
 		var attached []byte
 		v, isBool := false, false
-		if contracts.ReadExact(req.Body, contracts.Req("attached", &attached)) == nil {
-			v, isBool = contracts.ReadBool(attached)
+		if strictjson.ReadExact(req.Body, strictjson.Req("attached", &attached)) == nil {
+			v, isBool = strictjson.ReadBool(attached)
 		}
 		if !isBool {
 			n.mu.Lock()

@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -230,11 +231,11 @@ func (p *PlatformCloudly) begin(body json.RawMessage) (json.RawMessage, error) {
 
 func (p *PlatformCloudly) complete(body json.RawMessage) (json.RawMessage, error) {
 	var id, resp []byte
-	if contracts.ReadExact(body, contracts.Req("enrollmentId", &id), contracts.Req("response", &resp)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("enrollmentId", &id), strictjson.Req("response", &resp)) != nil {
 		return nil, p.violation("completeSecretRecipientEnrollment must be { enrollmentId, response }")
 	}
-	ids, _ := contracts.ReadString(id)
-	rs, _ := contracts.ReadString(resp)
+	ids, _ := strictjson.ReadString(id)
+	rs, _ := strictjson.ReadString(resp)
 	got, err := base64.RawURLEncoding.Strict().DecodeString(rs)
 	p.mu.Lock()
 	pe, ok := p.pending[ids]
@@ -311,15 +312,15 @@ func (p *PlatformCloudly) PushCredential(ctx context.Context, node, credential s
 // once the closing chunk arrived (or the stream was aborted).
 func (p *PlatformCloudly) receiveBackup(body json.RawMessage, answer func(json.RawMessage, error)) {
 	var id, service, node, descriptor, closure []byte
-	if contracts.ReadExact(body, contracts.Req("backupId", &id), contracts.Req("serviceId", &service), contracts.Req("nodeId", &node),
-		contracts.Req("descriptor", &descriptor), contracts.Req("closure", &closure)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("backupId", &id), strictjson.Req("serviceId", &service), strictjson.Req("nodeId", &node),
+		strictjson.Req("descriptor", &descriptor), strictjson.Req("closure", &closure)) != nil {
 		answer(nil, p.violation("backupServiceDatabaseClosure must be { backupId, serviceId, nodeId, descriptor, closure }"))
 		return
 	}
 	streamID, ok := contracts.ReadStreamMarker(closure)
-	backupID, err1 := contracts.ReadString(id)
-	serviceID, err2 := contracts.ReadString(service)
-	nodeID, err3 := contracts.ReadString(node)
+	backupID, err1 := strictjson.ReadString(id)
+	serviceID, err2 := strictjson.ReadString(service)
+	nodeID, err3 := strictjson.ReadString(node)
 	if !ok || err1 != nil || err2 != nil || err3 != nil {
 		answer(nil, p.violation("backupServiceDatabaseClosure members are not what the seed says"))
 		return
@@ -393,11 +394,11 @@ func (p *PlatformCloudly) receiveBackup(body json.RawMessage, answer func(json.R
 // serveRestore answers with the closure's descriptor and stream, then writes the closure.
 func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMessage, answer func(json.RawMessage, error)) {
 	var id, service, node []byte
-	if contracts.ReadExact(body, contracts.Req("backupId", &id), contracts.Req("serviceId", &service), contracts.Req("nodeId", &node)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("backupId", &id), strictjson.Req("serviceId", &service), strictjson.Req("nodeId", &node)) != nil {
 		answer(nil, p.violation("restoreServiceDatabaseClosure must be { backupId, serviceId, nodeId }"))
 		return
 	}
-	backupID, _ := contracts.ReadString(id)
+	backupID, _ := strictjson.ReadString(id)
 	p.mu.Lock()
 	src, ok := p.sources[backupID]
 	chunk := p.chunk

@@ -14,6 +14,7 @@ import (
 	"sync"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The Corestore stand-in's platform side (SPEC §17, project-defined): PUT /platform/desired-state,
@@ -235,7 +236,7 @@ func (c *Corestore) servePlatform(w http.ResponseWriter, r *http.Request) {
 	switch {
 	case r.Method == http.MethodPut && path == contracts.CorestoreDesiredStatePath:
 		body, err := io.ReadAll(io.LimitReader(r.Body, 8<<20))
-		if err != nil || contracts.Valid(body) != nil {
+		if err != nil || strictjson.Valid(body) != nil {
 			c.answer(w, "platform", nil, refuse(http.StatusBadRequest, "desired-state-invalid: not JSON"))
 			return
 		}
@@ -344,7 +345,7 @@ func (c *Corestore) takeRestore(w http.ResponseWriter, r *http.Request, id strin
 		return
 	}
 	desc, err := base64.RawURLEncoding.Strict().DecodeString(r.Header.Get(contracts.CorestoreDescriptorHeader))
-	if err != nil || contracts.Valid(desc) != nil {
+	if err != nil || strictjson.Valid(desc) != nil {
 		p.violation("a restore descriptor that is not base64url JSON")
 		c.answer(w, "platform", nil, refuse(http.StatusBadRequest, "descriptor-invalid: %s must be base64url JSON", contracts.CorestoreDescriptorHeader))
 		return

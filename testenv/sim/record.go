@@ -3,7 +3,7 @@ package sim
 // What the simulated peers remember. A peer keeps counters for everything and, of what a test may
 // want to read back, only a little: a small ring of the newest entries (newest), the first few of
 // something that should never happen (firstFew), or everything only when a test asked for it
-// (CorestoreOptions.RecordControls, RestoreAuthority.RecordGrants, RecordRenewals). `relay dev`
+// (CorestoreOptions.RecordControls, RestoreAuthority.RecordGrants, RecordRenewals). `relay-dev`
 // and the benchmarks run the same peers for as long as anyone likes, so nothing here grows with
 // the traffic unless a test opted in.
 

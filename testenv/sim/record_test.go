@@ -14,7 +14,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// The peers keep nothing of a body or a grant unless a test asked them to: `relay dev` runs them
+// The peers keep nothing of a body or a grant unless a test asked them to: `relay-dev` runs them
 // for as long as anyone likes.
 func TestPeersKeepControlsAndGrantsOnlyWhenAsked(t *testing.T) {
 	auth, err := NewRestoreAuthority()

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
@@ -46,7 +47,7 @@ func renewalRefused(text string) error {
 // the renewal's reference.
 func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
 	var sessionRaw, signedRaw []byte
-	if contracts.ReadExact(body, contracts.Req("session", &sessionRaw), contracts.Req("signed", &signedRaw)) != nil {
+	if strictjson.ReadExact(body, strictjson.Req("session", &sessionRaw), strictjson.Req("signed", &signedRaw)) != nil {
 		return nil, renewalRefused("renewal-invalid: the request must be exactly { session, signed }")
 	}
 	n.mu.Lock()
@@ -65,7 +66,7 @@ func (n *Node) admitRenewal(body json.RawMessage) (json.RawMessage, error) {
 	}
 	// The node verifies the digest under its own (its Cloudly's) rule: the authority the relay
 	// defers to when its assumed rule does not reproduce a digest.
-	renewalRaw, _, _ := contracts.Lookup(signedRaw, "renewal")
+	renewalRaw, _, _ := strictjson.Lookup(signedRaw, "renewal")
 	if d, err := renewalDigest(n.RenewalPreimage, renewalRaw); err != nil || d != signed.Renewal.Digest {
 		return nil, renewalRefused("renewal-invalid: the renewal's digest does not verify")
 	}

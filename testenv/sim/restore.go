@@ -17,6 +17,7 @@ import (
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
 // The Cloudly side of an isolated restore: the grant authority and a driver that runs a whole
@@ -179,7 +180,7 @@ func control(fields ...any) json.RawMessage {
 			b = append(b, ',')
 		}
 		v, _ := json.Marshal(fields[i+1])
-		b = append(contracts.AppendString(b, fields[i].(string)), ':')
+		b = append(strictjson.AppendString(b, fields[i].(string)), ':')
 		b = append(b, v...)
 	}
 	return append(b, '}')
@@ -220,7 +221,7 @@ func (a *RestoreAuthority) CleanupControl(p *RestorePlan, expectedRevision int64
 
 // NodeControlRequest is the { nodeId, control } request of the five methods.
 func NodeControlRequest(nodeID string, control json.RawMessage) json.RawMessage {
-	b := contracts.AppendString([]byte(`{"nodeId":`), nodeID)
+	b := strictjson.AppendString([]byte(`{"nodeId":`), nodeID)
 	b = append(b, `,"control":`...)
 	b = append(b, control...)
 	return append(b, '}')
@@ -233,7 +234,7 @@ type CallFunc func(ctx context.Context, method string, body json.RawMessage) (js
 // and restore, as Cloudly does.
 func ReadProgressAnswer(answer json.RawMessage, p *RestorePlan) (contracts.IsolatedRestoreProgress, error) {
 	var raw []byte
-	if contracts.ReadExact(answer, contracts.Req("progress", &raw)) != nil {
+	if strictjson.ReadExact(answer, strictjson.Req("progress", &raw)) != nil {
 		return contracts.IsolatedRestoreProgress{}, errors.New("answer must be { progress }")
 	}
 	progress, err := contracts.NormalizeIsolatedRestoreProgress(raw)

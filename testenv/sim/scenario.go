@@ -36,7 +36,7 @@ type Counts struct {
 	PlatformRestores int64 // database restores it took whole
 }
 
-// Summary is the one line `relay dev` ends with.
+// Summary is the one line `relay-dev` ends with.
 func (c Counts) Summary() string {
 	return fmt.Sprintf("nodes=%d requests=%d vpnPackets=%d escrowReleased=%d routeTables=%d restores=%d streams=%d outages=%d recoveries=%d"+
 		" platformStates=%d backups=%d platformRestores=%d",

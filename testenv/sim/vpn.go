@@ -37,7 +37,7 @@ type VPNNode struct {
 	Key     vpnkey.Pair
 	Address netip.Addr // control address
 	// LightSocket dials from a plain UDP socket instead of the client's batched one (quicsock,
-	// about 1 MiB of buffers per socket): for hundreds of members in one process, as `relay dev`
+	// about 1 MiB of buffers per socket): for hundreds of members in one process, as `relay-dev`
 	// runs them. The protocol is the same; only the member's own socket I/O differs.
 	LightSocket bool
 
