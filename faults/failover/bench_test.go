@@ -14,7 +14,7 @@ import (
 //     handover (SIGTERM of the leader), from its first refused request to its next answered one
 //     (goal ≤ 2000);
 //   - sigkill-failover-max-ms and -p50-ms: from the leader's SIGKILL to Cloudly accepting the standby's
-//     registration (goal ≤ lease duration + 3 s, 7000 here);
+//     registration (goal ≤ lease duration + 2 s, 6000 here);
 //   - renewals-missed: renewal slots that opened during a Cloudly outage across a SIGKILL
 //     failover and did not reach a node while current (goal 0);
 //   - two-attached: registrations Cloudly accepted while another relay's socket was attached
