@@ -561,6 +561,47 @@ func TestStandbyKeepsAliveAndDropsASilentLeader(t *testing.T) {
 	}
 }
 
+// TestStandbyIsReadyOnlyWithACompleteCopy: a standby's readiness (its /readyz, through the
+// Elector's Ready) waits for the whole of the leader's state: records arriving are not enough,
+// the leader's word that the copy is complete is.
+func TestStandbyIsReadyOnlyWithACompleteCopy(t *testing.T) {
+	ln := listen(t)
+	defer ln.Close()
+	accepted := make(chan *channel, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		ch, err := handshake(conn, testKey, false)
+		if err != nil {
+			conn.Close()
+			return
+		}
+		accepted <- ch
+	}()
+	copyOf := newMemPart()
+	standby := startStandby(t, nil, copyOf, ln.Addr().String(), "relay-b")
+	if standby.r.copyReady() == nil {
+		t.Fatal("ready before it connected to the leader")
+	}
+	ch := <-accepted
+	defer ch.conn.Close()
+	if b, err := ch.readFrame(maxPeerFrame); err != nil || string(b) != string(helloFrame("relay-b")) {
+		t.Fatalf("the standby's first message: %q, %v", b, err)
+	}
+	ch.writeFrame(record{key: "run/node-a", value: []byte("x")}.frame())
+	ch.writeFrame(record{key: "run/node-b", value: []byte("y")}.frame())
+	await.Until(t, "both records in the copy", waitFor, func() bool { return copyOf.get("run/node-b") == "y" })
+	if err := standby.r.copyReady(); err == nil {
+		t.Fatal("ready with two records and no word that the copy is complete")
+	} else if !strings.Contains(err.Error(), "not complete") {
+		t.Fatalf("not ready for %q, want the copy named", err)
+	}
+	ch.writeFrame(record{synced: true}.frame())
+	await.Until(t, "ready once the leader said the copy is whole", waitFor, func() bool { return standby.r.copyReady() == nil })
+}
+
 // flakyListener fails its first Accept.
 type flakyListener struct {
 	net.Listener
