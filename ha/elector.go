@@ -86,7 +86,7 @@ type Elector struct {
 	rep    *replication   // set at construction
 	tenure *tenure        // set at construction
 
-	lastAPI atomic.Int64 // unix nanos of the last call the API server answered
+	lastAPI atomic.Int64 // the last call the API server answered: 1 + its reading of apiClock, 0 for none
 
 	labelMu  sync.Mutex // serialises the Pod's role label writes, so the newest role lands last
 	labelled string     // guarded by labelMu: the role the Pod was last labelled with ("": none yet)
@@ -124,7 +124,7 @@ func New(cfg Config) (*Elector, error) {
 	if cfg.Now == nil {
 		cfg.Now = time.Now
 	}
-	e := &Elector{cfg: cfg, log: cfg.Logger.With().Str("component", "ha").Logger(), m: m, role: RoleStandby, since: time.Now(),
+	e := &Elector{cfg: cfg, log: cfg.Logger.With().Str("component", "ha").Logger(), m: m, role: RoleStandby, since: cfg.Now(),
 		tenure: newTenure(cfg.Now, cfg.RenewDeadline)}
 	if e.rep, err = e.newReplication(); err != nil {
 		return nil, err
@@ -260,7 +260,7 @@ func (e *Elector) setRole(role string) {
 	e.mu.Lock()
 	changed := e.role != role
 	if changed {
-		e.role, e.since = role, time.Now()
+		e.role, e.since = role, e.cfg.Now()
 	}
 	e.mu.Unlock()
 	e.m.leader.Set(map[bool]float64{true: 1}[role == RoleLeader])
@@ -357,15 +357,22 @@ func (e *Elector) patchPod(name string, patch []byte, what string) bool {
 		e.log.Warn().Err(err).Str("outcome", "failed").Msg("cannot " + what)
 		return false
 	}
-	e.lastAPI.Store(time.Now().UnixNano())
+	e.answered()
 	return true
 }
+
+// apiClock reads the tenure's monotonic clock (an offset from its base, immune to the wall
+// clock's steps), on which the API server's silence is judged.
+func (e *Elector) apiClock() int64 { return int64(e.tenure.offset()) }
+
+// answered notes that the API server answered a call now.
+func (e *Elector) answered() { e.lastAPI.Store(1 + e.apiClock()) }
 
 // Ready says why the relay could not lead now: the API server has answered nothing for a lease
 // duration, or its copy of the leader's replicated state is not complete (the replication side judges that).
 func (e *Elector) Ready() error {
 	last := e.lastAPI.Load()
-	if last == 0 || time.Since(time.Unix(0, last)) > e.cfg.LeaseDuration {
+	if last == 0 || time.Duration(e.apiClock()-(last-1)) > e.cfg.LeaseDuration {
 		return fmt.Errorf("the Kubernetes API has answered nothing for %s", e.cfg.LeaseDuration)
 	}
 	return e.rep.copyReady()
@@ -405,7 +412,7 @@ func (l *observedLock) Get(ctx context.Context) (*resourcelock.LeaderElectionRec
 	defer cancel()
 	r, b, err := l.Interface.Get(ctx)
 	if err == nil || apierrors.IsNotFound(err) {
-		l.e.lastAPI.Store(time.Now().UnixNano())
+		l.e.answered()
 	}
 	if err == nil {
 		l.mu.Lock()
@@ -462,7 +469,7 @@ func (l *observedLock) answered(err error, ler resourcelock.LeaderElectionRecord
 	if err != nil {
 		return
 	}
-	l.e.lastAPI.Store(time.Now().UnixNano())
+	l.e.answered()
 	l.mu.Lock()
 	l.lastSeen = ler.HolderIdentity
 	l.mu.Unlock()
