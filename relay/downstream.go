@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -36,6 +37,7 @@ type downstream struct {
 	// evicted.
 	unregisteredCosts *budget.Share
 	anonymous         *anonymousPool // set at construction: registrations of unregistered connections
+	partials          *partials      // set at construction: their messages being received, oldest first (pace.go)
 	sources           *sourceCounts  // set at construction: unregistered connections per source address
 	waiting           atomic.Int64   // connections without an accepted registration
 
@@ -49,13 +51,14 @@ type downstream struct {
 
 // downstreamConfig is what the downstream is told.
 type downstreamConfig struct {
-	maxMessageBytes  int64         // --max-message-bytes: a registered connection's read limit
-	peerMemoryBytes  int64         // --peer-memory-bytes
-	maxPerSource     int           // --max-unregistered-per-source; 0: no limit
-	maxWaiting       int64         // unregistered connections at once (MaxUnregistered)
-	registerDeadline time.Duration // a connection registers within it or is closed (RegisterDeadline)
-	maxConns         int           // connections open at once; 0: RLIMIT_NOFILE less fdReserve
-	plaintext        bool          // --insecure-plaintext: no TLS on the listener
+	maxMessageBytes  int64            // --max-message-bytes: a registered connection's read limit
+	peerMemoryBytes  int64            // --peer-memory-bytes
+	maxPerSource     int              // --max-unregistered-per-source; 0: no limit
+	maxWaiting       int64            // unregistered connections at once (MaxUnregistered)
+	registerDeadline time.Duration    // a connection registers within it or is closed (RegisterDeadline)
+	maxConns         int              // connections open at once; 0: RLIMIT_NOFILE less fdReserve
+	plaintext        bool             // --insecure-plaintext: no TLS on the listener
+	pace             typedsocket.Pace // --first-frame-timeout, --min-frame-rate: an unregistered connection's messages
 	timings          timings
 }
 
@@ -89,6 +92,10 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	d.anonymous = &anonymousPool{share: d.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
 	d.adm = &admission{m: m, refusals: make(chan struct{}, refusing)}
 	d.unregisteredCosts = d.budget.NewPartition(d.budget.Limit() / unregisteredPart)
+	d.partials = newPartials(d.budget, d.unregisteredCosts)
+	if d.cfg.pace == (typedsocket.Pace{}) { // a Config that was not completed
+		d.cfg.pace = typedsocket.Pace{First: DefaultFirstFrameTimeout, MinRate: DefaultMinFrameRate}
+	}
 	if cfg.maxConns <= 0 {
 		cfg.maxConns = descriptorLimit() - fdReserve
 		if cfg.maxConns <= 0 {
@@ -156,6 +163,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Pongs:         pongs,
 		Dropped:       d.hooks.dropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
+		Pace:          &d.cfg.pace,                  // until a registration is accepted
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
 		MaxInflight:   nodeMaxInflight,
@@ -164,7 +172,14 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		DeadTimeout:   t.deadTimeout,
 		CallTimeout:   t.callTimeout,
 	})
-	p.conn.SetReceiveShare(d.unregisteredCosts) // until it registers
+	// Until it registers, what it sends is charged with every unregistered connection's, in turn:
+	// past the partition the connection holding a partial message longest is closed.
+	p.conn.SetReceiveShare(d.partials.holder(func() {
+		d.m.unregistered.WithLabelValues("partial-oldest").Inc()
+		d.log.Info().Str("remote", p.remote).Str("outcome", "partial-oldest").
+			Msg("closing the unregistered connection holding a partial message longest: another message needs its room")
+		p.conn.Evict()
+	}))
 	if !d.peers.add(p) {
 		leave()
 		p.share.Close()
@@ -180,7 +195,11 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 	// socket is ours, and the server's goroutine, its deep stack and the upgrade request it holds
 	// are released — a third of an idle connection's memory.
 	go func() {
-		p.conn.Run(d.ctx)
+		if err := p.conn.Run(d.ctx); errors.Is(err, typedsocket.ErrTooSlow) {
+			d.m.unregistered.WithLabelValues("frame-slow").Inc()
+			d.log.Info().Str("remote", p.remote).Str("outcome", "frame-slow").
+				Msg("closed an unregistered connection whose message arrived slower than its pace allows")
+		}
 		d.m.connections.Dec()
 		// gone before remove: shutdown waits for every peer to be removed, then stops the
 		// parts the relay's gone hook reports to.

@@ -94,6 +94,7 @@ type Options struct {
 	Cork          *CorkConn           // the socket under the WebSocket, if wrapped: bursts leave in one write
 	Raw           net.Conn            // the socket under the WebSocket, if known: bounds a refusing close
 	Pongs         *Pongs              // the ping answering the WebSocket was built with, if any (see Pongs)
+	Pace          *Pace               // how long a message may take to arrive; nil: no bound (SetPace)
 	Logger        zerolog.Logger      // component logger; bodies are never logged
 }
 
@@ -165,6 +166,11 @@ type Conn struct {
 	progress  atomic.Int64          // unix nanos of the write's start or its last frame written; 0 outside a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
+
+	pace      atomic.Pointer[Pace] // the bound on a message's arrival; nil: none
+	paceDue   atomic.Int64         // unix nanos by which the message being read must be in; 0: none
+	paceTimer *time.Timer          // read loop only: ends the connection at paceDue
+	messages  int                  // read loop only: messages read whole
 }
 
 type call struct {
@@ -179,6 +185,7 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	c := &Conn{ws: ws, opts: opts, ctx: ctx, cancel: cancel, pending: make(map[string]*call), done: make(chan struct{})}
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
 	c.SetReadLimit(opts.ReadLimit)
+	c.pace.Store(opts.Pace)
 	c.lastHeard.Store(time.Now().UnixNano())
 	if opts.Pongs != nil {
 		opts.Pongs.c.Store(c)
@@ -320,6 +327,11 @@ func (c *Conn) CloseNow() {
 }
 
 func (c *Conn) readLoop() error {
+	defer func() {
+		if c.paceTimer != nil {
+			c.paceTimer.Stop()
+		}
+	}()
 	for {
 		typ, frame, share, charged, err := c.readMessage()
 		if err != nil {
@@ -351,13 +363,18 @@ func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) 
 	if p := c.receive.Load(); p != nil {
 		share = *p
 	}
+	pc := c.startPace()
+	defer pc.stop()
 	var buf []byte
 	charged := 0
 	for {
 		if len(buf) == cap(buf) {
 			grown := int(min(int64(max(2*cap(buf), readChunk)), c.readLimit.Load()+1))
 			if share != nil {
-				if !share.ChargeIncoming(grown-charged, c.ctx.Done()) {
+				pc.pause()
+				ok := share.ChargeIncoming(grown-charged, c.ctx.Done())
+				pc.resume()
+				if !ok {
 					releaseTo(share, charged)
 					return 0, nil, nil, 0, context.Cause(c.ctx)
 				}
@@ -367,13 +384,18 @@ func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) 
 			copy(nb, buf)
 			buf = nb
 		}
+		pc.arm(len(buf))
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
+			c.messages++
 			return typ, buf, share, charged, nil
 		}
 		if err != nil {
 			releaseTo(share, charged)
+			if errors.Is(context.Cause(c.ctx), ErrTooSlow) {
+				return 0, nil, nil, 0, context.Cause(c.ctx)
+			}
 			return 0, nil, nil, 0, err
 		}
 	}
