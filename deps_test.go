@@ -42,7 +42,7 @@ var layers = map[string]layer{
 	"internal/budget":      {floor: ground},
 	"vpnhub/quicsock":      {floor: ground, third: []string{"golang.org/x/net", "golang.org/x/sys"}},
 	"feature":              {floor: ports, own: []string{"contracts"}},
-	"internal/typedsocket": {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog"}},
+	"internal/typedsocket": {floor: ports, own: []string{"contracts"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sys"}},
 	"vpnhub/vpnkey":        {floor: ports, own: []string{"contracts"}, third: []string{"github.com/rs/zerolog"}},
 	"vpnhub/internal/wire": {floor: codecs, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/flynn/noise", "golang.org/x/crypto"}},
 	"escrow":               {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},

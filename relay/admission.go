@@ -221,6 +221,9 @@ func (ac *admitted) Close() error {
 	return ac.Conn.Close()
 }
 
+// NetConn is the accepted socket: a waiting read watches it for its peer's close.
+func (ac *admitted) NetConn() net.Conn { return ac.Conn }
+
 // admittedOf is the admitted connection under c (a TLS connection's included), or nil.
 func admittedOf(c net.Conn) *admitted {
 	if t, ok := c.(*tls.Conn); ok {

@@ -1,7 +1,11 @@
 package relay_test
 
 import (
+	"bytes"
 	"context"
+	"encoding/binary"
+	"fmt"
+	"io"
 	"net"
 	"strings"
 	"testing"
@@ -9,7 +13,9 @@ import (
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/testenv/await"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
@@ -126,4 +132,81 @@ func TestPartialFramePace(t *testing.T) {
 		t.Errorf(`relay_downstream_unregistered_closed_total{reason="frame-slow"} = %v, want 1`, got)
 	}
 
+}
+
+// registerByHand upgrades a connection by hand and registers node id on it, returning once the
+// relay has answered the registration; what follows on it is the test's own frames.
+func registerByHand(t *testing.T, e *env, id string) net.Conn {
+	t.Helper()
+	c, ok := tryUpgradeRaw(t, e.relay.DownstreamAddr().String())
+	if !ok {
+		t.Fatal("upgrade refused")
+	}
+	req := fmt.Appendf(nil, `{"method":%q,"correlation":{"id":"reg","phase":"request"},"request":%s}`,
+		contracts.MethodRegisterPalletRuntimeSession, sim.NewNode(id, zerolog.Nop()).RegistrationBody())
+	writeFrameHeader(t, c, len(req))
+	if _, err := c.Write(req); err != nil {
+		t.Fatal(err)
+	}
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	defer c.SetReadDeadline(time.Time{})
+	for {
+		var h [4]byte // an answer's header: FIN|text, then a 16-bit length (the answer is < 64 KiB)
+		if _, err := io.ReadFull(c, h[:2]); err != nil {
+			t.Fatalf("register %s: %v", id, err)
+		}
+		n := int(h[1] & 0x7f)
+		if n == 126 {
+			if _, err := io.ReadFull(c, h[2:]); err != nil {
+				t.Fatal(err)
+			}
+			n = int(binary.BigEndian.Uint16(h[2:]))
+		}
+		payload := make([]byte, n)
+		if _, err := io.ReadFull(c, payload); err != nil {
+			t.Fatal(err)
+		}
+		if bytes.Contains(payload, []byte(`"reg"`)) {
+			if !bytes.Contains(payload, []byte(`"session"`)) {
+				t.Fatalf("register %s: answered %s", id, payload)
+			}
+			return c
+		}
+	}
+}
+
+// TestWaitingReadNoticesClose: a read that waits for room in the budget ends when its peer
+// closes, and gives its place and its charge back at once — not when a ping finds it silent.
+func TestWaitingReadNoticesClose(t *testing.T) {
+	const limit = 16 << 20 // a share holding more than 256 KiB may take 14 MiB of it
+	x := relaytest.Start(t, relaytest.Options{PingInterval: time.Hour, DeadTimeout: time.Hour,
+		Configure: func(c *relay.Config) { c.PeerMemoryBytes = limit }})
+	e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
+	const size = 7 << 20 // read into a buffer of 8 MiB
+	// withhold sends sent bytes of a size-byte message, and no more.
+	withhold := func(c net.Conn, sent int) {
+		writeFrameHeader(t, c, size)
+		go c.Write(make([]byte, sent)) // ends with c, if the relay stops reading
+	}
+	a, b := registerByHand(t, e, "node-a"), registerByHand(t, e, "node-b")
+	withhold(a, size-1)
+	e.eventually("node-a's message read but its last byte", func() bool {
+		return e.Metric("relay_downstream_budget_used_bytes") >= 8<<20
+	})
+	// node-b's message has its 4 MiB buffer, full; the 8 MiB one does not fit beside node-a's: its
+	// read waits for room. What node-b sent past 4 MiB waits in the relay's socket buffer, so
+	// node-b's close reaches the relay's socket at once.
+	withhold(b, 4<<20+64<<10)
+	e.eventually("node-b's read waiting for room", func() bool {
+		return e.Metric("relay_downstream_budget_used_bytes") >= 12<<20
+	})
+	if n := e.Metric("relay_downstream_connections"); n != 2 {
+		t.Fatalf("%v connections, want 2", n)
+	}
+	b.Close()
+	await.Until(t, "node-b's connection ended and its charge back", 10*time.Second, func() bool {
+		return e.Metric("relay_downstream_connections") == 1 && e.Metric("relay_downstream_budget_used_bytes") < 12<<20
+	})
+	a.Close()
+	e.eventually("every charge back", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
 }

@@ -372,7 +372,7 @@ func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) 
 			grown := int(min(int64(max(2*cap(buf), readChunk)), c.readLimit.Load()+1))
 			if share != nil {
 				pc.pause()
-				ok := share.ChargeIncoming(grown-charged, c.ctx.Done())
+				ok := c.chargeIncoming(share, grown-charged)
 				pc.resume()
 				if !ok {
 					releaseTo(share, charged)
