@@ -58,6 +58,11 @@ type Config struct {
 	// (default 32KiB/s). Past either the connection is closed and its charge freed.
 	FirstFrameTimeout time.Duration
 	MinFrameRate      int64
+	// UpgradeRatePerSource is --upgrade-rate-per-source and UpgradeBurstPerSource
+	// --upgrade-burst-per-source: under load, new connections from one address are admitted at
+	// this rate a second (default 4) with this burst (default 16); the rest are closed at accept.
+	UpgradeRatePerSource  float64
+	UpgradeBurstPerSource int
 
 	// BuildVersion is the relay build reported as relay.version; set by the binary.
 	BuildVersion string
@@ -103,6 +108,12 @@ func (c *Config) Complete() error {
 	if c.MinFrameRate == 0 {
 		c.MinFrameRate = DefaultMinFrameRate
 	}
+	if c.UpgradeRatePerSource == 0 {
+		c.UpgradeRatePerSource = DefaultUpgradeRatePerSource
+	}
+	if c.UpgradeBurstPerSource == 0 {
+		c.UpgradeBurstPerSource = DefaultUpgradeBurstPerSource
+	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
 	}
@@ -145,6 +156,10 @@ func (c *Config) Complete() error {
 		return bad("first-frame-timeout", "must be from 100ms to %s", RegisterDeadline)
 	case c.MinFrameRate < 1<<10:
 		return bad("min-frame-rate", "must be at least 1KiB/s")
+	case c.UpgradeRatePerSource < 0.01:
+		return bad("upgrade-rate-per-source", "must be at least 0.01 (upgrades a second)")
+	case c.UpgradeBurstPerSource < 1:
+		return bad("upgrade-burst-per-source", "must be at least 1")
 	case c.RegistryCacheMaxBytes < 1<<20:
 		return bad("registry-cache-max-bytes", "must be at least 1048576 (1MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):

@@ -59,6 +59,8 @@ type downstreamConfig struct {
 	maxConns         int              // connections open at once; 0: RLIMIT_NOFILE less fdReserve
 	plaintext        bool             // --insecure-plaintext: no TLS on the listener
 	pace             typedsocket.Pace // --first-frame-timeout, --min-frame-rate: an unregistered connection's messages
+	upgradeRate      float64          // --upgrade-rate-per-source: upgrades a second from one address under load
+	upgradeBurst     int              // --upgrade-burst-per-source
 	timings          timings
 }
 
@@ -104,6 +106,10 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 		d.cfg.maxConns = cfg.maxConns
 	}
 	d.adm.max, d.adm.headers, d.adm.plaintext = cfg.maxConns, d.unregisteredCosts, cfg.plaintext
+	if cfg.upgradeRate <= 0 || cfg.upgradeBurst <= 0 { // a Config that was not completed
+		cfg.upgradeRate, cfg.upgradeBurst = DefaultUpgradeRatePerSource, DefaultUpgradeBurstPerSource
+	}
+	d.adm.rates = newSourceRates(cfg.upgradeRate, cfg.upgradeBurst)
 	d.nodes.byID = make(map[string]*peer)
 	d.peers.byID = make(map[uint64]*peer)
 	return d
@@ -164,6 +170,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Dropped:       d.hooks.dropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		Pace:          &d.cfg.pace,                  // until a registration is accepted
+		First:         func(method string) bool { return d.firstMessage(p, method) },
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
 		MaxInflight:   nodeMaxInflight,
@@ -175,9 +182,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 	// Until it registers, what it sends is charged with every unregistered connection's, in turn:
 	// past the partition the connection holding a partial message longest is closed.
 	p.conn.SetReceiveShare(d.partials.holder(func() {
-		d.m.unregistered.WithLabelValues("partial-oldest").Inc()
-		d.log.Info().Str("remote", p.remote).Str("outcome", "partial-oldest").
-			Msg("closing the unregistered connection holding a partial message longest: another message needs its room")
+		d.m.unregistered.WithLabelValues("partial-oldest").Inc() // counted, never logged one by one
 		p.conn.Evict()
 	}))
 	if !d.peers.add(p) {
@@ -196,9 +201,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 	// are released — a third of an idle connection's memory.
 	go func() {
 		if err := p.conn.Run(d.ctx); errors.Is(err, typedsocket.ErrTooSlow) {
-			d.m.unregistered.WithLabelValues("frame-slow").Inc()
-			d.log.Info().Str("remote", p.remote).Str("outcome", "frame-slow").
-				Msg("closed an unregistered connection whose message arrived slower than its pace allows")
+			d.m.unregistered.WithLabelValues("frame-slow").Inc() // counted, never logged one by one
 		}
 		d.m.connections.Dec()
 		// gone before remove: shutdown waits for every peer to be removed, then stops the
@@ -206,6 +209,16 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		d.gone(p)
 		d.peers.remove(p)
 	}()
+}
+
+// firstMessage judges a connection's first message by its method (pressure.go): under load, one
+// that is not a registration closes the connection, nothing answered and nothing more read.
+func (d *downstream) firstMessage(p *peer, method string) bool {
+	if isRegistration(method) || !d.adm.pressed() {
+		return true
+	}
+	d.m.unregistered.WithLabelValues("not-registration").Inc()
+	return false
 }
 
 // gone lets go of an ended connection: it counts as unregistered no more, carries its node no
@@ -286,6 +299,10 @@ func (d *downstream) registrationOverdue(p *peer) {
 	}
 	d.m.unregistered.WithLabelValues("overdue").Inc()
 	d.log.Info().Str("remote", p.remote).Str("outcome", "registration-overdue").Msg("closing a connection that did not register")
+	if d.adm.pressed() {
+		p.conn.Evict() // under load, no close handshake (pressure.go)
+		return
+	}
 	p.conn.Close(websocket.StatusPolicyViolation, fmt.Sprintf("no accepted registration within %s", d.cfg.registerDeadline))
 }
 

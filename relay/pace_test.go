@@ -37,16 +37,17 @@ func startPaced(t *testing.T, configure func(*relay.Config)) *env {
 	return &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 }
 
-// halfFrames opens anonymous WebSockets by hand, at most max, each sending the first 40 000 bytes
-// of a 65 000-byte text frame and then nothing, until the relay refuses an upgrade: the
-// unregistered half of the budget is spent. They are closed when the test ends.
-func halfFrames(t *testing.T, e *env, max int) []net.Conn {
+// halfFrames opens anonymous WebSockets by hand, at most max and perSource from each of the
+// addresses 127.0.1.1, 127.0.1.2, …, each sending the first 40 000 bytes of a 65 000-byte text
+// frame and then nothing, until the relay refuses an upgrade: the unregistered half of the budget
+// is spent, or under load the address's bucket. They are closed when the test ends.
+func halfFrames(t *testing.T, e *env, max, perSource int) []net.Conn {
 	t.Helper()
-	addr := e.relay.DownstreamAddr().String()
 	half := []byte(`{"method":"registerPalletRuntimeSession","request":{"pad":"` + strings.Repeat("p", 40000))
 	var conns []net.Conn
 	for len(conns) < max {
-		c, ok := tryUpgradeRaw(t, addr)
+		i := len(conns) / perSource
+		c, ok := upgradeFrom(t, e, fmt.Sprintf("127.0.%d.%d", 1+i/250, 1+i%250))
 		if !ok {
 			break
 		}
@@ -83,7 +84,7 @@ func TestSharesAreTakenInTurn(t *testing.T) {
 			}
 			t.Cleanup(honest.Close)
 
-			conns := halfFrames(t, e, 400)
+			conns := halfFrames(t, e, 400, 10)
 			t.Logf("%d anonymous connections hold half-sent messages; budget used %.1f MiB", len(conns), e.Metric("relay_downstream_budget_used_bytes")/(1<<20))
 			if len(conns) < 100 {
 				t.Fatalf("only %d anonymous connections were upgraded", len(conns))
@@ -113,7 +114,7 @@ func TestSharesAreTakenInTurn(t *testing.T) {
 func TestPartialFramePace(t *testing.T) {
 	e := startPaced(t, func(c *relay.Config) { c.FirstFrameTimeout = 200 * time.Millisecond })
 	base := e.Metric("relay_downstream_budget_used_bytes")
-	conns := halfFrames(t, e, 1)
+	conns := halfFrames(t, e, 1, 1)
 	if len(conns) != 1 {
 		t.Fatal("the upgrade was refused")
 	}

@@ -371,6 +371,10 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 		"an unregistered connection's first message arrives whole within this of its start, or the connection is closed")
 	rateVar(fs, &cfg.MinFrameRate, "min-frame-rate", relay.DefaultMinFrameRate,
 		"every message of an unregistered connection arrives at this rate or faster, or the connection is closed")
+	fs.Float64Var(&cfg.UpgradeRatePerSource, "upgrade-rate-per-source", relay.DefaultUpgradeRatePerSource,
+		"under load, new connections admitted from one address a second; the rest are closed at accept")
+	fs.IntVar(&cfg.UpgradeBurstPerSource, "upgrade-burst-per-source", relay.DefaultUpgradeBurstPerSource,
+		"under load, new connections admitted from one address at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or console")
 }

@@ -96,6 +96,11 @@ type Options struct {
 	Pongs         *Pongs              // the ping answering the WebSocket was built with, if any (see Pongs)
 	Pace          *Pace               // how long a message may take to arrive; nil: no bound (SetPace)
 	Logger        zerolog.Logger      // component logger; bodies are never logged
+
+	// First judges the connection's first message by its method ("" for a stream frame) before it
+	// is served; false closes the connection at once, nothing answered, nothing more read, no close
+	// handshake. nil: every first message is served.
+	First func(method string) bool
 }
 
 func (o *Options) fill() {
@@ -423,6 +428,17 @@ func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
 		return errors.New("peer sent a binary message")
 	}
 	env, err := Decode(frame)
+	if c.messages == 1 && c.opts.First != nil && err == nil {
+		method := env.Method
+		if env.IsStream() {
+			method = ""
+		}
+		if !c.opts.First(method) {
+			err := fmt.Errorf("%w: its first message (%s) is refused", ErrClosed, fieldOr(method, "a stream frame"))
+			c.cancel(err)
+			return err
+		}
+	}
 	switch {
 	case err == nil && env.IsStream():
 		f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame),
@@ -463,6 +479,13 @@ func (c *Conn) malformed(de *DecodeError, size int) error {
 		return de
 	}
 	return nil
+}
+
+func fieldOr(s, none string) string {
+	if s == "" {
+		return none
+	}
+	return s
 }
 
 func (c *Conn) dropped(reason string) {
