@@ -170,7 +170,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Dropped:       d.hooks.dropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		Pace:          &d.cfg.pace,                  // until a registration is accepted
-		First:         func(method string) bool { return d.firstMessage(p, method) },
+		First:         func(method string) bool { return d.firstMessage(method) },
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
 		MaxInflight:   nodeMaxInflight,
@@ -209,16 +209,6 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		d.gone(p)
 		d.peers.remove(p)
 	}()
-}
-
-// firstMessage judges a connection's first message by its method (pressure.go): under load, one
-// that is not a registration closes the connection, nothing answered and nothing more read.
-func (d *downstream) firstMessage(p *peer, method string) bool {
-	if isRegistration(method) || !d.adm.pressed() {
-		return true
-	}
-	d.m.unregistered.WithLabelValues("not-registration").Inc()
-	return false
 }
 
 // gone lets go of an ended connection: it counts as unregistered no more, carries its node no

@@ -90,6 +90,16 @@ func (s *sourceRates) len() int {
 	return len(s.buckets)
 }
 
+// firstMessage judges a connection's first message by its method: under load, one
+// that is not a registration closes the connection, nothing answered and nothing more read.
+func (d *downstream) firstMessage(method string) bool {
+	if isRegistration(method) || !d.adm.pressed() {
+		return true
+	}
+	d.m.unregistered.WithLabelValues("not-registration").Inc()
+	return false
+}
+
 // isRegistration reports whether method registers what a connection carries.
 func isRegistration(method string) bool {
 	r, ok := ruleFor(method)

@@ -176,6 +176,9 @@ type Conn struct {
 	paceDue   atomic.Int64         // unix nanos by which the message being read must be in; 0: none
 	paceTimer *time.Timer          // read loop only: ends the connection at paceDue
 	messages  int                  // read loop only: messages read whole
+
+	writtenMu sync.Mutex
+	written   chan struct{} // guarded by writtenMu: closed when the send loop next finishes a write; nil: nobody waits
 }
 
 type call struct {
@@ -284,11 +287,7 @@ func (c *Conn) Run(ctx context.Context) error {
 // Close ends the connection with a close handshake, after writing what is queued (waiting at
 // most a second for it), so answers already given are not lost to the close.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
-	pending := func() bool { return c.sendq.len() > 0 || c.writing.Load() }
-	for deadline := time.Now().Add(time.Second); pending() && time.Now().Before(deadline) && c.ctx.Err() == nil; {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if pending() {
+	if !c.drained(time.Second) {
 		// The peer drains nothing: it would not read a close frame either, and a handshake with it
 		// would hold the close for the library's own timeouts.
 		c.CloseNow()
@@ -297,6 +296,50 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	err := c.ws.Close(code, reason)
 	c.cancel(fmt.Errorf("%w: closed locally (%d %s)", ErrClosed, code, reason))
 	return err
+}
+
+// drained waits until nothing is queued or being written, at most d or until the connection ends,
+// and reports whether that is so: it wakes each time the send loop finishes a write.
+func (c *Conn) drained(d time.Duration) bool {
+	pending := func() bool { return c.sendq.len() > 0 || c.writing.Load() }
+	if !pending() {
+		return true
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		next := c.nextWrite() // before the look: a write that ends after it closes this one
+		if !pending() {
+			return true
+		}
+		select {
+		case <-next:
+		case <-timer.C:
+			return !pending()
+		case <-c.ctx.Done():
+			return !pending()
+		}
+	}
+}
+
+// nextWrite is closed when the send loop next finishes a write.
+func (c *Conn) nextWrite() <-chan struct{} {
+	c.writtenMu.Lock()
+	defer c.writtenMu.Unlock()
+	if c.written == nil {
+		c.written = make(chan struct{})
+	}
+	return c.written
+}
+
+// wroteOne wakes whoever waits for a write to finish.
+func (c *Conn) wroteOne() {
+	c.writtenMu.Lock()
+	if c.written != nil {
+		close(c.written)
+		c.written = nil
+	}
+	c.writtenMu.Unlock()
 }
 
 // Evict ends the connection at once and drops what is queued for it, its charges released before
@@ -571,7 +614,9 @@ func (c *Conn) sendLoop() error {
 				runtime.Gosched() // let other senders on this multiplexed socket join the burst
 			}
 			batch = c.sendq.take(batch[:0])
-			if err := c.write(batch, stalled); err != nil {
+			err := c.write(batch, stalled)
+			c.wroteOne() // after write has cleared writing
+			if err != nil {
 				return err
 			}
 			clear(batch)
