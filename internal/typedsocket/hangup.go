@@ -24,6 +24,9 @@ func (c *Conn) chargeIncoming(share Share, n int) bool {
 	if share.ChargeIncoming(n, closedChan) {
 		return true
 	}
+	if c.ctx.Err() != nil { // ending: no watch, whose end would undo a closing socket's deadline
+		return false
+	}
 	gone, stop := watchHangup(c.opts.Raw)
 	if gone == nil { // the socket cannot be watched: the connection's end alone ends the wait
 		return share.ChargeIncoming(n, c.ctx.Done())
