@@ -332,6 +332,24 @@ func parseBytes(s string) (int64, error) {
 	return n << shift, nil
 }
 
+// byteRate is the value of a rate flag: a size a second, "/s" optional (32KiB/s, 32768).
+type byteRate struct{ byteSize }
+
+func rateVar(fs *flag.FlagSet, p *int64, name string, def int64, usage string) {
+	*p = def
+	fs.Var(byteRate{byteSize{p}}, name, usage)
+}
+
+func (b byteRate) rule() string {
+	return "must be bytes a second, plain or with a unit: 32768, 32KiB/s, 1MiB/s (KiB, MiB, GiB, TiB: powers of 1024)"
+}
+
+func (b byteRate) String() string { return b.byteSize.String() + "/s" }
+
+func (b byteRate) Set(s string) error {
+	return b.byteSize.Set(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
+}
+
 // runFlags defines every flag of `relay run` (SPEC §11) on fs, writing into cfg.
 func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "the cluster this relay serves (a canonical identifier: a letter or digit, then up to 199 of A-Z a-z 0-9 : . _ -)")
@@ -360,6 +378,14 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 		"budget of bytes held for downstream peers (queued answers, requests, stream frames, registrations)")
 	fs.IntVar(&cfg.MaxUnregisteredPerSource, "max-unregistered-per-source", relay.DefaultMaxUnregisteredPerSource,
 		"connections from one address that have not registered (0: no limit, where nodes share one translated address)")
+	fs.DurationVar(&cfg.FirstFrameTimeout, "first-frame-timeout", relay.DefaultFirstFrameTimeout,
+		"an unregistered connection's first message arrives whole within this of its start, or the connection is closed")
+	rateVar(fs, &cfg.MinFrameRate, "min-frame-rate", relay.DefaultMinFrameRate,
+		"every message of an unregistered connection arrives at this rate or faster, or the connection is closed")
+	fs.Float64Var(&cfg.UpgradeRatePerSource, "upgrade-rate-per-source", relay.DefaultUpgradeRatePerSource,
+		"under load, new connections admitted from one address a second; the rest are closed at accept")
+	fs.IntVar(&cfg.UpgradeBurstPerSource, "upgrade-burst-per-source", relay.DefaultUpgradeBurstPerSource,
+		"under load, new connections admitted from one address at once")
 	fs.StringVar(&cfg.LogLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&cfg.LogFormat, "log-format", "json", "json or console")
 }

@@ -301,9 +301,10 @@ func testFloodsAndPartialFrames(t *testing.T, bin string) {
 		closeAll(registered.conns)
 
 		// The relay let go of everything the attack made it hold. A reader that waits for room in
-		// the budget reads nothing, its peer's close included, and so learns its peer left only at
-		// the dead timeout (45 s, after the ping that finds it silent); the short form's withheld
-		// frames fit the budget and are let go at once.
+		// the budget watches its socket for its peer's close, but a close queued behind bytes the
+		// relay has not read (a 7 MiB frame's rest, past the socket buffers) reaches it only when
+		// the peer's kernel gives up or at the dead timeout (45 s, after the ping that finds it
+		// silent); the short form's withheld frames fit the budget and are let go at once.
 		waitFor(size(20*time.Second, typedsocket.DefaultDeadTimeout+typedsocket.DefaultPingInterval+20*time.Second), func() bool {
 			m, err := rp.metrics()
 			return err == nil && m["relay_downstream_budget_used_bytes"] == 0 && m["relay_downstream_connections"] == float64(nodes)

@@ -47,6 +47,7 @@ type admission struct {
 	plaintext bool          // set before the listener accepts: no TLS above, a refusal can be spoken
 	m         *metrics      // set at construction
 	refusals  chan struct{} // set at construction: the refusals lingering now (refusing)
+	rates     *sourceRates  // set before the listener accepts: upgrades per source under load; nil: none
 
 	mu      sync.Mutex
 	open    int       // guarded by mu
@@ -82,6 +83,13 @@ func (l listener) Accept() (net.Conn, error) {
 
 // admit counts c in, or closes it and returns nil.
 func (a *admission) admit(c net.Conn) net.Conn {
+	if a.rates != nil && a.pressed() && !a.rates.allow(sourceOf(c.RemoteAddr().String()), time.Now()) {
+		// Under load, past its source's bucket: closed before TLS, the request or the upgrade
+		// cost anything (pressure.go).
+		a.m.unregistered.WithLabelValues("rate").Inc()
+		c.Close()
+		return nil
+	}
 	a.mu.Lock()
 	var oldest *admitted
 	if a.open >= a.max {
@@ -220,6 +228,9 @@ func (ac *admitted) Close() error {
 	})
 	return ac.Conn.Close()
 }
+
+// NetConn is the accepted socket: a waiting read watches it for its peer's close.
+func (ac *admitted) NetConn() net.Conn { return ac.Conn }
 
 // admittedOf is the admitted connection under c (a TLS connection's included), or nil.
 func admittedOf(c net.Conn) *admitted {

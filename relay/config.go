@@ -8,6 +8,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -51,6 +52,18 @@ type Config struct {
 	// cache, least recently used objects evicted beyond it (default 10 GiB).
 	RegistryCacheMaxBytes int64
 
+	// FirstFrameTimeout is --first-frame-timeout: an unregistered connection's first message
+	// arrives whole within it of its start (default 2s). MinFrameRate is --min-frame-rate: every
+	// message of an unregistered connection arrives at this many bytes a second or faster
+	// (default 32KiB/s). Past either the connection is closed and its charge freed.
+	FirstFrameTimeout time.Duration
+	MinFrameRate      int64
+	// UpgradeRatePerSource is --upgrade-rate-per-source and UpgradeBurstPerSource
+	// --upgrade-burst-per-source: under load, new connections from one address are admitted at
+	// this rate a second (default 4) with this burst (default 16); the rest are closed at accept.
+	UpgradeRatePerSource  float64
+	UpgradeBurstPerSource int
+
 	// BuildVersion is the relay build reported as relay.version; set by the binary.
 	BuildVersion string
 }
@@ -88,6 +101,18 @@ func (c *Config) Complete() error {
 	}
 	if c.PeerMemoryBytes == 0 {
 		c.PeerMemoryBytes = DefaultPeerMemoryBytes
+	}
+	if c.FirstFrameTimeout == 0 {
+		c.FirstFrameTimeout = DefaultFirstFrameTimeout
+	}
+	if c.MinFrameRate == 0 {
+		c.MinFrameRate = DefaultMinFrameRate
+	}
+	if c.UpgradeRatePerSource == 0 {
+		c.UpgradeRatePerSource = DefaultUpgradeRatePerSource
+	}
+	if c.UpgradeBurstPerSource == 0 {
+		c.UpgradeBurstPerSource = DefaultUpgradeBurstPerSource
 	}
 	if c.LogLevel == "" {
 		c.LogLevel = "info"
@@ -127,6 +152,14 @@ func (c *Config) Complete() error {
 		return bad("peer-memory-bytes", "must be at least 16777216 (16MiB)")
 	case c.MaxUnregisteredPerSource < 0:
 		return bad("max-unregistered-per-source", "must not be negative (0: no limit)")
+	case c.FirstFrameTimeout < 100*time.Millisecond || c.FirstFrameTimeout > RegisterDeadline:
+		return bad("first-frame-timeout", "must be from 100ms to %s", RegisterDeadline)
+	case c.MinFrameRate < 1<<10:
+		return bad("min-frame-rate", "must be at least 1KiB/s")
+	case c.UpgradeRatePerSource < 0.01:
+		return bad("upgrade-rate-per-source", "must be at least 0.01 (upgrades a second)")
+	case c.UpgradeBurstPerSource < 1:
+		return bad("upgrade-burst-per-source", "must be at least 1")
 	case c.RegistryCacheMaxBytes < 1<<20:
 		return bad("registry-cache-max-bytes", "must be at least 1048576 (1MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):

@@ -2,6 +2,7 @@ package relay
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net"
@@ -36,6 +37,7 @@ type downstream struct {
 	// evicted.
 	unregisteredCosts *budget.Share
 	anonymous         *anonymousPool // set at construction: registrations of unregistered connections
+	partials          *partials      // set at construction: their messages being received, oldest first (pace.go)
 	sources           *sourceCounts  // set at construction: unregistered connections per source address
 	waiting           atomic.Int64   // connections without an accepted registration
 
@@ -49,13 +51,16 @@ type downstream struct {
 
 // downstreamConfig is what the downstream is told.
 type downstreamConfig struct {
-	maxMessageBytes  int64         // --max-message-bytes: a registered connection's read limit
-	peerMemoryBytes  int64         // --peer-memory-bytes
-	maxPerSource     int           // --max-unregistered-per-source; 0: no limit
-	maxWaiting       int64         // unregistered connections at once (MaxUnregistered)
-	registerDeadline time.Duration // a connection registers within it or is closed (RegisterDeadline)
-	maxConns         int           // connections open at once; 0: RLIMIT_NOFILE less fdReserve
-	plaintext        bool          // --insecure-plaintext: no TLS on the listener
+	maxMessageBytes  int64            // --max-message-bytes: a registered connection's read limit
+	peerMemoryBytes  int64            // --peer-memory-bytes
+	maxPerSource     int              // --max-unregistered-per-source; 0: no limit
+	maxWaiting       int64            // unregistered connections at once (MaxUnregistered)
+	registerDeadline time.Duration    // a connection registers within it or is closed (RegisterDeadline)
+	maxConns         int              // connections open at once; 0: RLIMIT_NOFILE less fdReserve
+	plaintext        bool             // --insecure-plaintext: no TLS on the listener
+	pace             typedsocket.Pace // --first-frame-timeout, --min-frame-rate: an unregistered connection's messages
+	upgradeRate      float64          // --upgrade-rate-per-source: upgrades a second from one address under load
+	upgradeBurst     int              // --upgrade-burst-per-source
 	timings          timings
 }
 
@@ -89,6 +94,10 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	d.anonymous = &anonymousPool{share: d.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
 	d.adm = &admission{m: m, refusals: make(chan struct{}, refusing)}
 	d.unregisteredCosts = d.budget.NewPartition(d.budget.Limit() / unregisteredPart)
+	d.partials = newPartials(d.budget, d.unregisteredCosts)
+	if d.cfg.pace == (typedsocket.Pace{}) { // a Config that was not completed
+		d.cfg.pace = typedsocket.Pace{First: DefaultFirstFrameTimeout, MinRate: DefaultMinFrameRate}
+	}
 	if cfg.maxConns <= 0 {
 		cfg.maxConns = descriptorLimit() - fdReserve
 		if cfg.maxConns <= 0 {
@@ -97,6 +106,10 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 		d.cfg.maxConns = cfg.maxConns
 	}
 	d.adm.max, d.adm.headers, d.adm.plaintext = cfg.maxConns, d.unregisteredCosts, cfg.plaintext
+	if cfg.upgradeRate <= 0 || cfg.upgradeBurst <= 0 { // a Config that was not completed
+		cfg.upgradeRate, cfg.upgradeBurst = DefaultUpgradeRatePerSource, DefaultUpgradeBurstPerSource
+	}
+	d.adm.rates = newSourceRates(cfg.upgradeRate, cfg.upgradeBurst)
 	d.nodes.byID = make(map[string]*peer)
 	d.peers.byID = make(map[uint64]*peer)
 	return d
@@ -156,6 +169,8 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Pongs:         pongs,
 		Dropped:       d.hooks.dropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
+		Pace:          &d.cfg.pace,                  // until a registration is accepted
+		First:         func(method string) bool { return d.firstMessage(method) },
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: nodeMaxQueueBytes,
 		MaxInflight:   nodeMaxInflight,
@@ -164,7 +179,12 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		DeadTimeout:   t.deadTimeout,
 		CallTimeout:   t.callTimeout,
 	})
-	p.conn.SetReceiveShare(d.unregisteredCosts) // until it registers
+	// Until it registers, what it sends is charged with every unregistered connection's, in turn:
+	// past the partition the connection holding a partial message longest is closed.
+	p.conn.SetReceiveShare(d.partials.holder(func() {
+		d.m.unregistered.WithLabelValues("partial-oldest").Inc() // counted, never logged one by one
+		p.conn.Evict()
+	}))
 	if !d.peers.add(p) {
 		leave()
 		p.share.Close()
@@ -180,7 +200,9 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 	// socket is ours, and the server's goroutine, its deep stack and the upgrade request it holds
 	// are released — a third of an idle connection's memory.
 	go func() {
-		p.conn.Run(d.ctx)
+		if err := p.conn.Run(d.ctx); errors.Is(err, typedsocket.ErrTooSlow) {
+			d.m.unregistered.WithLabelValues("frame-slow").Inc() // counted, never logged one by one
+		}
 		d.m.connections.Dec()
 		// gone before remove: shutdown waits for every peer to be removed, then stops the
 		// parts the relay's gone hook reports to.
@@ -267,6 +289,10 @@ func (d *downstream) registrationOverdue(p *peer) {
 	}
 	d.m.unregistered.WithLabelValues("overdue").Inc()
 	d.log.Info().Str("remote", p.remote).Str("outcome", "registration-overdue").Msg("closing a connection that did not register")
+	if d.adm.pressed() {
+		p.conn.Evict() // under load, no close handshake (pressure.go)
+		return
+	}
 	p.conn.Close(websocket.StatusPolicyViolation, fmt.Sprintf("no accepted registration within %s", d.cfg.registerDeadline))
 }
 

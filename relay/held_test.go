@@ -153,7 +153,9 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 
 	t.Run("past the descriptor cap the oldest unregistered connection goes first", func(t *testing.T) {
 		const max = 24
-		x := relaytest.Start(t, relaytest.Options{MaxConnections: max})
+		x := relaytest.Start(t, relaytest.Options{MaxConnections: max,
+			// Past three quarters of the cap, one address's bucket would close them at accept first.
+			Configure: func(c *relay.Config) { c.UpgradeBurstPerSource = 1 << 20 }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 		registered := e.node("node-registered")
 		var idle []net.Conn

@@ -70,7 +70,11 @@ func newMetrics() *metrics {
 		unregistered: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "unregistered_closed_total",
 			Help: "Connections refused or closed before a registration was accepted, by reason: limit, source-limit, overdue, " +
 				"budget (the unregistered half of the peer memory budget is spent), descriptors (refused at accept: at the descriptor cap every connection is registered), " +
-				"descriptors-oldest (the oldest unregistered one closed to make room at the cap)."}, []string{"reason"}),
+				"descriptors-oldest (the oldest unregistered one closed to make room at the cap), " +
+				"frame-slow (a message arrived slower than --first-frame-timeout or --min-frame-rate allow), " +
+				"partial-oldest (the one holding a partial message longest closed to admit another's), " +
+				"rate (under load, closed at accept past its address's --upgrade-rate-per-source), " +
+				"not-registration (under load, closed because its first message was not a registration)."}, []string{"reason"}),
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 		rebound: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "rebound_total",

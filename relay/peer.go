@@ -280,6 +280,7 @@ func (p *peer) registeredLocked(ro role) {
 		p.adm.registered()
 	}
 	p.conn.SetReceiveShare(p.share)
+	p.conn.SetPace(nil) // a registered peer's messages are bounded by its own share
 	p.share.SetLimit(RegisteredShare)
 }
 

@@ -150,6 +150,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
 		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
+		pace: paceOf(cfg), upgradeRate: cfg.UpgradeRatePerSource, upgradeBurst: cfg.UpgradeBurstPerSource,
 	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{
 		serve: r.servePeer, serveStream: r.serveNodeStream, gone: r.peerGone, dropped: r.countDropped,
 	})

@@ -239,15 +239,22 @@ const retryEvery = 50 * time.Millisecond
 // wait tries charge until it succeeds, trying again after every release in the pool and every
 // retryEvery, until either done channel is closed.
 func (s *Share) wait(charge func() bool, done1, done2 <-chan struct{}) bool {
+	return s.b.WaitFor(charge, done1, done2)
+}
+
+// WaitFor tries charge until it reports true, trying again after every release in the pool and
+// every retryEvery, until either done channel is closed (then false): a charge with a rule of its
+// own — making room before it tries — waits as ChargeWait does.
+func (b *Budget) WaitFor(charge func() bool, done1, done2 <-chan struct{}) bool {
 	if charge() {
 		return true
 	}
-	s.b.waiters.Add(1)
-	defer s.b.waiters.Add(-1)
+	b.waiters.Add(1)
+	defer b.waiters.Add(-1)
 	retry := time.NewTicker(retryEvery)
 	defer retry.Stop()
 	for {
-		room := s.b.room() // before the try: a release between the two still wakes us
+		room := b.room() // before the try: a release between the two still wakes us
 		if charge() {
 			return true
 		}

@@ -94,7 +94,13 @@ type Options struct {
 	Cork          *CorkConn           // the socket under the WebSocket, if wrapped: bursts leave in one write
 	Raw           net.Conn            // the socket under the WebSocket, if known: bounds a refusing close
 	Pongs         *Pongs              // the ping answering the WebSocket was built with, if any (see Pongs)
+	Pace          *Pace               // how long a message may take to arrive; nil: no bound (SetPace)
 	Logger        zerolog.Logger      // component logger; bodies are never logged
+
+	// First judges the connection's first message by its method ("" for a stream frame) before it
+	// is served; false closes the connection at once, nothing answered, nothing more read, no close
+	// handshake. nil: every first message is served.
+	First func(method string) bool
 }
 
 func (o *Options) fill() {
@@ -165,6 +171,14 @@ type Conn struct {
 	progress  atomic.Int64          // unix nanos of the write's start or its last frame written; 0 outside a write
 	pingWG    sync.WaitGroup
 	done      chan struct{} // closed when Run has returned
+
+	pace      atomic.Pointer[Pace] // the bound on a message's arrival; nil: none
+	paceDue   atomic.Int64         // unix nanos by which the message being read must be in; 0: none
+	paceTimer *time.Timer          // read loop only: ends the connection at paceDue
+	messages  int                  // read loop only: messages read whole
+
+	writtenMu sync.Mutex
+	written   chan struct{} // guarded by writtenMu: closed when the send loop next finishes a write; nil: nobody waits
 }
 
 type call struct {
@@ -179,6 +193,7 @@ func New(ws *websocket.Conn, opts Options) *Conn {
 	c := &Conn{ws: ws, opts: opts, ctx: ctx, cancel: cancel, pending: make(map[string]*call), done: make(chan struct{})}
 	c.sendq.init(opts.MaxQueue, opts.MaxQueueBytes)
 	c.SetReadLimit(opts.ReadLimit)
+	c.pace.Store(opts.Pace)
 	c.lastHeard.Store(time.Now().UnixNano())
 	if opts.Pongs != nil {
 		opts.Pongs.c.Store(c)
@@ -272,11 +287,7 @@ func (c *Conn) Run(ctx context.Context) error {
 // Close ends the connection with a close handshake, after writing what is queued (waiting at
 // most a second for it), so answers already given are not lost to the close.
 func (c *Conn) Close(code websocket.StatusCode, reason string) error {
-	pending := func() bool { return c.sendq.len() > 0 || c.writing.Load() }
-	for deadline := time.Now().Add(time.Second); pending() && time.Now().Before(deadline) && c.ctx.Err() == nil; {
-		time.Sleep(5 * time.Millisecond)
-	}
-	if pending() {
+	if !c.drained(time.Second) {
 		// The peer drains nothing: it would not read a close frame either, and a handshake with it
 		// would hold the close for the library's own timeouts.
 		c.CloseNow()
@@ -285,6 +296,50 @@ func (c *Conn) Close(code websocket.StatusCode, reason string) error {
 	err := c.ws.Close(code, reason)
 	c.cancel(fmt.Errorf("%w: closed locally (%d %s)", ErrClosed, code, reason))
 	return err
+}
+
+// drained waits until nothing is queued or being written, at most d or until the connection ends,
+// and reports whether that is so: it wakes each time the send loop finishes a write.
+func (c *Conn) drained(d time.Duration) bool {
+	pending := func() bool { return c.sendq.len() > 0 || c.writing.Load() }
+	if !pending() {
+		return true
+	}
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	for {
+		next := c.nextWrite() // before the look: a write that ends after it closes this one
+		if !pending() {
+			return true
+		}
+		select {
+		case <-next:
+		case <-timer.C:
+			return !pending()
+		case <-c.ctx.Done():
+			return !pending()
+		}
+	}
+}
+
+// nextWrite is closed when the send loop next finishes a write.
+func (c *Conn) nextWrite() <-chan struct{} {
+	c.writtenMu.Lock()
+	defer c.writtenMu.Unlock()
+	if c.written == nil {
+		c.written = make(chan struct{})
+	}
+	return c.written
+}
+
+// wroteOne wakes whoever waits for a write to finish.
+func (c *Conn) wroteOne() {
+	c.writtenMu.Lock()
+	if c.written != nil {
+		close(c.written)
+		c.written = nil
+	}
+	c.writtenMu.Unlock()
 }
 
 // Evict ends the connection at once and drops what is queued for it, its charges released before
@@ -320,6 +375,11 @@ func (c *Conn) CloseNow() {
 }
 
 func (c *Conn) readLoop() error {
+	defer func() {
+		if c.paceTimer != nil {
+			c.paceTimer.Stop()
+		}
+	}()
 	for {
 		typ, frame, share, charged, err := c.readMessage()
 		if err != nil {
@@ -351,13 +411,18 @@ func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) 
 	if p := c.receive.Load(); p != nil {
 		share = *p
 	}
+	pc := c.startPace()
+	defer pc.stop()
 	var buf []byte
 	charged := 0
 	for {
 		if len(buf) == cap(buf) {
 			grown := int(min(int64(max(2*cap(buf), readChunk)), c.readLimit.Load()+1))
 			if share != nil {
-				if !share.ChargeIncoming(grown-charged, c.ctx.Done()) {
+				pc.pause()
+				ok := c.chargeIncoming(share, grown-charged)
+				pc.resume()
+				if !ok {
 					releaseTo(share, charged)
 					return 0, nil, nil, 0, context.Cause(c.ctx)
 				}
@@ -367,13 +432,18 @@ func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) 
 			copy(nb, buf)
 			buf = nb
 		}
+		pc.arm(len(buf))
 		n, err := r.Read(buf[len(buf):cap(buf)])
 		buf = buf[:len(buf)+n]
 		if err == io.EOF {
+			c.messages++
 			return typ, buf, share, charged, nil
 		}
 		if err != nil {
 			releaseTo(share, charged)
+			if errors.Is(context.Cause(c.ctx), ErrTooSlow) {
+				return 0, nil, nil, 0, context.Cause(c.ctx)
+			}
 			return 0, nil, nil, 0, err
 		}
 	}
@@ -401,6 +471,17 @@ func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
 		return errors.New("peer sent a binary message")
 	}
 	env, err := Decode(frame)
+	if c.messages == 1 && c.opts.First != nil && err == nil {
+		method := env.Method
+		if env.IsStream() {
+			method = ""
+		}
+		if !c.opts.First(method) {
+			err := fmt.Errorf("%w: its first message (%s) is refused", ErrClosed, fieldOr(method, "a stream frame"))
+			c.cancel(err)
+			return err
+		}
+	}
 	switch {
 	case err == nil && env.IsStream():
 		f := &StreamFrame{StreamID: env.StreamID, ID: env.ID, Phase: env.Phase, Frame: frame, Closing: contracts.IsStreamClosing(frame),
@@ -441,6 +522,13 @@ func (c *Conn) malformed(de *DecodeError, size int) error {
 		return de
 	}
 	return nil
+}
+
+func fieldOr(s, none string) string {
+	if s == "" {
+		return none
+	}
+	return s
 }
 
 func (c *Conn) dropped(reason string) {
@@ -526,7 +614,9 @@ func (c *Conn) sendLoop() error {
 				runtime.Gosched() // let other senders on this multiplexed socket join the burst
 			}
 			batch = c.sendq.take(batch[:0])
-			if err := c.write(batch, stalled); err != nil {
+			err := c.write(batch, stalled)
+			c.wroteOne() // after write has cleared writing
+			if err != nil {
 				return err
 			}
 			clear(batch)

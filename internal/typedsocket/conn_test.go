@@ -587,3 +587,27 @@ func TestCallCompletesExactlyOnceWhenClosing(t *testing.T) {
 		}
 	}
 }
+
+// TestCloseWritesWhatIsQueuedFirst: Close waits for the send loop to write what is queued (it is
+// woken by each write, not by a poll) before it closes; the peer has every frame.
+func TestCloseWritesWhatIsQueuedFirst(t *testing.T) {
+	const n = 500
+	var got atomic.Int64
+	srv, cli := pair(t, Options{MaxQueue: n}, Options{Handler: HandlerFunc(func(_ *Conn, r *Request) {
+		got.Add(1)
+		r.Respond(json.RawMessage(`{}`))
+	})})
+	body := json.RawMessage(`{"pad":"` + strings.Repeat("x", 4<<10) + `"}`)
+	for range n {
+		if err := srv.CallAsync("m", body, time.Minute, func(Reply) {}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := srv.Close(websocket.StatusNormalClosure, "done"); err != nil {
+		t.Fatalf("Close: %v", err)
+	}
+	<-cli.Done()
+	if g := got.Load(); g != n {
+		t.Fatalf("the peer read %d of the %d requests queued before Close", g, n)
+	}
+}
