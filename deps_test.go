@@ -55,7 +55,8 @@ var layers = map[string]layer{
 	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
 	"vpnhub/vpntest":       {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
 	"ha":                   {floor: parts, own: []string{"feature", "internal/backoff"}, third: []string{"github.com/flynn/noise", "github.com/go-logr/logr", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/klog", "k8s.io/utils"}},
-	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync"}},
+	"status":               {floor: parts, third: []string{"github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog"}}, // the admin listener and status page: reads a snapshot the core fills
+	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket", "status"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv":              {floor: harness},
 	"testenv/await":        {floor: harness},
 	"testenv/sim":          {floor: harness, own: []string{"contracts", "internal/typedsocket", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},

@@ -10,7 +10,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
-	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/status"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
@@ -273,10 +273,10 @@ func TestHubReport(t *testing.T) {
 	})
 }
 
-func hubStatus(t *testing.T, e *relaytest.Env) relay.Status {
+func hubStatus(t *testing.T, e *relaytest.Env) status.Snapshot {
 	t.Helper()
 	code, body := statusGet(t, e, "/status.json")
-	var st relay.Status
+	var st status.Snapshot
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		t.Fatalf("/status.json: %d %v", code, err)
 	}

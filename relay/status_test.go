@@ -22,6 +22,7 @@ import (
 	"code.foss.global/serve.zone/relay/registry"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/restore"
+	"code.foss.global/serve.zone/relay/status"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/testenv/sim"
 	"code.foss.global/serve.zone/relay/vpnhub"
@@ -44,7 +45,7 @@ func TestStatusPage(t *testing.T) {
 	if code != 200 {
 		t.Fatalf("/status.json: %d", code)
 	}
-	var st relay.Status
+	var st status.Snapshot
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -77,10 +78,10 @@ func TestStatusPageSaysWhyDetached(t *testing.T) {
 	e.node("node-a").Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
 	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
 	e.cloudly.Drop()
-	var st relay.Status
+	var st status.Snapshot
 	e.eventually("the refusal on status.json", func() bool {
 		_, body := e.admin("/status.json")
-		st = relay.Status{}
+		st = status.Snapshot{}
 		return json.Unmarshal([]byte(body), &st) == nil && !st.Cloudly.Attached && st.Cloudly.LastFailure != nil &&
 			st.Cloudly.LastFailure.Refusal == "relay-node-foreign" && st.Cloudly.NextRetry != nil
 	})
@@ -118,7 +119,7 @@ func TestStatusPageSaysWhyDetached(t *testing.T) {
 	e.cloudly.SetRegistrationRefusal(nil)
 	e.waitAttached()
 	_, body = e.admin("/status.json")
-	st = relay.Status{}
+	st = status.Snapshot{}
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}
@@ -148,10 +149,10 @@ func TestStatusPageHidesTheURLQuery(t *testing.T) {
 	const secret = "url-query-status-secret"
 	x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.CloudlyURL += "?access=" + secret }})
 	x.Cloudly.Close() // the next dial is refused at TCP: the error quotes the URL it dialled
-	var st relay.Status
+	var st status.Snapshot
 	x.Eventually("a dial failure", func() bool {
 		_, body := statusGet(t, x, "/status.json")
-		st = relay.Status{}
+		st = status.Snapshot{}
 		return json.Unmarshal([]byte(body), &st) == nil && st.Cloudly.LastFailure != nil && st.Cloudly.LastFailure.Kind == "dial"
 	})
 	_, doc := statusGet(t, x, "/status.json")
@@ -181,7 +182,7 @@ func TestStatusPageListsTheBusiest100(t *testing.T) {
 		e.node(fmt.Sprintf("node-%03d", i))
 	}
 	_, body := e.admin("/status.json")
-	var st relay.Status
+	var st status.Snapshot
 	if err := json.Unmarshal([]byte(body), &st); err != nil {
 		t.Fatal(err)
 	}

@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/status"
 )
 
 // certReloader serves the downstream certificate and picks up a renewed one from its files
@@ -46,10 +48,10 @@ func (c *certReloader) load() error {
 }
 
 // info is the certificate served now: its names and expiry.
-func (c *certReloader) info() *certInfo {
+func (c *certReloader) info() *status.CertInfo {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return certOf(c.cert.Leaf)
+	return status.CertOf(c.cert.Leaf)
 }
 
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {

@@ -201,6 +201,7 @@ func buildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 		feats.Parts = append(feats.Parts, relay.Part{Name: "vpnhub", Impl: hub})
 		ep := hub.Endpoint()
 		opts.VPNHub = &ep // what registerClusterVpnHub reports: the hub is bound, its endpoint final
+		opts.VPNHubBound = hub.Addr().String()
 		// A standby's hub holds the leader's membership, served once it leads.
 		replicated = append(replicated, ha.Part{Prefix: vpnhub.ReplicationPrefix, Part: hub})
 	}
