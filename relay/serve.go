@@ -39,7 +39,7 @@ const (
 func (r *Relay) Serve(ctx context.Context) error {
 	serveCtx, cancelServe := context.WithCancel(context.WithoutCancel(ctx))
 	defer cancelServe()
-	r.down.ctx = serveCtx
+	defer r.down.stop()
 
 	// SPEC §15: idle 60 s, headers 10 s and 16 KiB on both servers; /v2/ sets its own progress
 	// deadlines; every downstream connection is admitted (admission.go) before TLS.
@@ -125,6 +125,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	stopComponents()
 	r.admin.Shutdown(deadline)
 	cancelServe()
+	r.down.stop()
 	err := g.Wait()
 	step("components stopped, done")
 	return err
