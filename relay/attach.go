@@ -80,7 +80,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 	u.hist.Connected(state)
 	if err != nil {
 		if ctx.Err() == nil {
-			u.hist.Failed(time.Now(), status.DialFailure(err))
+			u.hist.Failed(u.now(), status.DialFailure(err))
 		}
 		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
 		return bo.Next()
@@ -120,7 +120,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 	<-s.conn.Done()
 	u.sock.CompareAndSwap(s, nil)
 	if was := u.state.Load(); was != nil {
-		u.state.Store(&sessionState{since: time.Now(), sequence: was.sequence, origin: was.origin})
+		u.state.Store(&sessionState{since: u.now(), sequence: was.sequence, origin: was.origin})
 	}
 	u.m.attached.Set(0)
 	u.m.detaches.Inc()
@@ -132,7 +132,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 		if cause != nil {
 			msg = cause.Error()
 		}
-		u.hist.Failed(time.Now(), status.Failure{Kind: status.FailLost, Message: msg})
+		u.hist.Failed(u.now(), status.Failure{Kind: status.FailLost, Message: msg})
 		u.log.Warn().Err(cause).Str("outcome", "detached").Msg("Cloudly session lost")
 	}
 	u.hooks.detached()
@@ -144,7 +144,7 @@ func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Durati
 func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (time.Duration, bool) {
 	jwt, err := ReadToken(u.cfg.tokenFile)
 	if err != nil {
-		u.hist.Failed(time.Now(), status.Failure{Kind: status.FailToken, Message: err.Error()})
+		u.hist.Failed(u.now(), status.Failure{Kind: status.FailToken, Message: err.Error()})
 		u.log.Error().Err(err).Msg("cannot open a Cloudly session")
 		return bo.Next(), false
 	}
@@ -170,8 +170,8 @@ func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (
 		_, err := u.judge(stepRegistration, resp)
 		return u.unusable(stepRegistration, err, bo), false
 	}
-	u.state.Store(&sessionState{attached: true, since: time.Now(), sequence: seq, origin: s.origin})
-	u.hist.Attached(time.Now())
+	u.state.Store(&sessionState{attached: true, since: u.now(), sequence: seq, origin: s.origin})
+	u.hist.Attached(u.now())
 	u.m.attached.Set(1)
 	u.m.attaches.Inc()
 	ev := u.log.Info().Int64("sequence", seq)
@@ -228,11 +228,11 @@ func (u *upstream) unusable(step attachStep, err error, bo *backoff.Backoff) tim
 	var refusal *contracts.ProtocolRefusal
 	if errors.As(err, &refusal) {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
-		u.hist.Failed(time.Now(), status.Failure{Kind: status.FailOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(*refusal)})
+		u.hist.Failed(u.now(), status.Failure{Kind: status.FailOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(*refusal)})
 		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(*refusal))
 		return contracts.RefusedOfferRetryInterval
 	}
-	u.hist.Failed(time.Now(), status.Failure{Kind: status.FailMalformed, Step: step.String(), Message: "Cloudly's answer carries no readable offer"})
+	u.hist.Failed(u.now(), status.Failure{Kind: status.FailMalformed, Step: step.String(), Message: "Cloudly's answer carries no readable offer"})
 	u.log.Warn().Stringer("step", step).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
 	return bo.Next()
 }
@@ -248,7 +248,7 @@ func (u *upstream) refused(step attachStep, err error, bo *backoff.Backoff) time
 	if !errors.As(err, &remote) {
 		count("failed")
 		if !u.stopping.Load() { // a call cut by a shutdown is no failure
-			u.hist.Failed(time.Now(), status.Failure{Kind: status.FailStep, Step: step.String(), Message: err.Error()})
+			u.hist.Failed(u.now(), status.Failure{Kind: status.FailStep, Step: step.String(), Message: err.Error()})
 		}
 		u.log.Warn().Err(err).Stringer("step", step).Str("outcome", "failed").Msg("attach failed")
 		return bo.Next()
@@ -256,13 +256,13 @@ func (u *upstream) refused(step attachStep, err error, bo *backoff.Backoff) time
 	if pr, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
 		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
 		count(contracts.ProtocolIncompatibleCode)
-		u.hist.Failed(time.Now(), status.Failure{Kind: status.FailOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(pr)})
+		u.hist.Failed(u.now(), status.Failure{Kind: status.FailOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(pr)})
 		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(pr))
 		return contracts.RefusedOfferRetryInterval
 	}
 	label := contracts.RefusalLabel(err)
 	count(label)
-	u.hist.Failed(time.Now(), status.Failure{Kind: status.FailRefused, Step: step.String(), Refusal: string(remote.Name()), Message: remote.Text})
+	u.hist.Failed(u.now(), status.Failure{Kind: status.FailRefused, Step: step.String(), Refusal: string(remote.Name()), Message: remote.Text})
 	u.log.Warn().Stringer("step", step).Str("refusal", label).Str("outcome", "refused").Msg("Cloudly refused the relay")
 	if name := remote.Name(); contracts.IsUndispatchedRefusal(name) {
 		u.hooks.undispatched(name)

@@ -59,6 +59,7 @@ type downstreamConfig struct {
 	maxConns         int           // connections open at once; 0: RLIMIT_NOFILE less fdReserve
 	plaintext        bool          // --insecure-plaintext: no TLS on the listener
 	timings          timings
+	now              func() time.Time // the relay's clock (Options.Now); nil: time.Now
 }
 
 // downstreamHooks are what the relay does with a connection: serve its requests and stream
@@ -81,6 +82,9 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	}
 	if cfg.registerDeadline <= 0 {
 		cfg.registerDeadline = RegisterDeadline
+	}
+	if cfg.now == nil {
+		cfg.now = time.Now
 	}
 	if cfg.peerMemoryBytes <= 0 { // a Config that was not completed
 		cfg.peerMemoryBytes = DefaultPeerMemoryBytes
@@ -142,7 +146,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		leave()
 		return // Accept has answered
 	}
-	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: time.Now()}
+	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: d.cfg.now()}
 	waiting := func() (int64, bool) { return int64(p.conn.QueuedBytes()), p.conn.Stalled(evictionStall) }
 	p.share = d.budget.NewShare(AnonymousShare, waiting, func() {
 		d.m.dropped.WithLabelValues("evicted-over-budget").Inc()

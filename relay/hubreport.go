@@ -50,6 +50,7 @@ type hubReporter struct {
 	bound  string                 // set at construction: the hub's socket as bound, for the status page
 	key    string                 // set at construction: the hub's public key in short form, for the log
 	log    zerolog.Logger         // set at construction: the upstream's
+	now    func() time.Time       // set at construction: the relay's clock
 	counts *prometheus.CounterVec // set at construction: outcome
 	sent   atomic.Int64           // reports sent so far: the newest one's number
 	state  atomic.Pointer[hubReportState]
@@ -67,8 +68,8 @@ type hubReportState struct {
 // newHubReporter makes the reporter of the hub at ep for cluster; with ep nil (the hub is off) it
 // reports nothing. An endpoint whose key is not a 32-byte key is refused: the report would carry
 // it to Cloudly as garbage.
-func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, bound string, log zerolog.Logger, counts *prometheus.CounterVec) (*hubReporter, error) {
-	h := &hubReporter{log: log, counts: counts}
+func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, bound string, log zerolog.Logger, counts *prometheus.CounterVec, now func() time.Time) (*hubReporter, error) {
+	h := &hubReporter{log: log, counts: counts, now: now}
 	if ep == nil {
 		return h, nil
 	}
@@ -107,7 +108,7 @@ func (h *hubReporter) report(up feature.Upstream, seq int64) {
 		return
 	}
 	n := h.sent.Add(1)
-	h.state.Store(&hubReportState{outcome: hubReportPending, at: time.Now(), sequence: seq, n: n})
+	h.state.Store(&hubReportState{outcome: hubReportPending, at: h.now(), sequence: seq, n: n})
 	up.Call(contracts.MethodRegisterClusterVpnHub, h.body, func(_ json.RawMessage, err error) { h.answered(n, seq, err) })
 }
 
@@ -116,7 +117,7 @@ func (h *hubReporter) report(up feature.Upstream, seq int64) {
 func (h *hubReporter) answered(n, seq int64, err error) {
 	outcome := hubReportOutcome(err)
 	h.counts.WithLabelValues(outcome).Inc()
-	next := &hubReportState{outcome: outcome, at: time.Now(), sequence: seq, n: n}
+	next := &hubReportState{outcome: outcome, at: h.now(), sequence: seq, n: n}
 	// Shown unless a newer report was sent since: a late answer to a lost socket's report must
 	// not hide the newest one.
 	for {

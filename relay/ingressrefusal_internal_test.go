@@ -18,7 +18,7 @@ import (
 // shutting down (1 000), the anonymous pool full, the Cloudly queue full and a call timeout
 // (1 000) — and everything else passes as it came.
 func TestIngressRefusalShapes(t *testing.T) {
-	r := &Relay{up: &upstream{hist: status.NewSessionLog("")}}
+	r := &Relay{up: &upstream{hist: status.NewSessionLog("")}, now: time.Now}
 	r.leading.Store(true)
 	wire := func(t *testing.T, err error) (*typedsocket.Error, contracts.ClusterIngressRegistrationRefusal) {
 		t.Helper()

@@ -38,7 +38,8 @@ type Relay struct {
 	tenure   feature.Tenure // set at construction: the elector's, or always
 	leading  atomic.Bool    // the relay acts for the cluster: dials Cloudly, admits downstream peers
 
-	downLn net.Listener // set by Listen
+	now    func() time.Time // set at construction: Options.Now, or time.Now
+	downLn net.Listener     // set by Listen
 }
 
 // logs are the relay's component loggers.
@@ -79,6 +80,11 @@ type Options struct {
 	MaxConnections int
 	// Elector runs the HA election (SPEC §16); nil: the relay leads from the start.
 	Elector Elector
+	// Now is the clock the relay reads the time from — the session's history and the status
+	// page, stream bindings' idleness, latencies it logs; nil is time.Now. Timers (the reconnect
+	// backoff, the registration deadline) and socket deadlines run on the runtime's own clock:
+	// tests drive those with testing/synctest.
+	Now func() time.Time
 }
 
 // New builds a relay from a completed Config (Config.Complete) and its parts. It fails on a TLS
@@ -86,7 +92,10 @@ type Options struct {
 // registered.
 func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	log := opts.Logger
-	r := &Relay{cfg: cfg, elector: opts.Elector,
+	if opts.Now == nil {
+		opts.Now = time.Now
+	}
+	r := &Relay{cfg: cfg, elector: opts.Elector, now: opts.Now,
 		log: logs{
 			relay:   log.With().Str("component", "relay").Logger(),
 			up:      log.With().Str("component", "upstream").Logger(),
@@ -104,10 +113,11 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 		if err != nil {
 			return nil, &ConfigError{Flag: "tls-cert-file", Reason: err.Error() + " (with --tls-key-file " + cfg.TLSKeyFile + ")"}
 		}
+		certs.now = opts.Now
 		r.certs = certs
 	}
 	r.metrics = newMetrics()
-	hub, err := newHubReporter(cfg.ClusterID, opts.VPNHub, opts.VPNHubBound, r.log.up, r.metrics.up.hubReports)
+	hub, err := newHubReporter(cfg.ClusterID, opts.VPNHub, opts.VPNHubBound, r.log.up, r.metrics.up.hubReports, opts.Now)
 	if err != nil {
 		return nil, err
 	}
@@ -115,6 +125,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
 		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
+		now: opts.Now,
 	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{
 		serve: r.servePeer, serveStream: r.serveNodeStream, gone: r.peerGone, dropped: r.countDropped,
 	})
@@ -124,7 +135,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	}
 	r.up = newUpstream(upstreamConfig{
 		url: cfg.CloudlyURL, tokenFile: cfg.CloudlyTokenFile, roots: opts.CloudlyRoots, allowHTTP: cfg.InsecurePlaintext,
-		readLimit: cfg.MaxMessageBytes, timings: t, tenure: r.tenure, hub: hub, local: newLocalStreams(r.down.budget),
+		readLimit: cfg.MaxMessageBytes, timings: t, tenure: r.tenure, hub: hub, local: newLocalStreams(r.down.budget), now: opts.Now,
 	}, log, &r.metrics.up, upstreamHooks{
 		serve: r.serveCloudly, serveStream: r.serveCloudlyStream, registration: r.registration, accepted: r.registrationAccepted,
 		attached: r.upstreamAttached, detached: r.upstreamDetached, undispatched: r.undispatched, dropped: r.countDropped,
@@ -139,7 +150,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	if err := r.registerMetrics(reg); err != nil {
 		return nil, err
 	}
-	r.admin = status.New(status.Config{Listen: cfg.AdminListen, Pprof: cfg.AdminPprof, Source: r, Registry: registry,
+	r.admin = status.New(status.Config{Listen: cfg.AdminListen, Pprof: cfg.AdminPprof, Source: r, Registry: registry, Now: opts.Now,
 		Logger: log.With().Str("component", "admin").Logger()})
 	return r, nil
 }
@@ -190,7 +201,7 @@ func (r *Relay) peerGone(p *peer) {
 	for _, w := range r.parts.peerGone {
 		w.PeerGone(p)
 	}
-	r.streams.peerGone(p, time.Now())
+	r.streams.peerGone(p, r.now())
 }
 
 // redactURL is u for a log line: scheme, host and path, never a query, fragment or userinfo,

@@ -103,6 +103,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	r.log.relay.Info().Msg("relay shutting down")
 	deadline, cancel := context.WithTimeout(context.Background(), ShutdownTimeout)
 	defer cancel()
+	// The shutdown's bound and its steps' latencies are on the runtime's clock, as its timers are.
 	begin := time.Now()
 	step := func(what string) { r.log.relay.Debug().Dur("latency", time.Since(begin)).Msg("shutdown: " + what) }
 	down.Shutdown(deadline)

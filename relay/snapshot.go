@@ -113,7 +113,7 @@ func (r *Relay) ready() error {
 			return fmt.Errorf("standby: %w", err)
 		}
 	case !r.up.Attached():
-		return errors.New("detached: " + r.up.hist.History().DetachedReason(time.Now()))
+		return errors.New("detached: " + r.up.hist.History().DetachedReason(r.now()))
 	}
 	for _, c := range r.parts.components {
 		if err := c.v.Ready(); err != nil {

@@ -6,6 +6,7 @@ import (
 	"regexp"
 	"strings"
 	"testing"
+	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/relay"
@@ -182,4 +183,27 @@ func statusGet(t *testing.T, e *relaytest.Env, path string) (int, string) {
 	t.Helper()
 	x := &env{Env: e, t: t, relay: e.Relay}
 	return x.admin(path)
+}
+
+// TestStatusPageReadsTheRelaysClock: every time the relay shows is read on its clock
+// (Options.Now): the page's now, when Cloudly attached, when a node connected.
+func TestStatusPageReadsTheRelaysClock(t *testing.T) {
+	at := time.Date(2031, 5, 6, 7, 8, 9, 0, time.UTC)
+	e := relaytest.Start(t, relaytest.Options{Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
+		o.Now = func() time.Time { return at }
+		return relay.New(cfg, relay.Features{}, o)
+	}})
+	e.Node("node-a")
+	_, body := statusGet(t, e, "/status.json")
+	var st status.Snapshot
+	if err := json.Unmarshal([]byte(body), &st); err != nil {
+		t.Fatal(err)
+	}
+	if !st.Now.Equal(at) || !st.Started.Equal(at) || !st.Cloudly.Since.Equal(at) || len(st.Nodes.Busiest) != 1 ||
+		!st.Nodes.Busiest[0].ConnectedSince.Equal(at) {
+		t.Fatalf("now %v, started %v, attached since %v, nodes %+v: want each %v", st.Now, st.Started, st.Cloudly.Since, st.Nodes.Busiest, at)
+	}
+	if _, page := statusGet(t, e, "/status"); !strings.Contains(page, `<td id="cloudly-since">now (2031-05-06 07:08:09 UTC)</td>`) {
+		t.Fatal("the page does not show the attach on the relay's clock")
+	}
 }

@@ -19,6 +19,7 @@ import (
 // operator, who replaces the files).
 type certReloader struct {
 	certFile, keyFile string
+	now               func() time.Time // set at construction: time.Now, or the relay's clock (New)
 
 	mu      sync.Mutex
 	cert    *tls.Certificate // guarded by mu
@@ -27,7 +28,7 @@ type certReloader struct {
 }
 
 func newCertReloader(certFile, keyFile string) (*certReloader, error) {
-	c := &certReloader{certFile: certFile, keyFile: keyFile}
+	c := &certReloader{certFile: certFile, keyFile: keyFile, now: time.Now}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
@@ -63,7 +64,7 @@ func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // currentLocked is the certificate the next handshake is served, reloaded first when its file has
 // changed since the last look (at most every 10 s).
 func (c *certReloader) currentLocked() *tls.Certificate {
-	if now := time.Now(); now.Sub(c.checked) > 10*time.Second {
+	if now := c.now(); now.Sub(c.checked) > 10*time.Second {
 		c.checked = now
 		if st, err := os.Stat(c.certFile); err == nil && !st.ModTime().Equal(c.modTime) {
 			_ = c.load() // on a half-written pair keep serving the old certificate

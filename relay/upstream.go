@@ -69,6 +69,8 @@ type upstreamConfig struct {
 	hub *hubReporter
 	// local is the streams parts hold on the socket (localstreams.go); nil: none can be opened.
 	local *localStreams
+	// now is the clock the session's history and state are read on; nil: time.Now.
+	now func() time.Time
 }
 
 // upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
@@ -81,6 +83,7 @@ type upstream struct {
 	local  *localStreams    // set at construction: cfg.local (nil only in the seam's own tests)
 	tenure feature.Tenure   // set at construction: cfg.tenure, or always
 	hub    *hubReporter     // set at construction: cfg.hub, or one that reports nothing
+	now    func() time.Time // set at construction: cfg.now, or time.Now
 
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
@@ -116,7 +119,10 @@ type socket struct {
 
 func newUpstream(cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics, hooks upstreamHooks) *upstream {
 	u := &upstream{hooks: hooks, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m,
-		hist: status.NewSessionLog(cfg.url), local: cfg.local, tenure: cfg.tenure, hub: cfg.hub}
+		hist: status.NewSessionLog(cfg.url), local: cfg.local, tenure: cfg.tenure, hub: cfg.hub, now: cfg.now}
+	if u.now == nil {
+		u.now = time.Now
+	}
 	if u.tenure == nil {
 		u.tenure = always{}
 	}
@@ -251,7 +257,7 @@ func (u *upstream) close(ctx context.Context, reason string) {
 	u.cancel()
 	<-u.done
 	u.done = nil
-	u.hist.Stopped(time.Now())
+	u.hist.Stopped(u.now())
 }
 
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.
@@ -263,7 +269,7 @@ func (u *upstream) run(ctx context.Context) {
 			return
 		}
 		u.log.Info().Dur("wait", wait).Msg("re-dialling Cloudly")
-		u.hist.Waiting(time.Now().Add(wait))
+		u.hist.Waiting(u.now().Add(wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():

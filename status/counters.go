@@ -148,7 +148,7 @@ func (s *Server) sampleCounters(ctx context.Context) {
 	defer t.Stop()
 	for {
 		_, values := gatherCounters(s.registry)
-		s.rates.add(time.Now(), values)
+		s.rates.add(s.cfg.Now(), values)
 		select {
 		case <-ctx.Done():
 			return

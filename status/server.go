@@ -35,6 +35,8 @@ type Config struct {
 	// Registry is served on /metrics, and its relay_* counters listed on the page.
 	Registry *prometheus.Registry
 	Logger   zerolog.Logger // the admin component's
+	// Now is the clock the page is read on (its now, the uptime); nil is time.Now.
+	Now func() time.Time
 }
 
 // Server is the admin listener. Listen binds it; Serve serves it until Shutdown.
@@ -51,7 +53,10 @@ type Server struct {
 
 // New makes the admin server; nothing is bound yet.
 func New(cfg Config) *Server {
-	s := &Server{cfg: cfg, registry: cfg.Registry, started: time.Now()}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	s := &Server{cfg: cfg, registry: cfg.Registry, started: cfg.Now()}
 	if s.registry == nil {
 		s.registry = prometheus.NewRegistry()
 	}
@@ -147,7 +152,7 @@ func (s *Server) Handler() http.Handler {
 // snapshot is the Source's snapshot with the server's own facts: the uptime, the bound admin
 // address and the counters.
 func (s *Server) snapshot() Snapshot {
-	now := time.Now()
+	now := s.cfg.Now()
 	st := s.cfg.Source.Snapshot(now)
 	st.Now, st.Started = now, s.started
 	st.UptimeSeconds = int64(now.Sub(s.started) / time.Second)
