@@ -32,11 +32,11 @@ func Duration(d time.Duration) string {
 	return fmt.Sprintf("%dd%02dh", d/(24*time.Hour), d%(24*time.Hour)/time.Hour)
 }
 
-// Relative is how far t is from now: "3m12s ago", "in 4s", "now".
+// Relative is how far t is from now: "3m12s ago", "in 4s", "in 870ms"; "now" within 10 ms.
 func Relative(now, t time.Time) string {
 	d := now.Sub(t)
 	switch {
-	case d > -time.Second && d < time.Second:
+	case d > -10*time.Millisecond && d < 10*time.Millisecond:
 		return "now"
 	case d > 0:
 		return Duration(d) + " ago"

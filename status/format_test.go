@@ -27,8 +27,11 @@ func TestRelativeAndAt(t *testing.T) {
 	if got := Relative(now, now.Add(4*time.Second)); got != "in 4s" {
 		t.Errorf("Relative, future: %q", got)
 	}
-	if got := Relative(now, now.Add(300*time.Millisecond)); got != "now" {
+	if got := Relative(now, now.Add(870*time.Millisecond)); got != "in 870ms" {
 		t.Errorf("Relative, within a second: %q", got)
+	}
+	if got := Relative(now, now.Add(-5*time.Millisecond)); got != "now" {
+		t.Errorf("Relative, within 10 ms: %q", got)
 	}
 	if got := At(now, now.Add(-time.Minute)); got != "1m00s ago (2026-12-01 09:59:00 UTC)" {
 		t.Errorf("At: %q", got)
@@ -141,6 +144,17 @@ func TestPageAddresses(t *testing.T) {
 	}
 	if strings.Contains(page, "127.0.0.1:0") {
 		t.Error("the page shows the hub as bound to port 0")
+	}
+}
+
+// TestCounterUnits: a counter of bytes reads with units, total and rate; any other as a number.
+func TestCounterUnits(t *testing.T) {
+	rate := 3.0 * (1 << 19)
+	if got := num("relay_x_sent_bytes_total", 1<<20) + " " + perMinute("relay_x_sent_bytes_total", &rate); got != "1.0 MiB 1.5 MiB/min" {
+		t.Errorf("bytes: %q", got)
+	}
+	if got := num("relay_x_total", 1<<20) + " " + perMinute("relay_x_total", &rate); got != "1048576 1572864.0/min" {
+		t.Errorf("a count: %q", got)
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -113,11 +114,21 @@ func lasted(now time.Time, o Outage) string {
 
 func uptime(seconds int64) string { return Duration(time.Duration(seconds) * time.Second) }
 
-func num(f float64) string { return strconv.FormatFloat(f, 'f', -1, 64) }
+// num is a counter's total; a counter of bytes (its name ends in _bytes_total) with a unit.
+func num(name string, f float64) string {
+	if strings.HasSuffix(name, "_bytes_total") {
+		return Bytes(int64(f))
+	}
+	return strconv.FormatFloat(f, 'f', -1, 64)
+}
 
-func perMinute(f *float64) string {
-	if f == nil {
+// perMinute is a counter's rate, "12.0/min"; a counter of bytes with a unit, "1.5 MiB/min".
+func perMinute(name string, f *float64) string {
+	switch {
+	case f == nil:
 		return "—"
+	case strings.HasSuffix(name, "_bytes_total"):
+		return Bytes(int64(*f)) + "/min"
 	}
 	return strconv.FormatFloat(*f, 'f', 1, 64) + "/min"
 }
@@ -150,7 +161,7 @@ summary{cursor:pointer;color:#555}
 {{if not .Standby}}<tr><th>next retry</th><td>{{when .Now .Cloudly.NextRetry}}</td></tr>
 {{end}}{{end}}<tr><th>since</th><td id="cloudly-since">{{at .Now .Cloudly.Since}}</td></tr>
 <tr><th>attempts since attached</th><td>{{.Cloudly.Attempts}}</td></tr>
-{{with .Cloudly.LastFailure}}<tr><th>last failure</th><td><span id="last-failure">{{.Kind}}{{with .Refusal}} {{.}}{{end}}</span>{{with .Step}} at {{.}}{{end}}: {{.Message}} <small>({{at $.Now .At}})</small></td></tr>
+{{with .Cloudly.LastFailure}}<tr><th>last failure</th><td><span id="last-failure">{{.Kind}}{{with .Refusal}} {{.}}{{end}}</span>{{with .Step}} at {{.}}{{end}}: {{.Message}} <small>{{at $.Now .At}}</small></td></tr>
 {{end}}<tr><th>registration sequence</th><td>{{.Cloudly.Sequence}}</td></tr>
 <tr><th>origin</th><td>{{or .Cloudly.Origin "—"}}</td></tr>
 <tr><th>custody</th><td>{{.Cloudly.Custody}}</td></tr>
@@ -187,7 +198,7 @@ summary{cursor:pointer;color:#555}
 <h2>Counters <small>(totals since start, and per minute over the last minute)</small></h2>
 {{if .Counting}}<table id="counters">
 <tr><th>counter</th><th>labels</th><th>total</th><th>rate</th></tr>
-{{range .Counting}}{{$g := .}}{{range $i, $s := .Series}}<tr><td title="{{$g.Help}}">{{if not $i}}{{$g.Name}}{{end}}</td><td>{{$s.Labels}}</td><td class="n">{{num $s.Total}}</td><td class="n">{{perMinute $s.PerMinute}}</td></tr>
+{{range .Counting}}{{$g := .}}{{range $i, $s := .Series}}<tr><td title="{{$g.Help}}">{{if not $i}}{{$g.Name}}{{end}}</td><td>{{$s.Labels}}</td><td class="n">{{num $g.Name $s.Total}}</td><td class="n">{{perMinute $g.Name $s.PerMinute}}</td></tr>
 {{end}}{{end}}</table>
 <p><small>Series at zero in the groups above are left out; /metrics has them all.</small></p>{{else}}<p>Nothing counted yet.</p>{{end}}
 {{if .Zero}}<details id="zero-counters"><summary>{{len .Zero}} counter groups still at zero</summary>
