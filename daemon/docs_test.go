@@ -48,10 +48,10 @@ func TestOperatingDocListsEveryMetric(t *testing.T) {
 	dir := t.TempDir()
 	token := filepath.Join(dir, "token")
 	os.WriteFile(token, []byte("jwt"), 0o600)
-	cfg := relay.Config{ClusterID: "c", NodeID: "n", CloudlyURL: "ws://127.0.0.1:1/", CloudlyTokenFile: token,
+	cfg := Config{Config: relay.Config{ClusterID: "c", NodeID: "n", CloudlyURL: "ws://127.0.0.1:1/", CloudlyTokenFile: token,
 		Listen: "127.0.0.1:0", AdminListen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true,
-		RegistryUpstream: "http://127.0.0.1:1", RegistryCacheDir: filepath.Join(dir, "cache"),
-		HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(dir, "hub.key")}
+		RegistryUpstream: "http://127.0.0.1:1", HubListen: "127.0.0.1:0"},
+		RegistryCacheDir: filepath.Join(dir, "cache"), HubKeyFile: filepath.Join(dir, "hub.key")}
 	if err := cfg.Complete(); err != nil {
 		t.Fatal(err)
 	}

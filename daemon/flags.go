@@ -351,7 +351,7 @@ func (b byteRate) Set(s string) error {
 }
 
 // runFlags defines every flag of `relay run` (SPEC §11) on fs, writing into cfg.
-func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
+func runFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "the cluster this relay serves (a canonical identifier: a letter or digit, then up to 199 of A-Z a-z 0-9 : . _ -)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "the cluster node the relay runs on")
 	fs.StringVar(&cfg.CloudlyURL, "cloudly-url", "", "Cloudly's WebSocket URL (wss://…)")
@@ -369,7 +369,7 @@ func runFlags(fs *flag.FlagSet, cfg *relay.Config) {
 	fs.StringVar(&cfg.HubAdvertiseAddress, "hub-advertise-address", "", "IPv4 address the hub report names, when not the bound one (several relays behind one Service)")
 	fs.StringVar(&cfg.RegistryUpstream, "registry-upstream", "", "registry /v2/ is forwarded to (empty: off)")
 	fs.StringVar(&cfg.RegistryCacheDir, "registry-cache-dir", "", "digest cache directory for registry forwarding")
-	bytesVar(fs, &cfg.RegistryCacheMaxBytes, "registry-cache-max-bytes", relay.DefaultRegistryCacheMaxBytes,
+	bytesVar(fs, &cfg.RegistryCacheMaxBytes, "registry-cache-max-bytes", defaultRegistryCacheMaxBytes,
 		"bound of the registry digest cache; least recently used objects are evicted beyond it")
 	fs.StringVar(&cfg.AdminListen, "admin-listen", relay.DefaultAdminListen, "admin listen address (/metrics, /healthz, /readyz)")
 	fs.BoolVar(&cfg.AdminPprof, "admin-pprof", false, "serve net/http/pprof under /debug/pprof/ on the admin listener")

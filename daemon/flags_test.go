@@ -11,8 +11,6 @@ import (
 	"strings"
 	"testing"
 	"time"
-
-	"code.foss.global/serve.zone/relay/relay"
 )
 
 // TestHelpListsEveryFlag checks what the top-level usage promises: "relay <command> -h" lists the
@@ -20,7 +18,7 @@ import (
 // no documentation, so this is all an operator in a container has.
 func TestHelpListsEveryFlag(t *testing.T) {
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var cfg relay.Config
+	var cfg Config
 	runFlags(fs, &cfg)
 	for _, arg := range []string{"-h", "--help"} {
 		code, out, stderr := runMain(t, nil, "run", arg)
@@ -55,7 +53,7 @@ func TestOperatingDocListsEveryRunFlag(t *testing.T) {
 	_, table, _ := strings.Cut(string(doc), "\n## Flags and environment\n")
 	table, _, _ = strings.Cut(table, "\n## ")
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var cfg relay.Config
+	var cfg Config
 	runFlags(fs, &cfg)
 	fs.VisitAll(func(f *flag.Flag) {
 		row := regexp.MustCompile("(?m)^\\| [^|]*`--" + regexp.QuoteMeta(f.Name) + "`[^|]*\\|([^|]*)\\|.*$").FindStringSubmatch(table)
@@ -161,7 +159,7 @@ func TestSizeFlagsTakeUnits(t *testing.T) {
 		}
 	}
 	fs := flag.NewFlagSet("run", flag.ContinueOnError)
-	var cfg relay.Config
+	var cfg Config
 	runFlags(fs, &cfg)
 	for name, want := range map[string]string{"max-message-bytes": "8MiB", "peer-memory-bytes": "256MiB", "registry-cache-max-bytes": "10GiB"} {
 		if got := fs.Lookup(name).DefValue; got != want {

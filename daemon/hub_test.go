@@ -65,7 +65,7 @@ func TestHubKeyFileOpenToOthersIsWarnedAbout(t *testing.T) {
 	}
 	os.Chmod(path, 0o644)
 	var logs bytes.Buffer
-	cfg := relay.Config{HubListen: "127.0.0.1:0", HubKeyFile: path}
+	cfg := Config{Config: relay.Config{HubListen: "127.0.0.1:0"}, HubKeyFile: path}
 	hub, err := buildHub(cfg, zerolog.New(&logs), nil, netip.MustParseAddr("192.0.2.1"))
 	if err != nil {
 		t.Fatal(err)
@@ -92,9 +92,9 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 	dir := t.TempDir()
 	token := filepath.Join(dir, "cloudly.jwt")
 	os.WriteFile(token, []byte(cloudly.Token+"\n"), 0o600)
-	cfg := relay.Config{ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: token,
+	cfg := Config{Config: relay.Config{ClusterID: cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: cloudly.URL(), CloudlyTokenFile: token,
 		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(dir, "hub.key")}
+		HubListen: "127.0.0.1:0"}, HubKeyFile: filepath.Join(dir, "hub.key")}
 	if err := cfg.Complete(); err != nil {
 		t.Fatal(err)
 	}
@@ -168,7 +168,7 @@ func TestRelayServesTheVPNHub(t *testing.T) {
 // the Service's (--hub-advertise-address); without --hub-listen the flag is refused by name.
 func TestHubAdvertiseAddress(t *testing.T) {
 	dir := t.TempDir()
-	cfg := relay.Config{HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(dir, "hub.key"), HubAdvertiseAddress: "192.0.2.53"}
+	cfg := Config{Config: relay.Config{HubListen: "127.0.0.1:0", HubAdvertiseAddress: "192.0.2.53"}, HubKeyFile: filepath.Join(dir, "hub.key")}
 	hub, err := buildHub(cfg, zerolog.Nop(), nil, netip.Addr{})
 	if err != nil {
 		t.Fatal(err)

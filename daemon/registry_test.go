@@ -22,9 +22,9 @@ func TestBuildServesRegistryOnDownstream(t *testing.T) {
 		io.WriteString(w, "{}")
 	}))
 	t.Cleanup(upstream.Close) // after the relay has stopped
-	e := relaytest.Start(t, relaytest.Options{Build: build, Quiet: true, Configure: func(cfg *relay.Config) {
-		cfg.RegistryUpstream, cfg.RegistryCacheDir = upstream.URL, filepath.Join(t.TempDir(), "cache")
-	}})
+	e := relaytest.Start(t, relaytest.Options{Quiet: true,
+		Build:     buildWith(Config{RegistryCacheDir: filepath.Join(t.TempDir(), "cache"), RegistryCacheMaxBytes: defaultRegistryCacheMaxBytes}),
+		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream = upstream.URL }})
 	r := e.Relay
 
 	resp, err := http.Get("http://" + r.DownstreamAddr().String() + "/v2/")

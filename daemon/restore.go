@@ -5,13 +5,12 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/corestore"
-	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/restore"
 )
 
 // buildCorestore is the one client for node Corestores: isolated restore and the platform agent
 // share it (its connections, TLS roots and metrics).
-func buildCorestore(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer) (*corestore.Client, error) {
+func buildCorestore(cfg Config, log zerolog.Logger, reg prometheus.Registerer) (*corestore.Client, error) {
 	roots, err := caPool(cfg.CorestoreCAFile, "corestore-ca-file")
 	if err != nil {
 		return nil, err

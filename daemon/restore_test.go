@@ -15,7 +15,6 @@ import (
 	"github.com/rs/zerolog"
 
 	"code.foss.global/serve.zone/relay/contracts"
-	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/await"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/testenv/sim"
@@ -30,13 +29,12 @@ func TestBuildCarriesAWholeRestore(t *testing.T) {
 	}
 	cs := sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-7.example", Authority: auth.PublicKey(), Log: zerolog.Nop()})
 	t.Cleanup(cs.Close)
-	e := relaytest.Start(t, relaytest.Options{Build: build, Quiet: true,
+	ca := filepath.Join(t.TempDir(), "corestore-ca.pem")
+	os.WriteFile(ca, cs.CertificatePEM(), 0o600)
+	e := relaytest.Start(t, relaytest.Options{Quiet: true,
+		Build: buildWith(Config{CorestoreCAFile: ca, RegistryCacheMaxBytes: defaultRegistryCacheMaxBytes}),
 		Cloudly: func(c *sim.Cloudly) {
 			c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-7", Origin: cs.Origin()}})
-		},
-		Configure: func(cfg *relay.Config) {
-			cfg.CorestoreCAFile = filepath.Join(t.TempDir(), "corestore-ca.pem")
-			os.WriteFile(cfg.CorestoreCAFile, cs.CertificatePEM(), 0o600)
 		},
 	})
 	cloudly := e.Cloudly

@@ -62,7 +62,7 @@ func cmdRun(ctx context.Context, version string, args []string, stderr io.Writer
 
 // runConfig is what `relay run` and `relay check` are told, judged.
 type runConfig struct {
-	cfg relay.Config
+	cfg Config
 	ha  haConfig
 	src sources // where each flag given came from
 }
@@ -123,10 +123,20 @@ func (rc *runConfig) parts() (on, off []string) {
 }
 
 // build wires the relay and its features from a completed configuration and opts.Logger, without
-// HA. Features register their metrics in the relay's registry.
+// HA, and with the daemon's defaults beside the core's Config (no extra CA roots, no registry
+// cache). Features register their metrics in the relay's registry.
 func build(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
-	r, _, err := BuildParts(cfg, opts, netip.Addr{}, nil)
-	return r, err
+	return buildWith(Config{Config: cfg, RegistryCacheMaxBytes: defaultRegistryCacheMaxBytes})(cfg, opts)
+}
+
+// buildWith is build with the daemon's own configuration dc beside the core's Config (which
+// replaces dc's): what a test sets that `relay run` takes as flags.
+func buildWith(dc Config) func(relay.Config, relay.Options) (*relay.Relay, error) {
+	return func(cfg relay.Config, opts relay.Options) (*relay.Relay, error) {
+		dc.Config = cfg
+		r, _, err := BuildParts(dc, opts, netip.Addr{}, nil)
+		return r, err
+	}
 }
 
 // Elect builds the HA Elector for the parts it copies to its standbys (the escrow and the hub's
@@ -136,7 +146,7 @@ type Elect func(log zerolog.Logger, reg prometheus.Registerer, parts []ha.Part) 
 // BuildParts is build for callers that need the bound VPN hub as well (the demo, cmd/relay-dev,
 // dials it on loopback) or an election (el; nil: no HA). devHubAddress, when valid, is what registerClusterVpnHub reports as the hub's address
 // instead of the bound one: a dev hub binds loopback, which IRuntimeNetworkVpnHub refuses.
-func BuildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, el Elect) (*relay.Relay, *vpnhub.Hub, error) {
+func BuildParts(cfg Config, opts relay.Options, devHubAddress netip.Addr, el Elect) (*relay.Relay, *vpnhub.Hub, error) {
 	log := opts.Logger
 	roots, err := caPool(cfg.CloudlyCAFile, "cloudly-ca-file")
 	if err != nil {
@@ -201,6 +211,7 @@ func BuildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 		feats.Parts = append(feats.Parts, relay.Part{Name: "vpnhub", Impl: hub})
 		ep := hub.Endpoint()
 		opts.VPNHub = &ep // what registerClusterVpnHub reports: the hub is bound, its endpoint final
+		opts.VPNHubBound = hub.Addr().String()
 		// A standby's hub holds the leader's membership, served once it leads.
 		replicated = append(replicated, ha.Part{Prefix: vpnhub.ReplicationPrefix, Part: hub})
 	}
@@ -219,7 +230,7 @@ func BuildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 			esc.UseReplicaSync(s)
 		}
 	}
-	r, err := relay.New(cfg, feats, opts)
+	r, err := relay.New(cfg.Config, feats, opts)
 	if err != nil {
 		closeHub()
 		return nil, nil, err
@@ -236,7 +247,7 @@ func BuildParts(cfg relay.Config, opts relay.Options, devHubAddress netip.Addr, 
 // buildHub loads or creates the hub's static key and binds the hub, so that its endpoint is final
 // before the relay registers and reports it. A listen address without a concrete IPv4 host and an unreadable key
 // file are configuration errors naming their flag.
-func buildHub(cfg relay.Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
+func buildHub(cfg Config, log zerolog.Logger, reg prometheus.Registerer, report netip.Addr) (*vpnhub.Hub, error) {
 	if !report.IsValid() && cfg.HubAdvertiseAddress != "" {
 		report = netip.MustParseAddr(cfg.HubAdvertiseAddress) // Complete checked it
 	}

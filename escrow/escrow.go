@@ -73,9 +73,12 @@ func New(opts Options) (*Escrow, error) {
 func (e *Escrow) nowMs() int64 { return e.now().UnixMilli() }
 
 // changedLocked wakes Run when a change made something due before the instant its timer is
-// set for. Most changes (an acknowledgement, a hold while attached) do not, and Run sleeps on.
+// set for, or due already by the clock: a timer runs on the monotonic clock, and when the wall
+// clock the windows are read on has moved on further (a process resumed after a stop, a clock a
+// test moves), a node that registers again gets what is due at once, not when the timer fires.
+// Most changes (an acknowledgement, a hold while attached) do neither, and Run sleeps on.
 func (e *Escrow) changedLocked() {
-	if at, ok := e.sched.next(); ok && at < e.armed {
+	if at, ok := e.sched.next(); ok && (at < e.armed || at <= e.nowMs()) {
 		e.armed = at
 		e.kickRun()
 	}

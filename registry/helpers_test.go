@@ -45,10 +45,10 @@ func startRelay(t testing.TB, upstreamURL, cacheDir string, tune func(*registry.
 	}
 	e := &relayEnv{cacheDir: cacheDir}
 	e.Env = relaytest.Start(t, relaytest.Options{
-		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream, cfg.RegistryCacheDir = upstreamURL, cacheDir },
+		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream = upstreamURL },
 		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
-			opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry, Logger: o.Logger}
+			opts := registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cacheDir,
+				CacheMaxBytes: 10 << 30, Registerer: o.Registry, Logger: o.Logger}
 			if tune != nil {
 				tune(&opts)
 			}

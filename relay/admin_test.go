@@ -66,6 +66,16 @@ func TestStatusPageShowsTheHARole(t *testing.T) {
 	}
 	close(el.stepDown)
 	x.Eventually("standing by", func() bool { return role() == "standby" })
+	// A standby is detached by design: once its Cloudly session is closed (the fence closes it
+	// after the role changes), nothing on its page is painted as failing.
+	x.Eventually("the standby's page detached", func() bool {
+		_, page := statusGet(t, x, "/status")
+		return strings.Contains(page, `id="attached">detached<`)
+	})
+	if _, page := statusGet(t, x, "/status"); strings.Contains(page, `class="bad"`) ||
+		!strings.Contains(page, `<b class="idle" id="attached">detached</b>`) || !strings.Contains(page, `<h2>ha <small class="ok">standby</small></h2>`) {
+		t.Fatalf("a healthy standby's page paints a failure, or does not show it standing by:\n%s", page)
+	}
 	if code, body := statusGet(t, x, "/readyz"); code != 200 || !strings.Contains(body, "ready: standby") {
 		t.Fatalf("/readyz = %d %q on a standby that could lead", code, body)
 	}

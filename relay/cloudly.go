@@ -7,15 +7,14 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 )
 
-// What the relay does with its Cloudly session: the upstreamHost side of upstream.go, custody and
-// the configuration push.
+// What the relay does with its Cloudly session: the upstreamHooks side of upstream.go, custody
+// and the configuration push.
 
-// nextRegistration is the registerClusterRelay body to send next, with its registrationSequence:
-// 0 for the first registration of the process, one more for each after it (SPEC §4). It carries
-// exactly the seed's members: what else the relay must say goes in calls of its own (the hub
-// report, upstreamAttached).
-func (r *Relay) nextRegistration() (int64, json.RawMessage) {
-	seq := r.registrations.Add(1) - 1
+// registration is the registerClusterRelay body with registrationSequence seq: 0 for the first
+// registration of the process, one more for each after it (SPEC §4; the upstream counts). It
+// carries exactly the seed's members: what else the relay must say goes in calls of its own (the
+// hub report, upstreamAttached).
+func (r *Relay) registration(seq int64) json.RawMessage {
 	reg := contracts.RegisterClusterRelayRequest{
 		Protocol: contracts.RelayOffer,
 		Relay: contracts.ClusterRelayRegistration{
@@ -25,17 +24,16 @@ func (r *Relay) nextRegistration() (int64, json.RawMessage) {
 		RegistrationSequence: seq,
 	}
 	body, _ := json.Marshal(reg)
-	return seq, body
+	return body
 }
 
 // registrationAccepted: Cloudly dispatches to the relay again. It runs on the socket's read loop,
 // before the configuration push that follows the acceptance, which may end custody again.
 func (r *Relay) registrationAccepted() { r.custody.resume() }
 
-// upstreamAttached reports the hub (without waiting for the answer), then tells every part that
-// hears it, then every node and ingress connection.
+// upstreamAttached tells every part that hears it, then every node and ingress connection (the
+// upstream has sent the hub report already).
 func (r *Relay) upstreamAttached(up feature.Upstream) {
-	r.hubReport.report(up, r.up.state.Load().Sequence)
 	for _, w := range r.parts.attach {
 		w.Attached(up)
 	}

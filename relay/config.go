@@ -13,29 +13,26 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Config is everything `relay run` is told. Field comments name the flag; every flag also reads
-// SERVEZONE_RELAY_<FLAG_IN_UPPER_SNAKE>. Secrets are never values here, only files.
+// Config is what the relay core is told: every field is read by this package. Field comments
+// name the flag; every flag also reads SERVEZONE_RELAY_<FLAG_IN_UPPER_SNAKE>. Secrets are never
+// values here, only files. What `relay run` wires beside the core — the parts' CA files, the
+// hub's key, the registry cache, the log — is the daemon's own configuration (cmd/relay).
 type Config struct {
 	ClusterID         string // --cluster-id
 	NodeID            string // --node-id: the cluster node the relay runs on
 	CloudlyURL        string // --cloudly-url: wss://… (ws:// only with --insecure-plaintext)
 	CloudlyTokenFile  string // --cloudly-token-file: the machine JWT, re-read at every attach
-	CloudlyCAFile     string // --cloudly-ca-file: extra roots for Cloudly's certificate
-	CorestoreCAFile   string // --corestore-ca-file: extra roots for node Corestores' certificates
-	RegistryCAFile    string // --registry-ca-file: extra roots for the registry upstream's certificate
 	Listen            string // --listen: the downstream listener (default :8443)
 	AdvertiseAddress  string // --advertise-address: the IPv4 literal nodes reach the relay on
 	TLSCertFile       string // --tls-cert-file
 	TLSKeyFile        string // --tls-key-file
 	InsecurePlaintext bool   // --insecure-plaintext: ws:// and http:// everywhere (development only)
-	HubListen         string // --hub-listen: the VPN hub's UDP address; empty: hub off
-	HubKeyFile        string // --hub-key-file: the hub's static Noise key, created 0600 when missing
+	HubListen         string // --hub-listen: the VPN hub's UDP address; empty: hub off (shown on the status page)
 	// HubAdvertiseAddress is --hub-advertise-address: the IPv4 address the hub report names when
 	// it is not the one the hub binds (several relays behind one Service: each binds its own,
 	// every one reports the Service's). Empty: the bound address.
 	HubAdvertiseAddress string
 	RegistryUpstream    string // --registry-upstream: where /v2/ is forwarded; empty: off
-	RegistryCacheDir    string // --registry-cache-dir: digest cache; empty: no cache
 	AdminListen         string // --admin-listen (default 127.0.0.1:9464)
 	AdminPprof          bool   // --admin-pprof: net/http/pprof under /debug/pprof/ on the admin listener
 	MaxMessageBytes     int64  // --max-message-bytes (default 8 MiB)
@@ -45,12 +42,6 @@ type Config struct {
 	// arrives from one translated address, and in `relay dev` — so here, unlike elsewhere in
 	// Config, the zero value is not the default.
 	MaxUnregisteredPerSource int
-	LogLevel                 string // --log-level: debug, info, warn, error (default info)
-	LogFormat                string // --log-format: json or console (default json)
-
-	// RegistryCacheMaxBytes is --registry-cache-max-bytes: the bound of the registry digest
-	// cache, least recently used objects evicted beyond it (default 10 GiB).
-	RegistryCacheMaxBytes int64
 
 	// FirstFrameTimeout is --first-frame-timeout: an unregistered connection's first message
 	// arrives whole within it of its start (default 2s). MinFrameRate is --min-frame-rate: every
@@ -74,8 +65,6 @@ const (
 	DefaultAdminListen     = "127.0.0.1:9464"
 	DefaultMaxMessageBytes = 8 << 20
 	DefaultBuildVersion    = "0.1.0"
-
-	DefaultRegistryCacheMaxBytes = 10 << 30 // --registry-cache-max-bytes
 )
 
 // ConfigError is a configuration value that is wrong; Flag names it as the command line spells it.
@@ -114,17 +103,8 @@ func (c *Config) Complete() error {
 	if c.UpgradeBurstPerSource == 0 {
 		c.UpgradeBurstPerSource = DefaultUpgradeBurstPerSource
 	}
-	if c.LogLevel == "" {
-		c.LogLevel = "info"
-	}
-	if c.LogFormat == "" {
-		c.LogFormat = "json"
-	}
 	if c.BuildVersion == "" {
 		c.BuildVersion = DefaultBuildVersion
-	}
-	if c.RegistryCacheMaxBytes == 0 {
-		c.RegistryCacheMaxBytes = DefaultRegistryCacheMaxBytes
 	}
 	bad := func(flag, format string, args ...any) error {
 		return &ConfigError{Flag: flag, Reason: fmt.Sprintf(format, args...)}
@@ -160,8 +140,6 @@ func (c *Config) Complete() error {
 		return bad("upgrade-rate-per-source", "must be at least 0.01 (upgrades a second)")
 	case c.UpgradeBurstPerSource < 1:
 		return bad("upgrade-burst-per-source", "must be at least 1")
-	case c.RegistryCacheMaxBytes < 1<<20:
-		return bad("registry-cache-max-bytes", "must be at least 1048576 (1MiB)")
 	case !contracts.IsReleaseVersion(c.BuildVersion):
 		return bad("version", "build version %q is not MAJOR.MINOR.PATCH", c.BuildVersion)
 	}
@@ -184,9 +162,6 @@ func (c *Config) Complete() error {
 		if _, err := net.ResolveUDPAddr("udp", c.HubListen); err != nil {
 			return bad("hub-listen", "must be host:port")
 		}
-		if c.HubKeyFile == "" {
-			return bad("hub-key-file", "is required with --hub-listen")
-		}
 	}
 	if c.HubAdvertiseAddress != "" {
 		switch {
@@ -206,24 +181,19 @@ func (c *Config) Complete() error {
 			return bad("registry-upstream", "must carry no credentials, query or fragment")
 		}
 	}
-	switch c.LogLevel {
-	case "debug", "info", "warn", "error":
-	default:
-		return bad("log-level", "must be debug, info, warn or error")
-	}
-	if c.LogFormat != "json" && c.LogFormat != "console" {
-		return bad("log-format", "must be json or console")
-	}
 	if !c.InsecurePlaintext && (c.TLSCertFile == "" || c.TLSKeyFile == "") {
 		return bad("tls-cert-file", "--tls-cert-file and --tls-key-file are required unless --insecure-plaintext")
 	}
-	for flag, path := range map[string]string{
-		"cloudly-token-file": c.CloudlyTokenFile, "cloudly-ca-file": c.CloudlyCAFile, "corestore-ca-file": c.CorestoreCAFile,
-		"registry-ca-file": c.RegistryCAFile,
-		"tls-cert-file":    c.TLSCertFile, "tls-key-file": c.TLSKeyFile,
-	} {
+	return ReadableFiles(map[string]string{"cloudly-token-file": c.CloudlyTokenFile, "tls-cert-file": c.TLSCertFile, "tls-key-file": c.TLSKeyFile})
+}
+
+// ReadableFiles checks that each file, by the flag naming it, can be opened and is no directory
+// (empty paths are skipped); the first that cannot is a *ConfigError naming its flag. Nothing is
+// read.
+func ReadableFiles(byFlag map[string]string) error {
+	for flag, path := range byFlag {
 		if err := readable(path); err != nil {
-			return bad(flag, "%v", err)
+			return &ConfigError{Flag: flag, Reason: err.Error()}
 		}
 	}
 	return nil

@@ -10,7 +10,7 @@ import (
 )
 
 // The dispatch tables: which handler serves a request, by its method, for each side a request can
-// come from. They are built once, at New, from the method table (methods.go) and every part's
+// come from; part of the feature table (features.go). They are built once, at New, from the method table (methods.go) and every part's
 // Methods, and only read after. A method outside them is answered by its row's refusal, refused
 // when it is local-only or the relay's own, or forwarded: Cloudly's to the node it names, a
 // node's to Cloudly.
@@ -106,7 +106,7 @@ func (r *Relay) replier(req *typedsocket.Request) feature.Reply {
 // for a method whose part is off, the refusal of local-only methods, then routing to the node it
 // names.
 func (r *Relay) serveCloudly(req *typedsocket.Request) {
-	if h := r.dispatch.fromCloudly[req.Method]; h != nil {
+	if h := r.parts.methods.fromCloudly[req.Method]; h != nil {
 		h(req)
 		return
 	}
@@ -124,7 +124,7 @@ func (r *Relay) serveCloudly(req *typedsocket.Request) {
 // table's refusal, the refusals of local-only methods and of the relay's own calls and pushes,
 // then forwarding to Cloudly.
 func (r *Relay) servePeer(p *peer, req *typedsocket.Request) {
-	if h := r.dispatch.fromDownstream[req.Method]; h != nil {
+	if h := r.parts.methods.fromDownstream[req.Method]; h != nil {
 		h(p, req)
 		return
 	}

@@ -151,7 +151,7 @@ func TestDispatch(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, m := range contractsMethods(t) {
-			_, listed := r.dispatch.fromCloudly[m]
+			_, listed := r.parts.methods.fromCloudly[m]
 			switch served := contracts.IsServedToCloudly(m); {
 			case served && !listed:
 				t.Errorf("%s is served to Cloudly, but no feature lists it: Cloudly's request would be refused as if its part were off", m)
@@ -160,7 +160,7 @@ func TestDispatch(t *testing.T) {
 			}
 		}
 		var table []string
-		for m := range r.dispatch.fromCloudly {
+		for m := range r.parts.methods.fromCloudly {
 			table = append(table, m)
 		}
 		sort.Strings(table)

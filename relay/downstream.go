@@ -8,7 +8,6 @@ import (
 	"net"
 	"net/http"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"time"
 
@@ -46,7 +45,10 @@ type downstream struct {
 	nodes   nodeTable
 	peerIDs atomic.Uint64
 
-	ctx context.Context // set by serve, before the first connection: every connection runs under it
+	// ctx is what every connection runs under; stop ends it, once every connection is closed
+	// (Relay.Serve). Both set at construction.
+	ctx  context.Context
+	stop context.CancelFunc
 }
 
 // downstreamConfig is what the downstream is told.
@@ -62,6 +64,7 @@ type downstreamConfig struct {
 	upgradeRate      float64          // --upgrade-rate-per-source: upgrades a second from one address under load
 	upgradeBurst     int              // --upgrade-burst-per-source
 	timings          timings
+	now              func() time.Time // the relay's clock (Options.Now); nil: time.Now
 }
 
 // downstreamHooks are what the relay does with a connection: serve its requests and stream
@@ -85,12 +88,16 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	if cfg.registerDeadline <= 0 {
 		cfg.registerDeadline = RegisterDeadline
 	}
+	if cfg.now == nil {
+		cfg.now = time.Now
+	}
 	if cfg.peerMemoryBytes <= 0 { // a Config that was not completed
 		cfg.peerMemoryBytes = DefaultPeerMemoryBytes
 	}
 	d := &downstream{cfg: cfg, log: log, m: m, hooks: hooks,
 		budget:  budget.New(cfg.peerMemoryBytes),
 		sources: &sourceCounts{max: cfg.maxPerSource, n: make(map[string]int)}}
+	d.ctx, d.stop = context.WithCancel(context.Background())
 	d.anonymous = &anonymousPool{share: d.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
 	d.adm = &admission{m: m, refusals: make(chan struct{}, refusing)}
 	d.unregisteredCosts = d.budget.NewPartition(d.budget.Limit() / unregisteredPart)
@@ -152,7 +159,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		leave()
 		return // Accept has answered
 	}
-	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: time.Now()}
+	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: d.cfg.now()}
 	waiting := func() (int64, bool) { return int64(p.conn.QueuedBytes()), p.conn.Stalled(evictionStall) }
 	p.share = d.budget.NewShare(AnonymousShare, waiting, func() {
 		d.m.dropped.WithLabelValues("evicted-over-budget").Inc()
@@ -338,114 +345,6 @@ func sourceOf(remote string) string {
 		return host
 	}
 	return remote
-}
-
-// peerSet is every open downstream connection.
-type peerSet struct {
-	mu     sync.Mutex
-	byID   map[uint64]*peer // guarded by mu
-	closed bool             // guarded by mu: shutting down, no new peers
-	wg     sync.WaitGroup
-}
-
-func (s *peerSet) add(p *peer) bool {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	if s.closed {
-		return false
-	}
-	s.byID[p.id] = p
-	s.wg.Add(1)
-	return true
-}
-
-func (s *peerSet) remove(p *peer) {
-	s.mu.Lock()
-	delete(s.byID, p.id)
-	s.mu.Unlock()
-	s.wg.Done()
-}
-
-func (s *peerSet) snapshot() []*peer {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	out := make([]*peer, 0, len(s.byID))
-	for _, p := range s.byID {
-		out = append(out, p)
-	}
-	return out
-}
-
-// closeAll stops new peers and closes every open one with 1001, waiting at most until ctx ends.
-func (s *peerSet) closeAll(ctx context.Context) {
-	s.mu.Lock()
-	s.closed = true
-	s.mu.Unlock()
-	for _, p := range s.snapshot() {
-		go p.conn.Close(websocket.StatusGoingAway, "relay shutting down")
-	}
-	done := make(chan struct{})
-	go func() { s.wg.Wait(); close(done) }()
-	select {
-	case <-done:
-	case <-ctx.Done():
-		// The library's close handshake waits for the peer on its own timeouts, and CloseNow waits
-		// for that handshake; closing the socket under it ends both at once.
-		for _, p := range s.snapshot() {
-			if p.raw != nil {
-				p.raw.Close()
-			}
-			p.conn.CloseNow()
-		}
-		<-done
-	}
-}
-
-// closeEach closes every open peer with code, and lets new ones in.
-func (s *peerSet) closeEach(code websocket.StatusCode, reason string) {
-	for _, p := range s.snapshot() {
-		go p.conn.Close(code, reason)
-	}
-}
-
-func (s *peerSet) queued() float64 {
-	n := 0
-	for _, p := range s.snapshot() {
-		n += p.conn.QueueLen()
-	}
-	return float64(n)
-}
-
-// nodeTable maps node ids to the connection carrying them.
-type nodeTable struct {
-	mu   sync.Mutex
-	byID map[string]*peer // guarded by mu
-}
-
-// bind makes p the carrier of id and returns the previous carrier, if any.
-func (t *nodeTable) bind(id string, p *peer) *peer {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	old := t.byID[id]
-	t.byID[id] = p
-	return old
-}
-
-// unbind removes id if p still carries it.
-func (t *nodeTable) unbind(id string, p *peer) bool {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	if t.byID[id] != p {
-		return false
-	}
-	delete(t.byID, id)
-	return true
-}
-
-func (t *nodeTable) get(id string) *peer {
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	return t.byID[id]
 }
 
 // rawConnKey carries a downstream connection's socket in its request context

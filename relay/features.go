@@ -24,9 +24,13 @@ type Part struct {
 	Impl any
 }
 
-// parts are the enabled parts as the relay holds them: for each event, the parts that hear it.
-// Set at New, only read after.
+// parts are the feature table: the enabled parts as the relay holds them — for each event, the
+// parts that hear it; for each method, the handler that serves it (dispatch.go); the part that
+// serves /v2/. Set at New (wireParts), only read after.
 type parts struct {
+	methods  dispatch     // which handler serves a method, per side
+	registry http.Handler // serves /v2/ on the downstream listener; nil: registry forwarding is off
+
 	attach     []feature.AttachWatcher
 	detach     []feature.DetachWatcher
 	custody    []feature.CustodyWatcher
@@ -43,6 +47,20 @@ type parts struct {
 type named[T any] struct {
 	name string
 	v    T
+}
+
+// wireParts builds the feature table from feats: the dispatch tables (failing on a method served
+// twice), then every part filed under each interface it implements, and handed the upstream and
+// the tenure when it uses them. It runs once, at New, after the upstream is made.
+func (r *Relay) wireParts(feats Features) (parts, error) {
+	list := feats.withRegistry()
+	d, err := r.newDispatch(list)
+	if err != nil {
+		return parts{}, err
+	}
+	ps := sortParts(list, r.up, r.tenure)
+	ps.methods, ps.registry = d, feats.Registry
+	return ps, nil
 }
 
 // sortParts files each part under every interface it implements, and hands the upstream and the

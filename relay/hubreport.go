@@ -4,6 +4,8 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
+	"strconv"
 	"sync/atomic"
 	"time"
 
@@ -13,6 +15,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/status"
 )
 
 // The VPN hub report (SPEC §4 step 2, project-defined). The seeds spell registerClusterRelay
@@ -43,8 +46,11 @@ var hubReportOutcomes = [...]string{hubReportAccepted, hubReportRefused, hubRepo
 // hubReporter sends the hub report and keeps its newest outcome.
 type hubReporter struct {
 	body   json.RawMessage        // set at construction: the request; nil when the hub is off
+	addr   string                 // set at construction: the reported address:port, for the status page
+	bound  string                 // set at construction: the hub's socket as bound, for the status page
 	key    string                 // set at construction: the hub's public key in short form, for the log
 	log    zerolog.Logger         // set at construction: the upstream's
+	now    func() time.Time       // set at construction: the relay's clock
 	counts *prometheus.CounterVec // set at construction: outcome
 	sent   atomic.Int64           // reports sent so far: the newest one's number
 	state  atomic.Pointer[hubReportState]
@@ -53,20 +59,21 @@ type hubReporter struct {
 // hubReportState is the newest report as the status page shows it: its outcome (pending until
 // answered) and when it was sent or answered, with the registrationSequence it followed.
 type hubReportState struct {
-	Outcome  string    `json:"outcome"`
-	At       time.Time `json:"at"`
-	Sequence int64     `json:"sequence"`
-	n        int64     // the report's number (hubReporter.sent)
+	outcome  string
+	at       time.Time
+	sequence int64
+	n        int64 // the report's number (hubReporter.sent)
 }
 
 // newHubReporter makes the reporter of the hub at ep for cluster; with ep nil (the hub is off) it
 // reports nothing. An endpoint whose key is not a 32-byte key is refused: the report would carry
 // it to Cloudly as garbage.
-func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, log zerolog.Logger, counts *prometheus.CounterVec) (*hubReporter, error) {
-	h := &hubReporter{log: log, counts: counts}
+func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, bound string, log zerolog.Logger, counts *prometheus.CounterVec, now func() time.Time) (*hubReporter, error) {
+	h := &hubReporter{log: log, counts: counts, now: now}
 	if ep == nil {
 		return h, nil
 	}
+	h.addr, h.bound = net.JoinHostPort(ep.Address, strconv.Itoa(ep.QUICPort)), bound
 	key, err := contracts.DecodeKey32(ep.NoisePublicKey)
 	if err != nil {
 		return nil, fmt.Errorf("vpn hub endpoint: public key: %w", err)
@@ -83,11 +90,15 @@ func newHubReporter(cluster string, ep *contracts.VPNHubEndpoint, log zerolog.Lo
 func (h *hubReporter) on() bool { return h.body != nil }
 
 // status is the newest report's state; nil while the hub is off or before the first report.
-func (h *hubReporter) status() *hubReportState {
+func (h *hubReporter) status() *status.HubReport {
 	if !h.on() {
 		return nil
 	}
-	return h.state.Load()
+	s := h.state.Load()
+	if s == nil {
+		return nil
+	}
+	return &status.HubReport{Outcome: s.outcome, At: s.at, Sequence: s.sequence}
 }
 
 // report sends the report on up, after Cloudly accepted registration seq. It returns at once: the
@@ -97,7 +108,7 @@ func (h *hubReporter) report(up feature.Upstream, seq int64) {
 		return
 	}
 	n := h.sent.Add(1)
-	h.state.Store(&hubReportState{Outcome: hubReportPending, At: time.Now(), Sequence: seq, n: n})
+	h.state.Store(&hubReportState{outcome: hubReportPending, at: h.now(), sequence: seq, n: n})
 	up.Call(contracts.MethodRegisterClusterVpnHub, h.body, func(_ json.RawMessage, err error) { h.answered(n, seq, err) })
 }
 
@@ -106,7 +117,7 @@ func (h *hubReporter) report(up feature.Upstream, seq int64) {
 func (h *hubReporter) answered(n, seq int64, err error) {
 	outcome := hubReportOutcome(err)
 	h.counts.WithLabelValues(outcome).Inc()
-	next := &hubReportState{Outcome: outcome, At: time.Now(), Sequence: seq, n: n}
+	next := &hubReportState{outcome: outcome, at: h.now(), sequence: seq, n: n}
 	// Shown unless a newer report was sent since: a late answer to a lost socket's report must
 	// not hide the newest one.
 	for {

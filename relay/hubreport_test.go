@@ -11,7 +11,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
-	"code.foss.global/serve.zone/relay/relay"
+	"code.foss.global/serve.zone/relay/status"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
@@ -274,10 +274,10 @@ func TestHubReport(t *testing.T) {
 	})
 }
 
-func hubStatus(t *testing.T, e *relaytest.Env) relay.Status {
+func hubStatus(t *testing.T, e *relaytest.Env) status.Snapshot {
 	t.Helper()
 	code, body := statusGet(t, e, "/status.json")
-	var st relay.Status
+	var st status.Snapshot
 	if err := json.Unmarshal([]byte(body), &st); code != 200 || err != nil {
 		t.Fatalf("/status.json: %d %v", code, err)
 	}

@@ -2,7 +2,6 @@ package relay
 
 import (
 	"errors"
-	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -52,7 +51,7 @@ func (r *Relay) ingressRefusal(err error) error {
 	var after int64
 	switch own.Name {
 	case contracts.RelayUpstreamDetached:
-		after = r.up.hist.retryIn(time.Now()).Milliseconds()
+		after = r.up.hist.RetryIn(r.now()).Milliseconds()
 	case contracts.RelayCallTimeout, contracts.RelayUpstreamBusy, contracts.RelayNodeBusy, contracts.RelayRequestInvalid:
 		// Relay-request-invalid here is Cloudly's answer the relay could not read (a body the
 		// relay cannot read is registration-invalid already).

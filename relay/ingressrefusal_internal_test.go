@@ -9,6 +9,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/status"
 )
 
 // TestIngressRefusalShapes: every refusal the relay makes itself of an ingress registration
@@ -17,7 +18,7 @@ import (
 // shutting down (1 000), the anonymous pool full, the Cloudly queue full and a call timeout
 // (1 000) — and everything else passes as it came.
 func TestIngressRefusalShapes(t *testing.T) {
-	r := &Relay{up: &upstream{hist: newSessionLog("")}}
+	r := &Relay{up: &upstream{hist: status.NewSessionLog("")}, now: time.Now}
 	r.leading.Store(true)
 	wire := func(t *testing.T, err error) (*typedsocket.Error, contracts.ClusterIngressRegistrationRefusal) {
 		t.Helper()
@@ -37,9 +38,9 @@ func TestIngressRefusalShapes(t *testing.T) {
 		afterMax int64
 	}{
 		{"detached, dialling", func() {}, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"), contracts.RelayUpstreamDetached, 1000, 1000},
-		{"detached, 20 s from the next dial", func() { r.up.hist.waiting(time.Now().Add(20 * time.Second)) },
+		{"detached, 20 s from the next dial", func() { r.up.hist.Waiting(time.Now().Add(20 * time.Second)) },
 			contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"), contracts.RelayUpstreamDetached, 19_000, 20_000},
-		{"detached, a refused offer's 300 s and more", func() { r.up.hist.waiting(time.Now().Add(time.Hour)) },
+		{"detached, a refused offer's 300 s and more", func() { r.up.hist.Waiting(time.Now().Add(time.Hour)) },
 			contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"), contracts.RelayUpstreamDetached, 300_000, 300_000},
 		{"the anonymous pool full", func() {}, contracts.RelayNodeBusy.Refuse("the relay has its most anonymous registrations at Cloudly already"), contracts.RelayNodeBusy, 1000, 1000},
 		{"the Cloudly socket's queue full", func() {}, contracts.RelayUpstreamBusy.Refuse("full"), contracts.RelayUpstreamBusy, 1000, 1000},
@@ -57,7 +58,7 @@ func TestIngressRefusalShapes(t *testing.T) {
 			if !strings.HasPrefix(e.Text, string(c.cause)+": ") || !errors.Is(err, c.cause) || !errors.Is(e, c.cause) {
 				t.Fatalf("text %q: the relay's cause %s is not named", e.Text, c.cause)
 			}
-			r.up.hist.waiting(time.Time{})
+			r.up.hist.Waiting(time.Time{})
 		})
 	}
 	t.Run("standing by", func(t *testing.T) {

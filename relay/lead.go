@@ -70,7 +70,8 @@ func (c tenuredConn) Write(p []byte) (int, error) {
 	return c.Conn.Write(p)
 }
 
-// startLeading makes the relay act for the cluster: the parts hear it, and the upstream dials.
+// startLeading makes the relay act for the cluster: the parts hear it, and the upstream dials,
+// until the downstream's context ends (the relay has stopped serving).
 func (r *Relay) startLeading() {
 	r.leading.Store(true)
 	for _, w := range r.parts.lead {

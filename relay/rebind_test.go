@@ -2,6 +2,7 @@ package relay_test
 
 import (
 	"context"
+	"sync"
 	"testing"
 	"time"
 
@@ -18,18 +19,33 @@ import (
 // registration is refused
 // relay-upstream-detached (SPEC §6).
 func TestDetachedRebinding(t *testing.T) {
-	esc, err := escrow.New(escrow.Options{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	e := relaytest.Start(t, relaytest.Options{Features: relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}}})
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second) // the calls' bound: the test waits for a slot
+	// The renewal windows are read on one test clock, by the escrow and by the node stand-ins, so
+	// that the second window opens when the test says, not 10 s of wall clock later: a busy
+	// machine cannot make the test miss it, and the test does not wait for it.
+	clk := newTestClock(time.Now())
+	var esc *escrow.Escrow
+	e := relaytest.Start(t, relaytest.Options{Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
+		var err error
+		if esc, err = escrow.New(escrow.Options{Now: clk.Now, Registerer: o.Registry, Logger: o.Logger}); err != nil {
+			return nil, err
+		}
+		return relay.New(cfg, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}}, o)
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Second)
 	defer cancel()
 
-	first := e.Node("node-a")
+	first := sim.NewNode("node-a", e.Log)
+	first.Now = clk.UnixMilli
+	if err := first.Connect(ctx, e.URL); err != nil {
+		t.Fatal(err)
+	}
+	defer first.Close()
+	if _, err := first.Register(ctx); err != nil {
+		t.Fatal(err)
+	}
 	answer := e.Cloudly.Session("node-a")
-	// The first slot is current now; the second opens 10 s later.
-	run := sim.EscrowRun{Session: first.Session(), Start: time.Now().Add(-50 * time.Second), Count: 4, Step: time.Minute, Window: 2 * time.Minute}
+	// The first slot is current now; the second opens 10 s later on the test clock.
+	run := sim.EscrowRun{Session: first.Session(), Start: clk.Now().Add(-50 * time.Second), Count: 4, Step: time.Minute, Window: 2 * time.Minute}
 	body, err := run.Request()
 	if err != nil {
 		t.Fatal(err)
@@ -40,11 +56,17 @@ func TestDetachedRebinding(t *testing.T) {
 	e.Cloudly.SetAvailable(false)
 	e.Eventually("detached", func() bool { return !e.Relay.Upstream().Attached() })
 	e.Eventually("the renewal released to the first connection", func() bool { return first.AdmittedRenewalSequence() == 1 })
+	e.Eventually("the escrow heard the acknowledgement", func() bool {
+		return e.Metric("relay_escrow_releases_total", "outcome", "accepted") == 1
+	})
 
-	// The node's socket drops; it comes back as it was, same credential and instance nonce.
+	// The node's socket drops; it comes back as it was, same credential and instance nonce, once
+	// the second window has opened.
 	first.Close()
+	e.Eventually("the escrow no longer carries the first connection", func() bool { return !escrowCarries(esc) })
+	clk.Advance(11 * time.Second)
 	again := sim.NewNode("node-a", e.Log)
-	again.Nonce, again.Bearer, again.Generation = first.Nonce, first.Bearer, first.Generation
+	again.Nonce, again.Bearer, again.Generation, again.Now = first.Nonce, first.Bearer, first.Generation, clk.UnixMilli
 	if err := again.Connect(ctx, e.URL); err != nil {
 		t.Fatal(err)
 	}
@@ -56,8 +78,14 @@ func TestDetachedRebinding(t *testing.T) {
 	if got, want := string(again.Session()), string(first.Session()); got != want {
 		t.Fatalf("re-bound to session %s, want the one Cloudly answered: %s (answer %s; Cloudly's %s)", got, want, resp, answer)
 	}
-	// The node acknowledged renewal 1 on its first connection: the re-bound one gets the next.
-	e.Eventually("the next renewal released to the re-bound connection", func() bool { return again.AdmittedRenewalSequence() == 2 })
+	// The node acknowledged renewal 1 on its first connection: the re-bound one gets the next. A
+	// push that reaches the node before it has read its registration's answer is refused and
+	// retried a second later: the clock moves on as the test waits, 0.1 s a look, so at most 75 s
+	// in 15 s of looking, well inside the second window.
+	e.Eventually("the next renewal released to the re-bound connection", func() bool {
+		clk.Advance(100 * time.Millisecond)
+		return again.AdmittedRenewalSequence() == 2
+	})
 	if got := e.Metric("relay_downstream_rebound_total"); got != 1 {
 		t.Fatalf("relay_downstream_rebound_total = %v, want 1", got)
 	}
@@ -86,4 +114,32 @@ func TestDetachedRebinding(t *testing.T) {
 	if e.Cloudly.NodeRegistrations("node-a") != before+1 {
 		t.Fatal("once attached, the relay answered a registration itself")
 	}
+}
+
+// testClock is a clock the test moves: Now and UnixMilli read it, Advance moves it on.
+type testClock struct {
+	mu  sync.Mutex
+	now time.Time
+}
+
+func newTestClock(t time.Time) *testClock { return &testClock{now: t} }
+
+func (c *testClock) Now() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.now
+}
+
+func (c *testClock) UnixMilli() int64 { return c.Now().UnixMilli() }
+
+func (c *testClock) Advance(d time.Duration) {
+	c.mu.Lock()
+	c.now = c.now.Add(d)
+	c.mu.Unlock()
+}
+
+// escrowCarries is whether the escrow carries a session of its one node.
+func escrowCarries(esc *escrow.Escrow) bool {
+	st := esc.Status().(escrow.Status)
+	return len(st.Nodes) == 1 && st.Nodes[0].Carried
 }

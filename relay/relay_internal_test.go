@@ -2,44 +2,10 @@ package relay
 
 import (
 	"io"
-	"net/http"
-	"net/http/httptest"
 	"strings"
-	"sync"
 	"testing"
 	"testing/iotest"
 )
-
-func TestCapRequests(t *testing.T) {
-	release := make(chan struct{})
-	var started, done sync.WaitGroup
-	h := capRequests(http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) {
-		started.Done()
-		<-release
-	}), 2)
-	for range 2 {
-		started.Add(1)
-		done.Add(1)
-		go func() {
-			defer done.Done()
-			h.ServeHTTP(httptest.NewRecorder(), httptest.NewRequest("GET", "/metrics", nil))
-		}()
-	}
-	started.Wait()
-	w := httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
-	if w.Code != http.StatusServiceUnavailable || w.Header().Get("Retry-After") == "" {
-		t.Fatalf("a request beyond the cap: %d, want 503 with Retry-After", w.Code)
-	}
-	close(release)
-	done.Wait()
-	started.Add(1)
-	w = httptest.NewRecorder()
-	h.ServeHTTP(w, httptest.NewRequest("GET", "/metrics", nil))
-	if w.Code != http.StatusOK {
-		t.Fatalf("a request once the slots are free: %d, want 200", w.Code)
-	}
-}
 
 func TestRedactURLDropsWhatMayBeSecret(t *testing.T) {
 	got := redactURL("wss://user:pa55@cloudly.example:443/typedsocket?token=s3cret#frag")

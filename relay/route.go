@@ -41,7 +41,7 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 		r.answer(req, nil, contracts.RelayUpstreamDetached.Refuse("the relay is shutting down"))
 		return
 	}
-	start, size := time.Now(), len(req.Body)
+	start, size := r.now(), len(req.Body)
 	// Charged to the node's share until written: a node sending max-size messages holds at most
 	// its share of the queue every node shares (SPEC §15).
 	k := r.up.callFor(p.share, node, req.Method, takeBody(req), func(body json.RawMessage, err error) {
@@ -99,7 +99,7 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.refuseCloudly(req, node, err)
 		return
 	}
-	start, size := time.Now(), len(req.Body)
+	start, size := r.now(), len(req.Body)
 	k := p.call(req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		if err == nil {
 			_, err = r.bindMarkers(p, body) // a stream in the node's answer flows from this node
@@ -160,7 +160,7 @@ func (r *Relay) logForward(method, node string, size int, err error, start time.
 		outcome = contracts.RefusalLabel(err)
 	}
 	ev.Str("outcome", outcome).Str("method", method).Str("node", node).Int("bytes", size).
-		Dur("latency", time.Since(start)).Msg("forwarded")
+		Dur("latency", r.now().Sub(start)).Msg("forwarded")
 }
 
 // announceAttached tells every node and ingress connection the relay is attached again, after

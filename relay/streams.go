@@ -198,14 +198,14 @@ func (r *Relay) bindMarkers(p *peer, body []byte) ([]string, error) {
 	if err := contracts.FindStreamMarkers(body, func(id string) error { ids = append(ids, id); return nil }); err != nil || len(ids) == 0 {
 		return nil, nil // a body the receiver cannot parse carries no stream for it either
 	}
-	return ids, r.streams.bind(ids, p, time.Now())
+	return ids, r.streams.bind(ids, p, r.now())
 }
 
 // serveNodeStream forwards a node's stream frame up to Cloudly, for a stream bound to that node,
 // charged to the node's share until written. The frame goes whole, except for a relayNodeId the
 // node put in it: a node cannot name a node to Cloudly (the binding is the authority).
 func (r *Relay) serveNodeStream(p *peer, f *typedsocket.StreamFrame) {
-	_, err := r.streams.route(f.StreamID, p, f.Closing, time.Now())
+	_, err := r.streams.route(f.StreamID, p, f.Closing, r.now())
 	if err == nil {
 		frame := f.Frame
 		if f.RelayNodeID {
@@ -226,7 +226,7 @@ func (r *Relay) serveCloudlyStream(c *typedsocket.Conn, f *typedsocket.StreamFra
 	if r.up.local.deliver(c, f) {
 		return // the part counts its own frames
 	}
-	p, err := r.streams.route(f.StreamID, nil, f.Closing, time.Now())
+	p, err := r.streams.route(f.StreamID, nil, f.Closing, r.now())
 	if err == nil {
 		if err = p.conn.SendFrame(f.Frame); err != nil {
 			err = p.callError(err, contracts.MethodVirtualStream)
@@ -254,8 +254,8 @@ func (r *Relay) sweepStreams(ctx context.Context) {
 		select {
 		case <-ctx.Done():
 			return
-		case now := <-t.C:
-			r.streams.sweep(now)
+		case <-t.C:
+			r.streams.sweep(r.now())
 		}
 	}
 }

@@ -10,6 +10,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+
+	"code.foss.global/serve.zone/relay/status"
 )
 
 // certReloader serves the downstream certificate and picks up a renewed one from its files
@@ -17,6 +19,7 @@ import (
 // operator, who replaces the files).
 type certReloader struct {
 	certFile, keyFile string
+	now               func() time.Time // set at construction: time.Now, or the relay's clock (New)
 
 	mu      sync.Mutex
 	cert    *tls.Certificate // guarded by mu
@@ -25,7 +28,7 @@ type certReloader struct {
 }
 
 func newCertReloader(certFile, keyFile string) (*certReloader, error) {
-	c := &certReloader{certFile: certFile, keyFile: keyFile}
+	c := &certReloader{certFile: certFile, keyFile: keyFile, now: time.Now}
 	if err := c.load(); err != nil {
 		return nil, err
 	}
@@ -46,10 +49,10 @@ func (c *certReloader) load() error {
 }
 
 // info is the certificate served now: its names and expiry.
-func (c *certReloader) info() *certInfo {
+func (c *certReloader) info() *status.CertInfo {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return certOf(c.cert.Leaf)
+	return status.CertOf(c.cert.Leaf)
 }
 
 func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
@@ -61,7 +64,7 @@ func (c *certReloader) get(*tls.ClientHelloInfo) (*tls.Certificate, error) {
 // currentLocked is the certificate the next handshake is served, reloaded first when its file has
 // changed since the last look (at most every 10 s).
 func (c *certReloader) currentLocked() *tls.Certificate {
-	if now := time.Now(); now.Sub(c.checked) > 10*time.Second {
+	if now := c.now(); now.Sub(c.checked) > 10*time.Second {
 		c.checked = now
 		if st, err := os.Stat(c.certFile); err == nil && !st.ModTime().Equal(c.modTime) {
 			_ = c.load() // on a half-written pair keep serving the old certificate

@@ -2,12 +2,10 @@ package relay
 
 import (
 	"context"
-	"crypto/tls"
 	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"net"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -19,6 +17,7 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/backoff"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/status"
 )
 
 // Upstream socket limits. One socket carries the whole cluster, so its queue and inflight bounds
@@ -31,26 +30,27 @@ const (
 	dialTimeout           = 15 * time.Second
 )
 
-// upstreamHost is what an upstream needs of the relay: the narrow seam between one Cloudly
-// session and everything else. The relay implements it.
-type upstreamHost interface {
-	// serveCloudly serves one of Cloudly's requests, on the socket's read loop.
-	serveCloudly(req *typedsocket.Request)
-	// serveCloudlyStream forwards one of Cloudly's stream frames; c is the socket it came on.
-	serveCloudlyStream(c *typedsocket.Conn, f *typedsocket.StreamFrame)
-	// nextRegistration is the registerClusterRelay body to send next. registrationSequence counts
-	// once per registration in the whole process (SPEC §4), whichever socket sends it.
-	nextRegistration() (seq int64, body json.RawMessage)
-	// registrationAccepted runs on the socket's read loop when Cloudly accepts its registration,
-	// before Cloudly's next message is served.
-	registrationAccepted()
-	// upstreamAttached runs once the session is attached, upstreamDetached once it is lost.
-	upstreamAttached(up feature.Upstream)
-	upstreamDetached()
+// upstreamHooks are what the relay does with the Cloudly session, handed in at construction as
+// the downstream's are (downstreamHooks): the narrow seam between one Cloudly session and
+// everything else.
+type upstreamHooks struct {
+	// serve serves one of Cloudly's requests, on the socket's read loop.
+	serve func(req *typedsocket.Request)
+	// serveStream forwards one of Cloudly's stream frames; c is the socket it came on.
+	serveStream func(c *typedsocket.Conn, f *typedsocket.StreamFrame)
+	// registration is the registerClusterRelay body with registrationSequence seq.
+	registration func(seq int64) json.RawMessage
+	// accepted runs on the socket's read loop when Cloudly accepts its registration, before
+	// Cloudly's next message is served.
+	accepted func()
+	// attached runs once the session is attached (after the hub report is sent), detached once
+	// it is lost.
+	attached func(up feature.Upstream)
+	detached func()
 	// undispatched: Cloudly refused the relay with one of the three undispatched refusals.
-	undispatched(name contracts.RefusalName)
-	// countDropped counts a frame dropped without an answer, by reason.
-	countDropped(reason string)
+	undispatched func(name contracts.RefusalName)
+	// dropped counts a frame dropped without an answer, by reason.
+	dropped func(reason string)
 }
 
 // upstreamConfig is what one upstream is told.
@@ -63,38 +63,48 @@ type upstreamConfig struct {
 	timings   timings        // the socket's; zero means the SPEC §2 defaults
 	// dial opens the TCP connection to Cloudly; nil: a net.Dialer. Tests dial an in-memory pipe.
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
+	// tenure is asked before anything is sent to Cloudly (lead.go); nil: always held.
+	tenure feature.Tenure
+	// hub reports the VPN hub after each accepted registration (hubreport.go); nil: no hub.
+	hub *hubReporter
+	// local is the streams parts hold on the socket (localstreams.go); nil: none can be opened.
+	local *localStreams
+	// now is the clock the session's history and state are read on; nil: time.Now.
+	now func() time.Time
 }
 
 // upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
 // registration and backoff; other goroutines only read the current socket.
 type upstream struct {
-	host upstreamHost     // set at construction
-	cfg  upstreamConfig   // set at construction
-	log  zerolog.Logger   // set at construction
-	m    *upstreamMetrics // set at construction
-	// local is the streams parts hold on the socket (localstreams.go); set by New.
-	local *localStreams
-	// tenure is asked before anything is sent to Cloudly (lead.go); set at construction (always),
-	// and by New to the elector's, before anything runs.
-	tenure feature.Tenure
+	hooks  upstreamHooks    // set at construction
+	cfg    upstreamConfig   // set at construction
+	log    zerolog.Logger   // set at construction
+	m      *upstreamMetrics // set at construction
+	local  *localStreams    // set at construction: cfg.local (nil only in the seam's own tests)
+	tenure feature.Tenure   // set at construction: cfg.tenure, or always
+	hub    *hubReporter     // set at construction: cfg.hub, or one that reports nothing
+	now    func() time.Time // set at construction: cfg.now, or time.Now
 
 	sock atomic.Pointer[socket] // the socket in use, attached or not; nil between sockets
 	// state is the session as the status page shows it; replaced whole on attach and detach.
-	state    atomic.Pointer[sessionState]
-	hist     *sessionLog // set at construction: why detached, retries, outages (sessionlog.go)
-	stopping atomic.Bool // set by close: the session ends for shutdown or a step down
-	runMu    sync.Mutex
-	cancel   context.CancelFunc // guarded by runMu: ends run
-	done     chan struct{}      // guarded by runMu: closed when run has returned; nil while not running
+	state atomic.Pointer[sessionState]
+	hist  *status.SessionLog // set at construction: why detached, retries, outages
+	// registrations counts registerClusterRelay bodies made: the next registrationSequence,
+	// once per registration in the whole process (SPEC §4), whichever socket sends it.
+	registrations atomic.Int64
+	stopping      atomic.Bool // set by close: the session ends for shutdown or a step down
+	runMu         sync.Mutex
+	cancel        context.CancelFunc // guarded by runMu: ends run
+	done          chan struct{}      // guarded by runMu: closed when run has returned; nil while not running
 }
 
 // sessionState is what the status page shows of the session: attached since when, with which
 // registrationSequence and origin, or detached since when.
 type sessionState struct {
-	Attached bool      `json:"attached"`
-	Since    time.Time `json:"since"`
-	Sequence int64     `json:"sequence"`
-	Origin   string    `json:"origin,omitempty"`
+	attached bool
+	since    time.Time
+	sequence int64
+	origin   string
 }
 
 // socket is one dialled Cloudly socket, from dial to loss.
@@ -107,23 +117,19 @@ type socket struct {
 	accepted atomic.Bool // set on conn's read loop when Cloudly accepts this socket's registration
 }
 
-// attachStep is a step of attaching a socket: the two calls it takes.
-type attachStep uint8
-
-const (
-	stepClientSession attachStep = iota // registerCloudlyClientSession
-	stepRegistration                    // registerClusterRelay
-)
-
-func (s attachStep) String() string {
-	if s == stepRegistration {
-		return "cluster relay registration"
+func newUpstream(cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics, hooks upstreamHooks) *upstream {
+	u := &upstream{hooks: hooks, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m,
+		hist: status.NewSessionLog(cfg.url), local: cfg.local, tenure: cfg.tenure, hub: cfg.hub, now: cfg.now}
+	if u.now == nil {
+		u.now = time.Now
 	}
-	return "cloudly client session"
-}
-
-func newUpstream(host upstreamHost, cfg upstreamConfig, log zerolog.Logger, m *upstreamMetrics) *upstream {
-	return &upstream{host: host, cfg: cfg, log: log.With().Str("component", "upstream").Logger(), m: m, hist: newSessionLog(cfg.url), tenure: always{}}
+	if u.tenure == nil {
+		u.tenure = always{}
+	}
+	if u.hub == nil {
+		u.hub = &hubReporter{}
+	}
+	return u
 }
 
 // Attached reports whether the relay holds an accepted registration with Cloudly.
@@ -251,7 +257,7 @@ func (u *upstream) close(ctx context.Context, reason string) {
 	u.cancel()
 	<-u.done
 	u.done = nil
-	u.hist.stopped(time.Now())
+	u.hist.Stopped(u.now())
 }
 
 // run keeps the relay attached until ctx ends: dial, register, serve, and on loss wait and again.
@@ -263,7 +269,7 @@ func (u *upstream) run(ctx context.Context) {
 			return
 		}
 		u.log.Info().Dur("wait", wait).Msg("re-dialling Cloudly")
-		u.hist.waiting(time.Now().Add(wait))
+		u.hist.Waiting(u.now().Add(wait))
 		t := time.NewTimer(wait)
 		select {
 		case <-ctx.Done():
@@ -272,234 +278,4 @@ func (u *upstream) run(ctx context.Context) {
 		case <-t.C:
 		}
 	}
-}
-
-// dial opens a WebSocket to Cloudly and returns it with the TCP socket under it (below TLS), so
-// that the send loop can cork it (every node's traffic shares this socket: bursts leave in one
-// write) and a shutdown can close it under the WebSocket when the close handshake overruns.
-func (u *upstream) dial(ctx context.Context, pongs *typedsocket.Pongs) (*websocket.Conn, *typedsocket.CorkConn, *tls.ConnectionState, error) {
-	// Set by the transport's dial goroutine, which can outlive websocket.Dial when ctx ends.
-	var raw atomic.Pointer[typedsocket.CorkConn]
-	var d net.Dialer
-	t := &http.Transport{
-		TLSClientConfig: &tls.Config{MinVersion: tls.VersionTLS12, RootCAs: u.cfg.roots},
-		Proxy:           http.ProxyFromEnvironment, DisableKeepAlives: true,
-		DialContext: func(ctx context.Context, network, addr string) (net.Conn, error) {
-			dial := d.DialContext
-			if u.cfg.dial != nil {
-				dial = u.cfg.dial
-			}
-			c, err := dial(ctx, network, addr)
-			if err != nil {
-				return nil, err
-			}
-			cc := typedsocket.NewCorkConn(tenuredConn{Conn: c, tenure: u.tenure})
-			raw.Store(cc)
-			return cc, nil
-		},
-	}
-	ctx, cancel := context.WithTimeout(ctx, dialTimeout)
-	defer cancel()
-	ws, resp, err := websocket.Dial(ctx, u.cfg.url, &websocket.DialOptions{HTTPClient: &http.Client{Transport: t}, OnPingReceived: pongs.OnPingReceived})
-	var state *tls.ConnectionState
-	if resp != nil {
-		state = resp.TLS
-	}
-	return ws, raw.Load(), state, err
-}
-
-// session runs one socket from dial to loss and returns how long to wait before the next.
-func (u *upstream) session(ctx context.Context, bo *backoff.Backoff) time.Duration {
-	pongs := new(typedsocket.Pongs)
-	u.hist.dialling()
-	ws, raw, state, err := u.dial(ctx, pongs)
-	u.hist.connected(state)
-	if err != nil {
-		if ctx.Err() == nil {
-			u.hist.failed(time.Now(), dialFailure(err))
-		}
-		u.log.Warn().Err(err).Str("outcome", "dial-failed").Msg("cannot reach Cloudly")
-		return bo.Next()
-	}
-	s := &socket{raw: raw}
-	s.conn = typedsocket.New(ws, typedsocket.Options{
-		Handler:       typedsocket.HandlerFunc(func(_ *typedsocket.Conn, req *typedsocket.Request) { u.host.serveCloudly(req) }),
-		Streams:       typedsocket.StreamHandlerFunc(u.host.serveCloudlyStream),
-		Dropped:       u.host.countDropped,
-		ReadLimit:     u.cfg.readLimit,
-		MaxQueue:      upstreamMaxQueue,
-		MaxQueueBytes: upstreamMaxQueueBytes,
-		MaxInflight:   upstreamMaxInflight,
-		BusyError:     contracts.RelayNodeBusy.Refuse("the relay has too many Cloudly requests in flight"),
-		Logger:        u.log,
-		PingInterval:  u.cfg.timings.pingInterval,
-		DeadTimeout:   u.cfg.timings.deadTimeout,
-		CallTimeout:   u.cfg.timings.callTimeout,
-		Cork:          raw,
-		Pongs:         pongs,
-	})
-	u.sock.Store(s)
-	go s.conn.Run(ctx)
-	defer func() {
-		s.conn.CloseNow()
-		<-s.conn.Done()
-		u.sock.CompareAndSwap(s, nil)
-	}()
-
-	if wait, ok := u.attach(ctx, s, bo); !ok {
-		return wait
-	}
-	bo.Reset()
-	u.host.upstreamAttached(u)
-
-	<-s.conn.Done()
-	u.sock.CompareAndSwap(s, nil)
-	if was := u.state.Load(); was != nil {
-		u.state.Store(&sessionState{Since: time.Now(), Sequence: was.Sequence, Origin: was.Origin})
-	}
-	u.m.attached.Set(0)
-	u.m.detaches.Inc()
-	if ctx.Err() != nil || u.stopping.Load() {
-		u.log.Info().Str("outcome", "detached").Msg("Cloudly session closed for shutdown")
-	} else {
-		cause := context.Cause(s.conn.Context())
-		msg := "closed"
-		if cause != nil {
-			msg = cause.Error()
-		}
-		u.hist.failed(time.Now(), sessionFailure{Kind: failLost, Message: msg})
-		u.log.Warn().Err(cause).Str("outcome", "detached").Msg("Cloudly session lost")
-	}
-	u.host.upstreamDetached()
-	return bo.Next()
-}
-
-// attach opens the Cloudly client session on s and registers the relay. It reports whether Cloudly
-// accepted the registration, or how long to wait before the next socket.
-func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (time.Duration, bool) {
-	jwt, err := ReadToken(u.cfg.tokenFile)
-	if err != nil {
-		u.hist.failed(time.Now(), sessionFailure{Kind: failToken, Message: err.Error()})
-		u.log.Error().Err(err).Msg("cannot open a Cloudly session")
-		return bo.Next(), false
-	}
-	ctx, cancel := context.WithTimeout(ctx, attachTimeout)
-	defer cancel()
-	resp, err := s.conn.Call(ctx, contracts.MethodRegisterCloudlyClientSession, contracts.EncodeCloudlyClientSessionRequest(contracts.RelayOffer, jwt))
-	if err != nil {
-		return u.refused(stepClientSession, err, bo), false
-	}
-	if _, err := u.judge(stepClientSession, resp); err != nil {
-		return u.unusable(stepClientSession, err, bo), false
-	}
-
-	seq, body := u.host.nextRegistration()
-	resp, err = s.conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
-		u.observeRegistration(s, rep)
-	})
-	if err != nil {
-		return u.refused(stepRegistration, err, bo), false
-	}
-	if !s.accepted.Load() {
-		_, err := u.judge(stepRegistration, resp)
-		return u.unusable(stepRegistration, err, bo), false
-	}
-	u.state.Store(&sessionState{Attached: true, Since: time.Now(), Sequence: seq, Origin: s.origin})
-	u.hist.attached(time.Now())
-	u.m.attached.Set(1)
-	u.m.attaches.Inc()
-	ev := u.log.Info().Int64("sequence", seq)
-	if s.origin != "" {
-		ev = ev.Str("origin", s.origin)
-	}
-	ev.Str("outcome", "attached").Msg("registered with Cloudly")
-	return 0, true
-}
-
-// observeRegistration records an acceptance on the socket's read loop, before it reads Cloudly's
-// next message: Cloudly may send requests right after accepting, and they must be served as coming
-// from the attached session (escrow holds) although the session goroutine has not seen the answer
-// yet. Custody resumes there too, ordered before the configuration push that follows an
-// acceptance, which may end it again (relay: null).
-func (u *upstream) observeRegistration(s *socket, rep typedsocket.Reply) {
-	if rep.Err != nil {
-		return
-	}
-	origin, err := u.judge(stepRegistration, rep.Response)
-	if err != nil {
-		return
-	}
-	s.origin = origin
-	u.m.registrations.WithLabelValues("accepted").Inc() // counted before Attached() reports it
-	s.accepted.Store(true)
-	u.host.registrationAccepted()
-}
-
-// judge reads the answer to an attach step — Cloudly's offer; the registration's also names the
-// cluster's relay origin, optional (SPEC §4 step 3: recorded when present, never a reason to
-// refuse) — and negotiates the offer from the relay's side. No side effects: it runs on the read
-// loop too.
-func (u *upstream) judge(step attachStep, resp json.RawMessage) (origin string, err error) {
-	var offer contracts.ProtocolOffer
-	if step == stepRegistration {
-		answer, err := contracts.ReadRegisterClusterRelayResponse(resp, u.cfg.allowHTTP)
-		if err != nil {
-			return "", err
-		}
-		offer, origin = answer.Protocol, answer.Origin
-	} else if offer, err = contracts.ReadProtocolOffer(resp); err != nil {
-		return "", err
-	}
-	if refusal, _ := contracts.NegotiateProtocol(contracts.RelayOffer, offer); refusal != nil {
-		return "", refusal
-	}
-	return origin, nil
-}
-
-// unusable handles an answer Cloudly gave that the relay cannot attach with: no readable offer, or
-// an offer the relay refuses. It returns the wait before the next try.
-func (u *upstream) unusable(step attachStep, err error, bo *backoff.Backoff) time.Duration {
-	var refusal *contracts.ProtocolRefusal
-	if errors.As(err, &refusal) {
-		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
-		u.hist.failed(time.Now(), sessionFailure{Kind: failOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(*refusal)})
-		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(*refusal))
-		return contracts.RefusedOfferRetryInterval
-	}
-	u.hist.failed(time.Now(), sessionFailure{Kind: failMalformed, Step: step.String(), Message: "Cloudly's answer carries no readable offer"})
-	u.log.Warn().Stringer("step", step).Str("outcome", "malformed").Msg("Cloudly's answer carries no readable offer")
-	return bo.Next()
-}
-
-// refused handles a refused or failed attach step and returns the wait before the next try.
-func (u *upstream) refused(step attachStep, err error, bo *backoff.Backoff) time.Duration {
-	count := func(outcome string) {
-		if step == stepRegistration {
-			u.m.registrations.WithLabelValues(outcome).Inc()
-		}
-	}
-	var remote *typedsocket.Error
-	if !errors.As(err, &remote) {
-		count("failed")
-		if !u.stopping.Load() { // a call cut by a shutdown is no failure
-			u.hist.failed(time.Now(), sessionFailure{Kind: failStep, Step: step.String(), Message: err.Error()})
-		}
-		u.log.Warn().Err(err).Stringer("step", step).Str("outcome", "failed").Msg("attach failed")
-		return bo.Next()
-	}
-	if pr, ok := contracts.ReadProtocolRefusal(remote.Data); ok {
-		// A refusal stands until an operator upgrades one of the two sides, so the relay waits.
-		count(contracts.ProtocolIncompatibleCode)
-		u.hist.failed(time.Now(), sessionFailure{Kind: failOffer, Step: step.String(), Message: contracts.DescribeProtocolRefusal(pr)})
-		u.log.Warn().Stringer("step", step).Msg(contracts.DescribeProtocolRefusal(pr))
-		return contracts.RefusedOfferRetryInterval
-	}
-	label := contracts.RefusalLabel(err)
-	count(label)
-	u.hist.failed(time.Now(), sessionFailure{Kind: failRefused, Step: step.String(), Refusal: string(remote.Name()), Message: remote.Text})
-	u.log.Warn().Stringer("step", step).Str("refusal", label).Str("outcome", "refused").Msg("Cloudly refused the relay")
-	if name := remote.Name(); contracts.IsUndispatchedRefusal(name) {
-		u.host.undispatched(name)
-	}
-	return bo.Next()
 }

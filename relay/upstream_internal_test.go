@@ -37,11 +37,11 @@ func (h *fakeHost) serveCloudly(req *typedsocket.Request) {
 	req.Fail(contracts.RelayMethodUnknown.Refuse("%s", req.Method))
 }
 func (h *fakeHost) serveCloudlyStream(*typedsocket.Conn, *typedsocket.StreamFrame) {}
-func (h *fakeHost) nextRegistration() (int64, json.RawMessage) {
+func (h *fakeHost) registration(seq int64) json.RawMessage {
 	h.mu.Lock()
 	defer h.mu.Unlock()
-	h.seq++
-	return h.seq - 1, json.RawMessage(`{}`)
+	h.seq = seq + 1
+	return json.RawMessage(`{}`)
 }
 func (h *fakeHost) registrationAccepted()             { h.mu.Lock(); h.accepted++; h.mu.Unlock() }
 func (h *fakeHost) upstreamAttached(feature.Upstream) { h.mu.Lock(); h.attached++; h.mu.Unlock() }
@@ -52,6 +52,13 @@ func (h *fakeHost) undispatched(n contracts.RefusalName) {
 	h.mu.Unlock()
 }
 func (h *fakeHost) countDropped(string) {}
+
+// hooks are the fake's methods as the upstream's seam.
+func (h *fakeHost) hooks() upstreamHooks {
+	return upstreamHooks{serve: h.serveCloudly, serveStream: h.serveCloudlyStream, registration: h.registration,
+		accepted: h.registrationAccepted, attached: h.upstreamAttached, detached: h.upstreamDetached,
+		undispatched: h.undispatched, dropped: h.countDropped}
+}
 
 func (h *fakeHost) counts() (accepted, attached, detached int, undispatched []contracts.RefusalName) {
 	h.mu.Lock()
@@ -268,8 +275,8 @@ func startUpstream(t *testing.T, c *pipeCloudly) (*upstream, *fakeHost, func()) 
 		t.Fatal(err)
 	}
 	h := &fakeHost{}
-	u := newUpstream(h, upstreamConfig{url: "ws://cloudly.invalid/", tokenFile: token, allowHTTP: true, dial: c.dial},
-		zerolog.Nop(), &newMetrics().up)
+	u := newUpstream(upstreamConfig{url: "ws://cloudly.invalid/", tokenFile: token, allowHTTP: true, dial: c.dial},
+		zerolog.Nop(), &newMetrics().up, h.hooks())
 	u.start(context.Background())
 	return u, h, func() {
 		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
@@ -293,7 +300,7 @@ func TestUpstreamSession(t *testing.T) {
 			if !u.Attached() || accepted != 1 || attached != 1 {
 				t.Fatalf("attached %v, accepted %d, told attached %d", u.Attached(), accepted, attached)
 			}
-			if st := u.state.Load(); st == nil || st.Origin != "https://relay.cluster-a.example" || st.Sequence != 0 {
+			if st := u.state.Load(); st == nil || st.origin != "https://relay.cluster-a.example" || st.sequence != 0 {
 				t.Fatalf("session state %+v", st)
 			}
 			c.drop()

@@ -167,12 +167,10 @@ func startRelay(b *testing.B, upstream string) (addr string, prom *prometheus.Re
 		b.Fatal(err)
 	}
 	e := relaytest.Start(b, relaytest.Options{Quiet: true,
-		Configure: func(cfg *relay.Config) {
-			cfg.RegistryUpstream, cfg.RegistryCacheDir = upstream, filepath.Join(dir, "cache")
-		},
+		Configure: func(cfg *relay.Config) { cfg.RegistryUpstream = upstream },
 		Build: func(cfg relay.Config, o relay.Options) (*relay.Relay, error) {
-			reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: cfg.RegistryCacheDir,
-				CacheMaxBytes: cfg.RegistryCacheMaxBytes, Registerer: o.Registry})
+			reg, err := registry.New(registry.Options{Upstream: cfg.RegistryUpstream, CacheDir: filepath.Join(dir, "cache"),
+				CacheMaxBytes: 10 << 30, Registerer: o.Registry})
 			if err != nil {
 				return nil, err
 			}

@@ -147,11 +147,10 @@ func startDev(nodes int, log zerolog.Logger, logLevel string, at devAddrs) (_ *d
 		return nil, err
 	}
 	undo = append(undo, d.sc.Close)
-	cfg := relay.Config{
+	cfg := daemon.Config{Config: relay.Config{
 		ClusterID: d.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: d.cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: at.listen, AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: at.admin,
-		LogLevel: logLevel, LogFormat: "console", BuildVersion: relay.DefaultBuildVersion,
-	}
+		Listen: at.listen, AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: at.admin, BuildVersion: relay.DefaultBuildVersion,
+	}, LogLevel: logLevel, LogFormat: "console"}
 	cfg.HubListen, cfg.HubKeyFile = at.hub, filepath.Join(dir, "hub.key")
 	if err := cfg.Complete(); err != nil {
 		return nil, err

@@ -116,7 +116,7 @@ type devCluster struct {
 	svc      *kubeapi.Service     // set at construction
 	client   kubernetes.Interface // set at construction: the Admin's, for the Service stand-in
 	dir      string               // set at construction: Cloudly's token, the replication key
-	cfg      relay.Config         // set at construction: every relay's (its listeners on port 0)
+	cfg      daemon.Config        // set at construction: every relay's (its listeners on port 0)
 	key      []byte               // set at construction: the replicas' shared replication key
 	log      zerolog.Logger       // set at construction
 	handover atomic.Int64         // handovers completed
@@ -185,14 +185,13 @@ func startDevCluster(replicas int, log zerolog.Logger, logLevel string) (_ *devC
 		return nil, err
 	}
 	c.key = key[:]
-	c.cfg = relay.Config{
+	c.cfg = daemon.Config{Config: relay.Config{
 		ClusterID: c.cloudly.ClusterID, NodeID: "relay-node", CloudlyURL: c.cloudly.URL(), CloudlyTokenFile: tokenFile,
-		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0",
-		LogLevel: logLevel, LogFormat: "console", BuildVersion: relay.DefaultBuildVersion,
+		Listen: "127.0.0.1:0", AdvertiseAddress: "192.0.2.1", InsecurePlaintext: true, AdminListen: "127.0.0.1:0", BuildVersion: relay.DefaultBuildVersion,
 		// Every replica binds a hub of its own on loopback with the one key (the chart's Secret);
 		// the Service's UDP port reaches the leader's.
-		HubListen: "127.0.0.1:0", HubKeyFile: filepath.Join(c.dir, "hub.key"),
-	}
+		HubListen: "127.0.0.1:0",
+	}, LogLevel: logLevel, LogFormat: "console", HubKeyFile: filepath.Join(c.dir, "hub.key")}
 	if err := c.cfg.Complete(); err != nil {
 		return nil, err
 	}

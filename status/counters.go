@@ -1,4 +1,4 @@
-package relay
+package status
 
 import (
 	"cmp"
@@ -12,9 +12,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 )
 
-// The status page's counters (issue 27, and issue 24's one count source): read from the
-// Prometheus registry /metrics serves — the relay's and every part's relay_* counters — never
-// kept a second time beside it. Rates over the last minute come from samples of the same
+// The status page's counters, from one count source: read from the Prometheus registry /metrics
+// serves — the relay's and every part's relay_* counters — never kept a second time beside it. Rates over the last minute come from samples of the same
 // counters taken every rateStep.
 
 const (
@@ -22,17 +21,17 @@ const (
 	rateStep   = 10 * time.Second // how often the relay samples its counters
 )
 
-// counterGroup is one counter family on the status page.
-type counterGroup struct {
+// CounterGroup is one counter family on the status page.
+type CounterGroup struct {
 	Name   string          `json:"name"`
 	Help   string          `json:"help"`
-	Series []counterSeries `json:"series"`
+	Series []CounterSeries `json:"series"`
 	zero   bool            // every series is 0: the page folds the group away
 }
 
-// counterSeries is one series: its labels ("direction=to-node,outcome=answered"), total, and
+// CounterSeries is one series: its labels ("direction=to-node,outcome=answered"), total, and
 // increase per minute over the last minute (absent until two samples are a few seconds apart).
-type counterSeries struct {
+type CounterSeries struct {
 	Labels    string   `json:"labels,omitempty"`
 	Total     float64  `json:"total"`
 	PerMinute *float64 `json:"perMinute,omitempty"`
@@ -68,12 +67,12 @@ func seriesKey(name, labels string) string { return name + "{" + labels + "}" }
 
 // counterGroups is the status page's counter section at now: every family, its series with their
 // rates, the groups with a non-zero series first.
-func (c *counterRates) counterGroups(now time.Time, families []*dto.MetricFamily) []counterGroup {
-	groups := make([]counterGroup, 0, len(families))
+func (c *counterRates) counterGroups(now time.Time, families []*dto.MetricFamily) []CounterGroup {
+	groups := make([]CounterGroup, 0, len(families))
 	for _, f := range families {
-		g := counterGroup{Name: f.GetName(), Help: f.GetHelp(), zero: true}
+		g := CounterGroup{Name: f.GetName(), Help: f.GetHelp(), zero: true}
 		for _, m := range f.GetMetric() {
-			s := counterSeries{Labels: labelsOf(m), Total: m.GetCounter().GetValue()}
+			s := CounterSeries{Labels: labelsOf(m), Total: m.GetCounter().GetValue()}
 			if r, ok := c.perMinute(now, seriesKey(g.Name, s.Labels), s.Total); ok {
 				s.PerMinute = &r
 			}
@@ -82,7 +81,7 @@ func (c *counterRates) counterGroups(now time.Time, families []*dto.MetricFamily
 		}
 		groups = append(groups, g)
 	}
-	slices.SortStableFunc(groups, func(a, b counterGroup) int {
+	slices.SortStableFunc(groups, func(a, b CounterGroup) int {
 		return cmp.Or(cmp.Compare(boolInt(a.zero), boolInt(b.zero)), strings.Compare(a.Name, b.Name))
 	})
 	return groups
@@ -144,12 +143,12 @@ func (c *counterRates) perMinute(now time.Time, key string, value float64) (floa
 }
 
 // sampleCounters samples the registry's counters every rateStep until ctx ends.
-func (r *Relay) sampleCounters(ctx context.Context) {
+func (s *Server) sampleCounters(ctx context.Context) {
 	t := time.NewTicker(rateStep)
 	defer t.Stop()
 	for {
-		_, values := gatherCounters(r.registry)
-		r.rates.add(time.Now(), values)
+		_, values := gatherCounters(s.registry)
+		s.rates.add(s.cfg.Now(), values)
 		select {
 		case <-ctx.Done():
 			return
