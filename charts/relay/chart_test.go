@@ -368,7 +368,7 @@ type elector struct {
 func (e *elector) stop() { e.cancel(); <-e.done }
 
 // newElector creates Pod name from the Deployment's template, as its ReplicaSet would, and an
-// elector for it with the ServiceAccount's client and test timings in SPEC §16's proportions.
+// elector for it with the ServiceAccount's client and test timings in the proportions of the defaults (docs/ha.md).
 func newElector(t *testing.T, admin, client kubernetes.Interface, ns, name string, rel haRelease, key []byte) *elector {
 	t.Helper()
 	tmpl := rel.deployment.Spec.Template

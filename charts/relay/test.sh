@@ -58,7 +58,7 @@ if out=$(render -f testdata/ci-values.yaml --set networkPolicy.adminFrom=null 2>
   echo "a ServiceMonitor behind a NetworkPolicy that admits no one rendered"; exit 1
 fi
 grep -q "networkPolicy.adminFrom" <<<"$out" || { echo "unexpected error: $out"; exit 1; }
-# HA (SPEC §16): nothing of it without ha.enabled; the key Secret is the operator's, and named
+# HA (docs/ha.md): nothing of it without ha.enabled; the key Secret is the operator's, and named
 # when missing; one replica is refused; a given affinity replaces the default anti-affinity.
 plain=$(render -f testdata/ci-values.yaml)
 for what in "kind: Role" "kind: RoleBinding" "kind: ServiceAccount" "kind: PodDisruptionBudget" "serviceAccountName:" \

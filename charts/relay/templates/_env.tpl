@@ -62,7 +62,7 @@ template so that deployment.yaml can refuse an extraEnv entry that would set one
 - name: SERVEZONE_RELAY_LOG_FORMAT
   value: {{ .Values.log.format | quote }}
 {{- if .Values.ha.enabled }}
-# The election (SPEC §16): the Lease's namespace is the service account's, the
+# The election (docs/ha.md): the Lease's namespace is the service account's, the
 # identity the Pod's name; the Pod's address is what standbys dial for replication.
 - name: POD_NAME
   valueFrom:

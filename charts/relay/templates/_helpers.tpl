@@ -42,7 +42,7 @@ not the filesystem's blocks and directories).
 {{- div (mul (int64 $digits) (get $units $unit) 9) 10 -}}
 {{- end -}}
 
-{{/* HA (SPEC §16): the Lease the replicas compete for. */}}
+{{/* HA (docs/ha.md): the Lease the replicas compete for. */}}
 {{- define "relay.haLeaseName" -}}
 {{- .Values.ha.leaseName | default (include "relay.fullname" .) -}}
 {{- end -}}
