@@ -74,16 +74,17 @@ func (n *node) carried(c carriage, backupID string, bytes int64, err error, star
 	ev.Str("node", n.id).Str("backup", backupID).Int64("bytes", bytes).Str("outcome", out).Dur("latency", time.Since(start)).Msg(c.msg)
 }
 
-// closureSlot takes one of the slots closures are carried in, on an upstream that carries streams
-// of its own; release gives it back.
-func (p *Platform) closureSlot(ctx context.Context) (release func(), err error) {
+// closureSlot takes one of the slots the node's closures are carried in (slots.go), on an
+// upstream that carries streams of its own; release gives it back.
+func (n *node) closureSlot() (release func(), err error) {
+	p := n.p
 	if p.streams == nil || p.memory == nil {
 		return nil, contracts.RelayMethodUnknown.Refuse("this relay's upstream carries no streams of its own")
 	}
-	if !p.acquire(ctx) {
+	if !p.slots.acquire(n.ctx, n.id) {
 		return nil, errStopped
 	}
-	return p.release, nil
+	return func() { p.slots.release(n.id) }, nil
 }
 
 // errNotAccepted is Cloudly's { accepted: false }: the backup stays ready and is offered again.
@@ -91,7 +92,7 @@ var errNotAccepted = errors.New("Cloudly did not accept the backup")
 
 func (n *node) sendBackup(origin string, cred contracts.Secret, b contracts.CorestoreBackup) (int64, error) {
 	p := n.p
-	release, err := p.closureSlot(n.ctx)
+	release, err := n.closureSlot()
 	if err != nil {
 		return 0, err
 	}
@@ -291,7 +292,7 @@ func (w *writer) await(cycle string, closing bool, ka *time.Ticker, answered <-c
 				return err
 			}
 		case <-idle.C:
-			return contracts.RelayCallTimeout.Refuse("Cloudly did not answer a closure chunk within %s", w.n.p.opts.StreamIdle)
+			return contracts.RelayClosureStalled.Refuse("Cloudly did not answer a closure chunk within %s", w.n.p.opts.StreamIdle)
 		case r := <-answered:
 			w.early = &r
 			if closing {

@@ -3,6 +3,7 @@ package platform_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ type harnessOptions struct {
 	platform  platform.Options // ListInterval, StateInterval, … (Logger and Registerer are the relay's)
 	stall     time.Duration    // the Corestore client's stall bound (0: its default)
 	noOrigins bool             // the configuration push names no Corestore
+	more      int              // Corestores besides node-a and node-b: node-s1 … node-sN
 }
 
 // harness is a relay built as cmd/relay builds it — the corestore client as the agent's port —
@@ -38,6 +40,7 @@ type harnessOptions struct {
 type harness struct {
 	*relaytest.Env
 	a, b     *sim.Corestore
+	more     []*sim.Corestore // node-s1 … node-sN, each accepting only its own credential
 	platform *platform.Platform
 }
 
@@ -56,14 +59,26 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	t.Cleanup(h.b.Close)
 	h.a.Platform().SetBearer(credentialA)
 	h.b.Platform().SetBearer(credentialB)
+	origins := []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: h.a.Origin()}, {NodeID: "node-b", Origin: h.b.Origin()}}
+	for i := 1; i <= o.more; i++ {
+		id := fmt.Sprintf("node-s%d", i)
+		c := sim.NewCorestore(sim.CorestoreOptions{NodeName: id, Plaintext: true})
+		t.Cleanup(c.Close)
+		c.Platform().SetBearer(moreCredential(id))
+		h.more = append(h.more, c)
+		origins = append(origins, contracts.CorestoreOrigin{NodeID: id, Origin: c.Origin()})
+	}
 	h.Env = relaytest.Start(t, relaytest.Options{
 		Logs: logs,
 		Cloudly: func(c *sim.Cloudly) {
 			if !o.noOrigins {
-				c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: h.a.Origin()}, {NodeID: "node-b", Origin: h.b.Origin()}})
+				c.SetCorestores(origins)
 			}
 			c.Platform().SetCredential("node-a", credentialA)
 			c.Platform().SetCredential("node-b", credentialB)
+			for _, o := range origins[2:] {
+				c.Platform().SetCredential(o.NodeID, moreCredential(o.NodeID))
+			}
 			c.Platform().SetDesiredState(json.RawMessage(desired))
 		},
 		Build: func(cfg relay.Config, ro relay.Options) (*relay.Relay, error) {
@@ -83,6 +98,9 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	})
 	return h
 }
+
+// moreCredential is the credential of one of the harness's further Corestores.
+func moreCredential(id string) string { return "corestore-credential-" + id + "-0123456789abcdef" }
 
 // desired is Cloudly's desired state: two bindings for node-a, one for node-b, one for a node
 // without a Corestore; inner members in shapes the relay must not touch.

@@ -151,7 +151,7 @@ func TestClosureOverTheLimit(t *testing.T) {
 }
 
 // TestCorestoreStallsMidClosure: a Corestore that stops sending a backup, and one that stops
-// taking a restore, midway: the relay cuts each after the stall bound (restore-node-unreachable),
+// taking a restore, midway: the relay cuts each after the stall bound (relay-closure-stalled),
 // aborts the stream to Cloudly, and the other node's work goes on meanwhile.
 func TestCorestoreStallsMidClosure(t *testing.T) {
 	h := newHarness(t, harnessOptions{stall: 500 * time.Millisecond, platform: platform.Options{ListInterval: time.Hour}})
@@ -173,7 +173,7 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	}
 	h.waitFor(time.Minute, "node-b's backup delivered while node-a's stands still", func() bool { return h.b.Platform().Delivered() == 1 })
 	h.waitFor(time.Minute, "the stalled backup cut", func() bool {
-		return h.Metric("relay_platform_backups_total", "outcome", "restore-node-unreachable") == 1
+		return h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") == 1
 	})
 	if rc, _ := h.Cloudly.Platform().Received("bk-stall"); rc.Complete || rc.Accepted {
 		t.Fatalf("the stalled closure reached Cloudly as %+v", rc)
@@ -192,7 +192,7 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 		t.Fatal("the restore never reached the stall")
 	}
 	h.waitFor(time.Minute, "the stalled restore cut", func() bool {
-		return h.Metric("relay_platform_restores_total", "outcome", "restore-node-unreachable") == 1
+		return h.Metric("relay_platform_restores_total", "outcome", "relay-closure-stalled") == 1
 	})
 	if r, _ := h.b.Platform().Restore("bk-in"); r.Settled {
 		t.Fatal("a restore cut short settled")

@@ -11,7 +11,7 @@ import (
 
 // node is one node with a Corestore: its desired state, credential and listings, and the two
 // goroutines that carry them — stateLoop hands the desired state over, workLoop lists and carries
-// closures one at a time — so that a slow closure never holds a desired state back, and one
+// closures, up to MaxNodeClosures at once — so that a slow closure never holds a desired state back, and one
 // node's Corestore never holds up another node's.
 type node struct {
 	p      *Platform          // set at construction
@@ -195,8 +195,8 @@ func (n *node) handOverState() {
 		Msg("desired state handed to Corestore")
 }
 
-// workLoop lists the node's backups and restores whenever a listing is due, and carries each
-// closure, one at a time.
+// workLoop lists the node's backups and restores whenever a listing is due, and carries their
+// closures, up to MaxNodeClosures at once.
 func (n *node) workLoop() {
 	for n.ctx.Err() == nil {
 		standby := n.p.isStandby()
@@ -239,12 +239,7 @@ func (n *node) list(session uint64) {
 		}
 	}
 	n.noteListing(err)
-	for _, b := range backups {
-		if !n.p.current(session) || n.ctx.Err() != nil {
-			return
-		}
-		n.backup(origin, cred, b)
-	}
+	carry(n, session, backups, func(b contracts.CorestoreBackup) { n.backup(origin, cred, b) })
 	ctx, cancel = context.WithTimeout(n.ctx, n.p.opts.CallTimeout)
 	raw, err = n.p.cs.WantedRestores(ctx, origin, cred)
 	cancel()
@@ -256,12 +251,31 @@ func (n *node) list(session uint64) {
 		}
 	}
 	n.noteListing(err)
-	for _, r := range restores {
-		if !n.p.current(session) || n.ctx.Err() != nil {
-			return
-		}
-		n.restore(origin, cred, r)
+	carry(n, session, restores, func(r contracts.CorestoreRestore) { n.restore(origin, cred, r) })
+}
+
+// carry runs do for each item, up to MaxNodeClosures at once (each still waits for a slot of its
+// own, slots.go), while session is the current one; it returns when every one it started ended.
+func carry[T any](n *node, session uint64, items []T, do func(T)) {
+	next := make(chan T)
+	var wg sync.WaitGroup
+	for range min(n.p.opts.MaxNodeClosures, len(items)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range next {
+				do(it)
+			}
+		}()
 	}
+	for _, it := range items {
+		if !n.p.current(session) || n.ctx.Err() != nil {
+			break
+		}
+		next <- it
+	}
+	close(next)
+	wg.Wait()
 }
 
 func (n *node) noteListing(err error) {

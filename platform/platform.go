@@ -18,8 +18,9 @@ import (
 
 // Corestore is the port the agent reaches node Corestores through; cmd/relay wires the corestore
 // package's client into it. Every call carries the node's credential as its bearer; errors are
-// *contracts.Refusal named restore-node-unreachable or restore-node-refused, or
-// relay-request-invalid for a closure past the 256 MiB limit.
+// *contracts.Refusal named restore-node-unreachable or restore-node-refused, relay-closure-stalled
+// for a closure that stood still past its no-byte bound, or relay-request-invalid for a closure
+// past the 256 MiB limit.
 type Corestore interface {
 	PutDesiredState(ctx context.Context, origin string, bearer contracts.Secret, body []byte) error
 	ReadyBackups(ctx context.Context, origin string, bearer contracts.Secret) ([]byte, error)
@@ -36,7 +37,8 @@ const (
 	DefaultStateInterval     = 60 * time.Second // desired state pulled this often while attached
 	DefaultListInterval      = 30 * time.Second // backups and restores listed this often
 	DefaultChunkBytes        = 256 << 10        // closure bytes per stream chunk
-	DefaultMaxClosures       = 8                // closures in flight across all nodes
+	DefaultMaxClosures       = 8                // closures in flight across all nodes (a node's first is admitted past it)
+	DefaultMaxNodeClosures   = 2                // closures in flight for one node
 	DefaultStreamIdle        = 60 * time.Second // a stream without a frame from Cloudly this long is aborted
 	DefaultCredentialHorizon = 4 * time.Hour    // credentials dropped this long after a detach (the escrow horizon)
 	DefaultCallTimeout       = 30 * time.Second // a Corestore listing or desired-state call
@@ -53,6 +55,7 @@ type Options struct {
 	ListInterval      time.Duration
 	ChunkBytes        int
 	MaxClosures       int
+	MaxNodeClosures   int
 	StreamIdle        time.Duration
 	CredentialHorizon time.Duration
 	CallTimeout       time.Duration
@@ -75,6 +78,9 @@ func (o *Options) fill() {
 	if o.MaxClosures <= 0 {
 		o.MaxClosures = DefaultMaxClosures
 	}
+	if o.MaxNodeClosures <= 0 {
+		o.MaxNodeClosures = DefaultMaxNodeClosures
+	}
 }
 
 // Platform is the agent; feature.go is how the relay reaches it.
@@ -86,7 +92,7 @@ type Platform struct {
 	ctx     context.Context    // set at construction; cancelled by Close
 	cancel  context.CancelFunc // set at construction
 	wg      sync.WaitGroup     // every goroutine the agent started
-	slots   chan struct{}      // set at construction: a token per closure in flight
+	slots   *slots             // set at construction: the closures in flight, shared fairly (slots.go)
 	pull    chan struct{}      // set at construction, capacity 1: pull the desired state now
 
 	// The relay's ports, set by UseUpstream before anything runs; streams and memory are nil
@@ -107,7 +113,6 @@ type Platform struct {
 	lastPull   string           // guarded by mu: outcome of the last pull
 	closed     bool             // guarded by mu
 	standby    bool             // guarded by mu: the relay does not lead (SPEC §16): no node is worked for
-	inflight   int              // guarded by mu: closures in flight
 	enrollment string           // guarded by mu: outcome of the newest enrollment
 }
 
@@ -116,7 +121,7 @@ type Platform struct {
 func New(cs Corestore, opts Options) (*Platform, error) {
 	opts.fill()
 	p := &Platform{cs: cs, opts: opts, log: opts.Logger.With().Str("component", "platform").Logger(),
-		slots: make(chan struct{}, opts.MaxClosures), pull: make(chan struct{}, 1), nodes: make(map[string]*node)}
+		slots: newSlots(opts.MaxNodeClosures, opts.MaxClosures), pull: make(chan struct{}, 1), nodes: make(map[string]*node)}
 	m, err := newMetrics(opts.Registerer, p.inflightNow)
 	if err != nil {
 		return nil, fmt.Errorf("register platform metrics: %w", err)
@@ -155,31 +160,7 @@ func (p *Platform) goDo(f func()) {
 	}()
 }
 
-func (p *Platform) inflightNow() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return float64(p.inflight)
-}
-
-// acquire takes a closure slot, waiting for one until ctx ends.
-func (p *Platform) acquire(ctx context.Context) bool {
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		return false
-	}
-	p.mu.Lock()
-	p.inflight++
-	p.mu.Unlock()
-	return true
-}
-
-func (p *Platform) release() {
-	p.mu.Lock()
-	p.inflight--
-	p.mu.Unlock()
-	<-p.slots
-}
+func (p *Platform) inflightNow() float64 { return float64(p.slots.inflight()) }
 
 // current reports whether session is still the attached one, on a relay that leads.
 func (p *Platform) current(session uint64) bool {

@@ -30,7 +30,7 @@ func (n *node) restore(origin string, cred contracts.Secret, r contracts.Coresto
 
 func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) (int64, error) {
 	p := n.p
-	release, err := p.closureSlot(n.ctx)
+	release, err := n.closureSlot()
 	if err != nil {
 		return 0, err
 	}
@@ -236,7 +236,7 @@ func (r *reader) next() error {
 	case <-r.failed:
 		return r.err()
 	case <-idle.C:
-		err := contracts.RelayCallTimeout.Refuse("Cloudly sent no chunk of the closure for %s", p.opts.StreamIdle)
+		err := contracts.RelayClosureStalled.Refuse("Cloudly sent no chunk of the closure for %s", p.opts.StreamIdle)
 		r.fail(err)
 		return err
 	case <-st.Done():
