@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
@@ -50,6 +51,9 @@ type Options struct {
 	Logger zerolog.Logger
 	// Registerer receives the platform metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Clock is the agent's time source: every cadence, bound and timer runs on it. Nil is the
+	// wall clock; tests inject a fake one.
+	Clock clock.WithTickerAndDelayedExecution
 
 	StateInterval     time.Duration
 	ListInterval      time.Duration
@@ -85,15 +89,16 @@ func (o *Options) fill() {
 
 // Platform is the agent; feature.go is how the relay reaches it.
 type Platform struct {
-	cs      Corestore          // set at construction
-	opts    Options            // set at construction, defaults filled
-	log     zerolog.Logger     // set at construction
-	metrics *metrics           // set at construction
-	ctx     context.Context    // set at construction; cancelled by Close
-	cancel  context.CancelFunc // set at construction
-	wg      sync.WaitGroup     // every goroutine the agent started
-	slots   *slots             // set at construction: the closures in flight, shared fairly (slots.go)
-	pull    chan struct{}      // set at construction, capacity 1: pull the desired state now
+	cs      Corestore                           // set at construction
+	opts    Options                             // set at construction, defaults filled
+	clock   clock.WithTickerAndDelayedExecution // set at construction: opts.Clock, or the wall clock
+	log     zerolog.Logger                      // set at construction
+	metrics *metrics                            // set at construction
+	ctx     context.Context                     // set at construction; cancelled by Close
+	cancel  context.CancelFunc                  // set at construction
+	wg      sync.WaitGroup                      // every goroutine the agent started
+	slots   *slots                              // set at construction: the closures in flight, shared fairly (slots.go)
+	pull    chan struct{}                       // set at construction, capacity 1: pull the desired state now
 
 	// The relay's ports, set by UseUpstream before anything runs; streams and memory are nil
 	// when the upstream does not offer them (then no closure is carried).
@@ -127,6 +132,9 @@ func New(cs Corestore, opts Options) (*Platform, error) {
 		return nil, fmt.Errorf("register platform metrics: %w", err)
 	}
 	p.metrics = m
+	if p.clock = opts.Clock; p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p, nil
 }
