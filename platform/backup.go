@@ -1,7 +1,6 @@
 package platform
 
 import (
-	"context"
 	"encoding/json"
 	"errors"
 	"time"
@@ -26,7 +25,7 @@ func (p *Platform) closureShare() int64 {
 
 // backup carries one ready backup to Cloudly and, when Cloudly accepts it, tells Corestore.
 func (n *node) backup(origin string, cred contracts.Secret, b contracts.CorestoreBackup) {
-	start := time.Now()
+	start := n.p.clock.Now()
 	sent, err := n.sendBackup(origin, cred, b)
 	n.carried(carriedBackup, b.BackupID, sent, err, start)
 }
@@ -62,7 +61,7 @@ func (n *node) carried(c carriage, backupID string, bytes int64, err error, star
 	if err != nil {
 		ev = p.log.Info()
 	}
-	ev.Str("node", n.id).Str("backup", backupID).Int64("bytes", bytes).Str("outcome", out).Dur("latency", time.Since(start)).Msg(c.msg)
+	ev.Str("node", n.id).Str("backup", backupID).Int64("bytes", bytes).Str("outcome", out).Dur("latency", p.clock.Since(start)).Msg(c.msg)
 }
 
 // closureSlot takes one of the slots the node's closures are carried in (slots.go), on an
@@ -139,7 +138,7 @@ func (n *node) sendBackup(origin string, cred contracts.Secret, b contracts.Core
 		// a delivery.
 		return sent, contracts.RelayRequestInvalid.Refuse("Cloudly accepted the backup before its closure ended")
 	}
-	ctx, cancel := context.WithTimeout(n.ctx, p.opts.CallTimeout)
+	ctx, cancel := p.withTimeout(n.ctx, p.opts.CallTimeout)
 	defer cancel()
 	return sent, p.cs.MarkDelivered(ctx, origin, cred, b.BackupID)
 }

@@ -316,9 +316,10 @@ func TestStandbyWorksForNoOne(t *testing.T) {
 	})
 }
 
-// advance moves the bubble's fake clock on by d and waits until every goroutine in it is blocked:
-// the one place these tests let time pass, and time passing is what they test.
+// advance moves the bubble's fake clock on by d — a timer of the bubble's clock fires when every
+// goroutine in it is blocked, no wall-clock time passes — and waits until every goroutine is
+// blocked again: the one place these tests let time pass, and time passing is what they test.
 func advance(d time.Duration) {
-	time.Sleep(d)
+	<-time.After(d)
 	synctest.Wait()
 }

@@ -123,18 +123,44 @@ func (h *harness) node(id string) platform.StatusNode {
 	return platform.StatusNode{}
 }
 
-// waitFor polls cond until it holds or d passes.
-func (h *harness) waitFor(d time.Duration, what string, cond func() bool) {
+// waitFor polls cond until it holds. It gives up only near the test binary's deadline: a guard
+// against a hang, never a time the behaviour must meet (a busy machine may be slow).
+func (h *harness) waitFor(what string, cond func() bool) {
 	h.T.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), guard(h.T))
 	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		select {
 		case <-ctx.Done():
-			h.T.Fatalf("timed out waiting: %s", what)
-		case <-time.After(10 * time.Millisecond):
+			h.T.Fatalf("never happened: %s", what)
+		case <-tick.C:
 		}
 	}
+}
+
+// await waits for ch to be closed, with waitFor's guard.
+func (h *harness) await(ch <-chan struct{}, what string) {
+	h.T.Helper()
+	select {
+	case <-ch:
+	case <-time.After(guard(h.T)):
+		h.T.Fatalf("never happened: %s", what)
+	}
+}
+
+// guard is how long a wait may last before the test gives up: until shortly before the test
+// binary's deadline, or ten minutes without one.
+func guard(t testing.TB) time.Duration {
+	dl, ok := t.(interface{ Deadline() (time.Time, bool) })
+	if !ok {
+		return 10 * time.Minute
+	}
+	if d, ok := dl.Deadline(); ok {
+		return max(time.Until(d)-15*time.Second, time.Second)
+	}
+	return 10 * time.Minute
 }
 
 // assertNoSecretShown: no credential, no enrollment secret, no descriptor, no binding reaches a

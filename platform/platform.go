@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -113,7 +114,7 @@ type Platform struct {
 	enrolled   uint64           // guarded by mu: the session whose enrollment completed; 0 none
 	enrolling  uint64           // guarded by mu: the session whose enrollment is under way
 	recipient  *ecdh.PrivateKey // guarded by mu: the key of the newest enrollment; nil detached
-	dropTimer  *time.Timer      // guarded by mu: drops credentials a horizon after a detach
+	dropTimer  clock.Timer      // guarded by mu: drops credentials a horizon after a detach
 	revision   int64            // guarded by mu: desired states pulled and read
 	lastPull   string           // guarded by mu: outcome of the last pull
 	closed     bool             // guarded by mu
@@ -199,6 +200,35 @@ func (p *Platform) call(ctx context.Context, method string, body []byte) ([]byte
 	case <-ctx.Done():
 		return nil, contracts.RelayUpstreamDetached.Refuse("the platform agent stopped waiting for %s", method)
 	}
+}
+
+// withTimeout is context.WithTimeout on the agent's clock: ended d after now, with
+// context.DeadlineExceeded as its Err, as a timeout is.
+func (p *Platform) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	inner, cancel := context.WithCancel(parent)
+	ctx := &timeoutCtx{Context: inner}
+	t := p.clock.AfterFunc(d, func() {
+		ctx.fired.Store(true)
+		cancel()
+	})
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
+}
+
+// timeoutCtx is a context its clock's timer ended.
+type timeoutCtx struct {
+	context.Context
+	fired atomic.Bool
+}
+
+func (c *timeoutCtx) Err() error {
+	err := c.Context.Err()
+	if err != nil && c.fired.Load() && c.Context.Err() == context.Canceled {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // kickPull asks for the desired state now.

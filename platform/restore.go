@@ -2,7 +2,6 @@ package platform
 
 import (
 	"encoding/json"
-	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
@@ -21,7 +20,7 @@ const maxQueuedChunks = 4
 
 // restore asks Cloudly for one wanted restore's closure and writes it into the node's Corestore.
 func (n *node) restore(origin string, cred contracts.Secret, r contracts.CorestoreRestore) {
-	start := time.Now()
+	start := n.p.clock.Now()
 	got, err := n.receiveRestore(origin, cred, r)
 	n.carried(carriedRestore, r.BackupID, got, err, start)
 }
