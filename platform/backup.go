@@ -100,7 +100,7 @@ func (n *node) sendBackup(origin string, cred contracts.Secret, b contracts.Core
 	defer share.Release(p.opts.ChunkBytes)
 	answered := make(chan struct{})
 	var res callResult // written before answered is closed
-	w := vstream.NewWriter(vstream.WriterOptions{Clock: p.clock, ChunkBytes: p.opts.ChunkBytes, Limit: contracts.MaxCorestoreClosureBytes,
+	w := vstream.NewWriter(vstream.WriterOptions{Clock: p.clock, ChunkBytes: p.opts.ChunkBytes, Limit: p.opts.MaxClosureBytes,
 		Idle: p.opts.StreamIdle, Stop: n.ctx.Done(), Stopped: errStopped, Ended: answered, Peer: "Cloudly",
 		Answered: func(k int) { p.metrics.bytes.WithLabelValues("to-cloudly").Add(float64(k)) },
 		Dropped:  func(reason string) { p.metrics.frames.WithLabelValues(reason).Inc() }})

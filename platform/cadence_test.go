@@ -323,3 +323,19 @@ func advance(d time.Duration) {
 	<-time.After(d)
 	synctest.Wait()
 }
+
+// TestClosureLimitIsTheCorestoreLimit: by default a closure may carry the Corestore closure limit,
+// 256 MiB, and no option raises it.
+func TestClosureLimitIsTheCorestoreLimit(t *testing.T) {
+	for _, set := range []int64{0, -1, contracts.MaxCorestoreClosureBytes + 1} {
+		o := Options{MaxClosureBytes: set}
+		o.fill()
+		if o.MaxClosureBytes != 256<<20 || contracts.MaxCorestoreClosureBytes != 256<<20 {
+			t.Fatalf("MaxClosureBytes %d filled as %d", set, o.MaxClosureBytes)
+		}
+	}
+	o := Options{MaxClosureBytes: 1 << 20}
+	if o.fill(); o.MaxClosureBytes != 1<<20 {
+		t.Fatalf("a lower limit filled as %d", o.MaxClosureBytes)
+	}
+}

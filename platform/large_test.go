@@ -107,22 +107,22 @@ func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
 	}
 }
 
-// TestClosureOverTheLimit: a closure of 256 MiB + 1 byte is aborted and refused
-// relay-request-invalid to the side that sent it — a Corestore that announces it is never read,
-// one that does not is cut at the limit with the stream to Cloudly aborted; a Cloudly that sends
-// it gets relay-request-invalid on the chunk that passes the limit, and Corestore settles nothing.
+// TestClosureOverTheLimit: a closure past the limit is aborted and refused relay-request-invalid
+// to the side that sent it — a Corestore that announces more than 256 MiB is never read, one that
+// does not announce its length is cut at the limit with the stream to Cloudly aborted; a Cloudly
+// that sends too much gets relay-request-invalid on the chunk that passes the limit, and Corestore
+// settles nothing. The streamed cases run against the agent's limit lowered to 8 MiB (the same
+// code as at 256 MiB, TestClosureLimitIsTheCorestoreLimit pins the default): 2 × 256 MiB of
+// chunks would take most of a minute of two cores.
 func TestClosureOverTheLimit(t *testing.T) {
 	t.Parallel()
-	if raceEnabled {
-		t.Skip("256 MiB through the race detector takes minutes; TestLargeClosuresKeepTheHeapFlat covers the streams there")
-	}
-	const over = contracts.MaxCorestoreClosureBytes + 1
-	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: time.Hour}})
+	const limit = 8 << 20
+	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: time.Hour, MaxClosureBytes: limit}})
 	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 
-	h.a.Platform().AddBackup("bk-announced", sim.PlatformClosure{ServiceID: "svc-1", Size: over})
-	h.a.Platform().AddBackup("bk-chunked", sim.PlatformClosure{ServiceID: "svc-1", Size: over, NoLength: true})
-	h.Cloudly.Platform().ServeRestore("bk-huge", sim.RestoreSource{Size: over})
+	h.a.Platform().AddBackup("bk-announced", sim.PlatformClosure{ServiceID: "svc-1", Size: contracts.MaxCorestoreClosureBytes + 1})
+	h.a.Platform().AddBackup("bk-chunked", sim.PlatformClosure{ServiceID: "svc-1", Size: limit + 1, NoLength: true})
+	h.Cloudly.Platform().ServeRestore("bk-huge", sim.RestoreSource{Size: limit + 1})
 	h.b.Platform().WantRestore("bk-huge", "svc-2")
 	h.Cloudly.SetAvailable(false) // a new attach lists at once
 	h.waitFor("detached", func() bool { return !h.Relay.Upstream().Attached() })
@@ -136,7 +136,7 @@ func TestClosureOverTheLimit(t *testing.T) {
 		t.Fatal("a closure announced over the limit was streamed to Cloudly")
 	}
 	rc, _ := h.Cloudly.Platform().Received("bk-chunked")
-	if rc.Complete || !rc.Aborted || rc.Bytes > contracts.MaxCorestoreClosureBytes {
+	if rc.Complete || !rc.Aborted || rc.Bytes > limit || rc.Bytes == 0 {
 		t.Fatalf("the unannounced closure reached Cloudly as %+v", rc)
 	}
 	served, _ := h.Cloudly.Platform().Served("bk-huge")

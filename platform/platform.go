@@ -64,6 +64,10 @@ type Options struct {
 	StreamIdle        time.Duration
 	CredentialHorizon time.Duration
 	CallTimeout       time.Duration
+	// MaxClosureBytes is the most a closure may carry; one past it is aborted and refused
+	// relay-request-invalid. Zero, or anything above it, is the Corestore closure limit
+	// (contracts.MaxCorestoreClosureBytes, 256 MiB): it can only be lowered.
+	MaxClosureBytes int64
 }
 
 func (o *Options) fill() {
@@ -82,6 +86,9 @@ func (o *Options) fill() {
 	}
 	if o.MaxClosures <= 0 {
 		o.MaxClosures = DefaultMaxClosures
+	}
+	if o.MaxClosureBytes <= 0 || o.MaxClosureBytes > contracts.MaxCorestoreClosureBytes {
+		o.MaxClosureBytes = contracts.MaxCorestoreClosureBytes
 	}
 	if o.MaxNodeClosures <= 0 {
 		o.MaxNodeClosures = DefaultMaxNodeClosures

@@ -35,7 +35,7 @@ func (n *node) receiveRestore(origin string, cred contracts.Secret, r contracts.
 	share := p.memory.NewShare(int64(maxQueuedChunks)*(int64(contracts.MaxBufferChunkLen(p.opts.ChunkBytes))+4096) + int64(p.opts.ChunkBytes))
 	defer share.Close()
 	rd := vstream.NewReader(vstream.ReaderOptions{Clock: p.clock, Idle: p.opts.StreamIdle, Queue: maxQueuedChunks,
-		Limit: contracts.MaxCorestoreClosureBytes, Budget: share, Stop: n.ctx.Done(), Stopped: errStopped, Peer: "Cloudly",
+		Limit: p.opts.MaxClosureBytes, Budget: share, Stop: n.ctx.Done(), Stopped: errStopped, Peer: "Cloudly",
 		Taken:   func(k int) { p.metrics.bytes.WithLabelValues("to-corestore").Add(float64(k)) },
 		Dropped: func(reason string) { p.metrics.frames.WithLabelValues(reason).Inc() }})
 	type accepted struct {
