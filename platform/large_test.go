@@ -102,9 +102,8 @@ func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
 	if got := h.Metric("relay_platform_closure_bytes_total", "direction", "to-cloudly"); got != float64(size) {
 		t.Fatalf("bytes to Cloudly %v", got)
 	}
-	if got := h.Metric("relay_downstream_budget_used_bytes"); got != 0 {
-		t.Fatalf("the budget holds %v bytes after the closures ended", got)
-	}
+	// Each closure gives its share back as the agent ends it, after the far end took it.
+	h.waitFor("the budget empty after the closures", func() bool { return h.Metric("relay_downstream_budget_used_bytes") == 0 })
 }
 
 // TestClosureOverTheLimit: a closure past the limit is aborted and refused relay-request-invalid
@@ -193,6 +192,7 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 		s, _ := h.Cloudly.Platform().Served("bk-in")
 		return s.Refusal != "" || !s.Complete && s.Bytes > 0
 	})
+	h.waitFor("node-b's delivery counted", func() bool { return h.Metric("relay_platform_backups_total", "outcome", "delivered") == 1 })
 	if got := h.Metric("relay_platform_backups_total", "outcome", "delivered"); got != 1 {
 		t.Fatalf("backups delivered %v: only node-b's goes whole", got)
 	}

@@ -72,6 +72,13 @@ func TestEndToEnd(t *testing.T) {
 	if v := h.Cloudly.Platform().Violations(); len(v) > 0 {
 		t.Fatalf("Cloudly saw: %v", v)
 	}
+	// Corestore took each closure before the agent counts it: the status and metrics follow.
+	h.waitFor("the status counting both closures", func() bool {
+		a, b := h.node("node-a"), h.node("node-b")
+		return a.Delivered == 1 && b.Settled == 1 && a.Handed != 0 && b.Handed == b.Desired &&
+			h.Metric("relay_platform_backups_total", "outcome", "delivered") == 1 &&
+			h.Metric("relay_platform_restores_total", "outcome", "settled") == 1
+	})
 	na, nb := h.node("node-a"), h.node("node-b")
 	if !na.Credential || na.Delivered != 1 || na.Handed == 0 || nb.Settled != 1 || nb.Handed != nb.Desired {
 		t.Fatalf("status: %+v %+v", na, nb)
