@@ -134,6 +134,11 @@ func TestClosureOverTheLimit(t *testing.T) {
 	if _, ok := h.Cloudly.Platform().Received("bk-announced"); ok {
 		t.Fatal("a closure announced over the limit was streamed to Cloudly")
 	}
+	// The relay counts the refusal as it aborts the stream; Cloudly hears the abort after.
+	h.waitFor("Cloudly hearing the abort", func() bool {
+		rc, _ := h.Cloudly.Platform().Received("bk-chunked")
+		return rc.Aborted || rc.Complete
+	})
 	rc, _ := h.Cloudly.Platform().Received("bk-chunked")
 	if rc.Complete || !rc.Aborted || rc.Bytes > limit || rc.Bytes == 0 {
 		t.Fatalf("the unannounced closure reached Cloudly as %+v", rc)
@@ -189,6 +194,10 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.waitFor("the stalled backup and restore cut", func() bool {
 		return h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") == 1 &&
 			h.Metric("relay_platform_restores_total", "outcome", "relay-closure-stalled") == 1
+	})
+	h.waitFor("Cloudly hearing the abort", func() bool {
+		rc, _ := h.Cloudly.Platform().Received("bk-stall")
+		return rc.Aborted || rc.Complete
 	})
 	if rc, _ := h.Cloudly.Platform().Received("bk-stall"); rc.Complete || rc.Accepted || !rc.Aborted {
 		t.Fatalf("the stalled closure reached Cloudly as %+v", rc)
