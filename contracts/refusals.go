@@ -240,16 +240,19 @@ const (
 	RelayStreamUnknown RefusalName = "relay-stream-unknown"
 	// A VirtualStream frame from Cloudly for a stream whose node connection has ended (§5.1).
 	RelayStreamGone RefusalName = "relay-stream-gone"
+	// A platform closure (a database backup or restore) that moved no byte for the no-byte
+	// bound (30 s by default): ended, and answered to the side waiting for it.
+	RelayClosureStalled RefusalName = "relay-closure-stalled"
 )
 
 var relayRefusals = [...]RefusalName{
 	RelayMethodUnknown, RelayUpstreamDetached, RelayNodeNotCarried, RelaySessionForeign, RelayNodeBusy,
 	RelayMethodLocalOnly, RelayIngressOnly, RelayVPNHubOff, RelayRequestInvalid, RelayCallTimeout, RelayUpstreamBusy,
-	RelayStreamUnknown, RelayStreamGone,
+	RelayStreamUnknown, RelayStreamGone, RelayClosureStalled,
 }
 
 // RelayRefusals lists the project-defined relay refusal names.
-func RelayRefusals() [13]RefusalName { return relayRefusals }
+func RelayRefusals() [14]RefusalName { return relayRefusals }
 
 // TypedRequestNoMethodText is the error text the published TypedRequest library
 // (@api.global/typedrequest 3.3.0) answers a request with when its router has no handler for the

@@ -105,3 +105,25 @@ func TestRefusalLabel(t *testing.T) {
 		}
 	}
 }
+
+// TestClosureStalledIsARelayRefusal: the platform agent's no-byte bound names its refusal with a
+// relay- token of the relay vocabulary, so metrics and logs label it by name, not "other".
+func TestClosureStalledIsARelayRefusal(t *testing.T) {
+	if RelayClosureStalled != "relay-closure-stalled" {
+		t.Fatalf("name %q", RelayClosureStalled)
+	}
+	found := false
+	for _, n := range RelayRefusals() {
+		found = found || n == RelayClosureStalled
+	}
+	if !found {
+		t.Fatal("relay-closure-stalled is not in the relay vocabulary")
+	}
+	err := fmt.Errorf("backup: %w", RelayClosureStalled.Refuse("Corestore sent nothing of the closure for %s", "30s"))
+	if got := RefusalLabel(err); got != "relay-closure-stalled" {
+		t.Fatalf("label %q", got)
+	}
+	if ReadRefusalName(err.Error()[len("backup: "):], nil) != RelayClosureStalled {
+		t.Fatal("the refusal's text does not name it")
+	}
+}

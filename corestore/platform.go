@@ -165,7 +165,7 @@ type Closure struct {
 // the backup media type and announce no more than MaxCorestoreClosureBytes (else
 // relay-request-invalid); reading past that limit fails with relay-request-invalid too. A
 // Corestore that sends nothing for StallTimeout while the caller reads is cut
-// (restore-node-unreachable).
+// (relay-closure-stalled).
 func (c *Client) OpenBackupClosure(ctx context.Context, origin string, bearer contracts.Secret, backupID string) (io.ReadCloser, error) {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -179,7 +179,7 @@ func (c *Client) OpenBackupClosure(ctx context.Context, origin string, bearer co
 		return nil, err
 	}
 	if err != nil && w.fired() {
-		err = contracts.RestoreNodeUnreachable.Refuse("Corestore at %s did not answer within %s", origin, c.opts.StallTimeout)
+		err = contracts.RelayClosureStalled.Refuse("Corestore at %s did not answer within %s", origin, c.opts.StallTimeout)
 	}
 	if err != nil {
 		return fail(outcome, err)
@@ -214,7 +214,7 @@ func (cl *Closure) Read(p []byte) (int, error) {
 	}
 	if err != nil && err != io.EOF {
 		if cl.w.fired() {
-			err = contracts.RestoreNodeUnreachable.Refuse("Corestore at %s sent nothing of the closure for %s", cl.op.origin, cl.c.opts.StallTimeout)
+			err = contracts.RelayClosureStalled.Refuse("Corestore at %s sent nothing of the closure for %s", cl.op.origin, cl.c.opts.StallTimeout)
 		} else {
 			err = unreachable(cl.op.origin, err, cl.c.opts.StallTimeout.String())
 		}
@@ -244,7 +244,8 @@ func (cl *Closure) Close() error {
 // PutRestoreClosure streams body into PUT /platform/restores/<id>/closure, served as the backup
 // media type with descriptor (its JSON bytes) in base64url in Serve-Zone-Descriptor. It returns
 // once Corestore answered: nil for 2xx. A body whose Read fails aborts the request, so Corestore
-// never settles a closure cut short; a Corestore that takes nothing for StallTimeout is cut.
+// never settles a closure cut short; a Corestore that takes nothing for StallTimeout is cut
+// (relay-closure-stalled).
 func (c *Client) PutRestoreClosure(ctx context.Context, origin string, bearer contracts.Secret, backupID string, descriptor []byte, body io.Reader) error {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
@@ -281,7 +282,7 @@ func (c *Client) PutRestoreClosure(ctx context.Context, origin string, bearer co
 		return pr.err
 	case err != nil && w.fired():
 		c.finish(OpRestorePut, origin, outcomeUnreachable, sent, 0, start)
-		return contracts.RestoreNodeUnreachable.Refuse("Corestore at %s took nothing of the closure for %s", origin, c.opts.StallTimeout)
+		return contracts.RelayClosureStalled.Refuse("Corestore at %s took nothing of the closure for %s", origin, c.opts.StallTimeout)
 	case err != nil:
 		c.finish(OpRestorePut, origin, outcomeUnreachable, sent, 0, start)
 		return unreachable(origin, err, c.opts.StallTimeout.String())

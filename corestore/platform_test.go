@@ -141,7 +141,7 @@ func TestClosureStall(t *testing.T) {
 	}
 	_, err = io.ReadAll(rc)
 	rc.Close()
-	if !errors.Is(err, contracts.RestoreNodeUnreachable) {
+	if !errors.Is(err, contracts.RelayClosureStalled) {
 		t.Fatalf("a stalled closure: %v", err)
 	}
 	rc, err = c.OpenBackupClosure(context.Background(), srv.URL, sec, "slow")

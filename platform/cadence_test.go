@@ -258,7 +258,7 @@ func TestCloseDuringHandOver(t *testing.T) {
 	p.Attached(up)
 	select {
 	case <-cs.entered:
-	case <-time.After(10 * time.Second):
+	case <-time.After(time.Minute): // a guard against a hang, not a time the agent must meet
 		t.Fatal("no hand-over began")
 	}
 	stop()
@@ -267,7 +267,7 @@ func TestCloseDuringHandOver(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-	case <-time.After(5 * time.Second):
+	case <-time.After(time.Minute): // a guard: Close returns at once unless a loop spins
 		t.Fatal("Close did not return: a loop spins on its ended context")
 	}
 }
@@ -316,9 +316,26 @@ func TestStandbyWorksForNoOne(t *testing.T) {
 	})
 }
 
-// advance moves the bubble's fake clock on by d and waits until every goroutine in it is blocked:
-// the one place these tests let time pass, and time passing is what they test.
+// advance moves the bubble's fake clock on by d — a timer of the bubble's clock fires when every
+// goroutine in it is blocked, no wall-clock time passes — and waits until every goroutine is
+// blocked again: the one place these tests let time pass, and time passing is what they test.
 func advance(d time.Duration) {
-	time.Sleep(d)
+	<-time.After(d)
 	synctest.Wait()
+}
+
+// TestClosureLimitIsTheCorestoreLimit: by default a closure may carry the Corestore closure limit,
+// 256 MiB, and no option raises it.
+func TestClosureLimitIsTheCorestoreLimit(t *testing.T) {
+	for _, set := range []int64{0, -1, contracts.MaxCorestoreClosureBytes + 1} {
+		o := Options{MaxClosureBytes: set}
+		o.fill()
+		if o.MaxClosureBytes != 256<<20 || contracts.MaxCorestoreClosureBytes != 256<<20 {
+			t.Fatalf("MaxClosureBytes %d filled as %d", set, o.MaxClosureBytes)
+		}
+	}
+	o := Options{MaxClosureBytes: 1 << 20}
+	if o.fill(); o.MaxClosureBytes != 1<<20 {
+		t.Fatalf("a lower limit filled as %d", o.MaxClosureBytes)
+	}
 }

@@ -4,7 +4,6 @@ import (
 	"crypto/ecdh"
 	"crypto/rand"
 	"encoding/json"
-	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -31,7 +30,7 @@ func (p *Platform) startEnrollment(session uint64) {
 
 // enroll runs one enrollment: a key pair, begin, open the challenge, complete.
 func (p *Platform) enroll(session uint64) {
-	start := time.Now()
+	start := p.clock.Now()
 	err := p.enrollOnce(session)
 	out := outcome(err, outcomeEnrolled)
 	p.metrics.enrollments.WithLabelValues(out).Inc()
@@ -48,7 +47,7 @@ func (p *Platform) enroll(session uint64) {
 	if err != nil {
 		ev = p.log.Warn()
 	}
-	ev.Str("method", contracts.MethodBeginSecretRecipientEnrollment).Str("outcome", out).Dur("latency", time.Since(start)).
+	ev.Str("method", contracts.MethodBeginSecretRecipientEnrollment).Str("outcome", out).Dur("latency", p.clock.Since(start)).
 		Msg("secret recipient enrollment")
 }
 

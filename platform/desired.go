@@ -2,7 +2,6 @@ package platform
 
 import (
 	"context"
-	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -10,7 +9,7 @@ import (
 // pullLoop pulls the desired state when asked (attach, configuration push) and every
 // StateInterval, until ctx ends.
 func (p *Platform) pullLoop(ctx context.Context) {
-	t := time.NewTimer(p.opts.StateInterval)
+	t := p.clock.NewTimer(p.opts.StateInterval)
 	defer t.Stop()
 	for {
 		select {
@@ -19,7 +18,7 @@ func (p *Platform) pullLoop(ctx context.Context) {
 		case <-p.ctx.Done():
 			return
 		case <-p.pull:
-		case <-t.C:
+		case <-t.C():
 		}
 		p.pullOnce()
 		t.Reset(p.opts.StateInterval)
@@ -35,8 +34,8 @@ func (p *Platform) pullOnce() {
 		return
 	}
 	p.mu.Unlock()
-	start := time.Now()
-	ctx, cancel := context.WithTimeout(p.ctx, p.opts.CallTimeout)
+	start := p.clock.Now()
+	ctx, cancel := p.withTimeout(p.ctx, p.opts.CallTimeout)
 	body, err := p.call(ctx, contracts.MethodGetClusterPlatformDesiredState, []byte(`{}`))
 	cancel()
 	var st contracts.PlatformDesiredState
@@ -58,7 +57,7 @@ func (p *Platform) pullOnce() {
 		ev = p.log.Warn()
 	}
 	ev.Str("method", contracts.MethodGetClusterPlatformDesiredState).Int("answer_bytes", len(body)).Str("outcome", out).
-		Dur("latency", time.Since(start)).Msg("platform desired state pulled")
+		Dur("latency", p.clock.Since(start)).Msg("platform desired state pulled")
 	p.mu.Lock()
 	if err != nil {
 		p.mu.Unlock()

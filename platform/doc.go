@@ -21,7 +21,7 @@
 //     it presents as Authorization: Bearer to that node's Corestore only.
 //
 // How: one goroutine pair per node with a Corestore (its desired state; its listings and
-// closures, one at a time), so that one node's slow or absent Corestore never delays another's;
+// closures, up to two at once), so that one node's slow or absent Corestore never delays another's;
 // closures in flight bounded across nodes; every closure byte in flight charged to the relay's
 // peer memory budget (feature.Memory) and never held whole; a closure past 256 MiB aborted and
 // refused relay-request-invalid to the side that sent it.

@@ -8,8 +8,9 @@ import (
 
 // Every error the agent meets is named by a refusal for metrics, logs and the status page: the
 // seed's restore-node-unreachable / restore-node-refused for a Corestore that cannot be reached or
-// refuses (the port's own), relay-request-invalid for a closure past 256 MiB or an answer the
-// agent cannot read, relay-upstream-detached / relay-call-timeout / relay-node-busy for what
+// refuses (the port's own), relay-closure-stalled for a closure that moved no byte for its bound
+// (at Corestore's end or Cloudly's), relay-request-invalid for a closure past 256 MiB or an
+// answer the agent cannot read, relay-upstream-detached / relay-call-timeout / relay-node-busy for what
 // happens on the Cloudly socket, Cloudly's own refusal names as Cloudly sent them.
 
 // outcome is err's label: ok when err is nil, not-accepted for Cloudly's { accepted: false },

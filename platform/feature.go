@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
@@ -70,7 +69,7 @@ func (p *Platform) Detached() {
 		p.dropTimer.Stop()
 	}
 	if !p.closed {
-		p.dropTimer = time.AfterFunc(p.opts.CredentialHorizon, func() { p.dropCredentials(session) })
+		p.dropTimer = p.clock.AfterFunc(p.opts.CredentialHorizon, func() { p.dropCredentials(session) })
 	}
 	p.mu.Unlock()
 	for _, n := range nodes {

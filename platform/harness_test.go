@@ -3,6 +3,7 @@ package platform_test
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 	"time"
@@ -30,6 +31,7 @@ type harnessOptions struct {
 	platform  platform.Options // ListInterval, StateInterval, … (Logger and Registerer are the relay's)
 	stall     time.Duration    // the Corestore client's stall bound (0: its default)
 	noOrigins bool             // the configuration push names no Corestore
+	more      int              // Corestores besides node-a and node-b: node-s1 … node-sN
 }
 
 // harness is a relay built as cmd/relay builds it — the corestore client as the agent's port —
@@ -38,6 +40,7 @@ type harnessOptions struct {
 type harness struct {
 	*relaytest.Env
 	a, b     *sim.Corestore
+	more     []*sim.Corestore // node-s1 … node-sN, each accepting only its own credential
 	platform *platform.Platform
 }
 
@@ -56,14 +59,26 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	t.Cleanup(h.b.Close)
 	h.a.Platform().SetBearer(credentialA)
 	h.b.Platform().SetBearer(credentialB)
+	origins := []contracts.CorestoreOrigin{{NodeID: "node-a", Origin: h.a.Origin()}, {NodeID: "node-b", Origin: h.b.Origin()}}
+	for i := 1; i <= o.more; i++ {
+		id := fmt.Sprintf("node-s%d", i)
+		c := sim.NewCorestore(sim.CorestoreOptions{NodeName: id, Plaintext: true})
+		t.Cleanup(c.Close)
+		c.Platform().SetBearer(moreCredential(id))
+		h.more = append(h.more, c)
+		origins = append(origins, contracts.CorestoreOrigin{NodeID: id, Origin: c.Origin()})
+	}
 	h.Env = relaytest.Start(t, relaytest.Options{
 		Logs: logs,
 		Cloudly: func(c *sim.Cloudly) {
 			if !o.noOrigins {
-				c.SetCorestores([]contracts.CorestoreOrigin{{NodeID: "node-a", Origin: h.a.Origin()}, {NodeID: "node-b", Origin: h.b.Origin()}})
+				c.SetCorestores(origins)
 			}
 			c.Platform().SetCredential("node-a", credentialA)
 			c.Platform().SetCredential("node-b", credentialB)
+			for _, o := range origins[2:] {
+				c.Platform().SetCredential(o.NodeID, moreCredential(o.NodeID))
+			}
 			c.Platform().SetDesiredState(json.RawMessage(desired))
 		},
 		Build: func(cfg relay.Config, ro relay.Options) (*relay.Relay, error) {
@@ -83,6 +98,9 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 	})
 	return h
 }
+
+// moreCredential is the credential of one of the harness's further Corestores.
+func moreCredential(id string) string { return "corestore-credential-" + id + "-0123456789abcdef" }
 
 // desired is Cloudly's desired state: two bindings for node-a, one for node-b, one for a node
 // without a Corestore; inner members in shapes the relay must not touch.
@@ -105,18 +123,44 @@ func (h *harness) node(id string) platform.StatusNode {
 	return platform.StatusNode{}
 }
 
-// waitFor polls cond until it holds or d passes.
-func (h *harness) waitFor(d time.Duration, what string, cond func() bool) {
+// waitFor polls cond until it holds. It gives up only near the test binary's deadline: a guard
+// against a hang, never a time the behaviour must meet (a busy machine may be slow).
+func (h *harness) waitFor(what string, cond func() bool) {
 	h.T.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), d)
+	ctx, cancel := context.WithTimeout(context.Background(), guard(h.T))
 	defer cancel()
+	tick := time.NewTicker(10 * time.Millisecond)
+	defer tick.Stop()
 	for !cond() {
 		select {
 		case <-ctx.Done():
-			h.T.Fatalf("timed out waiting: %s", what)
-		case <-time.After(10 * time.Millisecond):
+			h.T.Fatalf("never happened: %s", what)
+		case <-tick.C:
 		}
 	}
+}
+
+// await waits for ch to be closed, with waitFor's guard.
+func (h *harness) await(ch <-chan struct{}, what string) {
+	h.T.Helper()
+	select {
+	case <-ch:
+	case <-time.After(guard(h.T)):
+		h.T.Fatalf("never happened: %s", what)
+	}
+}
+
+// guard is how long a wait may last before the test gives up: until shortly before the test
+// binary's deadline, or ten minutes without one.
+func guard(t testing.TB) time.Duration {
+	dl, ok := t.(interface{ Deadline() (time.Time, bool) })
+	if !ok {
+		return 10 * time.Minute
+	}
+	if d, ok := dl.Deadline(); ok {
+		return max(time.Until(d)-15*time.Second, time.Second)
+	}
+	return 10 * time.Minute
 }
 
 // assertNoSecretShown: no credential, no enrollment secret, no descriptor, no binding reaches a

@@ -11,7 +11,7 @@ import (
 
 // node is one node with a Corestore: its desired state, credential and listings, and the two
 // goroutines that carry them — stateLoop hands the desired state over, workLoop lists and carries
-// closures one at a time — so that a slow closure never holds a desired state back, and one
+// closures, up to MaxNodeClosures at once — so that a slow closure never holds a desired state back, and one
 // node's Corestore never holds up another node's.
 type node struct {
 	p      *Platform          // set at construction
@@ -66,7 +66,7 @@ func (n *node) setDesired(rev int64, body []byte) {
 		return
 	}
 	n.desired, n.desiredRev = body, rev
-	n.sched.newState(time.Now())
+	n.sched.newState(n.p.clock.Now())
 	n.mu.Unlock()
 	poke(n.kick)
 }
@@ -76,10 +76,10 @@ func (n *node) setCredential(c contracts.Secret) {
 	n.mu.Lock()
 	n.credential = c
 	if n.session != 0 {
-		n.sched.listFrom(time.Now(), 0)
+		n.sched.listFrom(n.p.clock.Now(), 0)
 	}
 	if n.desiredRev > n.handedRev && n.sched.stateDue.IsZero() {
-		n.sched.newState(time.Now())
+		n.sched.newState(n.p.clock.Now())
 	}
 	n.mu.Unlock()
 	poke(n.kick)
@@ -96,7 +96,7 @@ func (n *node) dropCredential() {
 func (n *node) attached(session uint64) {
 	n.mu.Lock()
 	n.session = session
-	n.sched.listFrom(time.Now(), 0)
+	n.sched.listFrom(n.p.clock.Now(), 0)
 	n.mu.Unlock()
 	poke(n.work)
 }
@@ -113,7 +113,7 @@ func (n *node) setOrigin(origin string) {
 	changed := n.origin != origin
 	n.origin = origin
 	if changed && n.desiredRev > 0 {
-		n.sched.newState(time.Now()) // a new Corestore hears the newest state too
+		n.sched.newState(n.p.clock.Now()) // a new Corestore hears the newest state too
 	}
 	n.mu.Unlock()
 	if changed {
@@ -128,9 +128,9 @@ func (n *node) sleep(d time.Duration, ok bool, ch chan struct{}) bool {
 	}
 	var timer <-chan time.Time
 	if ok {
-		t := time.NewTimer(d)
+		t := n.p.clock.NewTimer(d)
 		defer t.Stop()
-		timer = t.C
+		timer = t.C()
 	}
 	select {
 	case <-n.ctx.Done():
@@ -146,7 +146,7 @@ func (n *node) stateLoop() {
 	for n.ctx.Err() == nil { // a hand-over cut short by the end is due still: the loop must not spin on it
 		standby := n.p.isStandby() // p.mu before n.mu, never inside it (Configured holds p.mu, then n.mu)
 		n.mu.Lock()
-		d, due := wait(n.sched.stateDue, time.Now())
+		d, due := wait(n.sched.stateDue, n.p.clock.Now())
 		if n.credential.IsZero() || n.desired == nil || standby {
 			due = false
 		}
@@ -165,8 +165,8 @@ func (n *node) handOverState() {
 	n.mu.Lock()
 	body, rev, origin, cred := n.desired, n.desiredRev, n.origin, n.credential
 	n.mu.Unlock()
-	ctx, cancel := context.WithTimeout(n.ctx, n.p.opts.CallTimeout)
-	start := time.Now()
+	ctx, cancel := n.p.withTimeout(n.ctx, n.p.opts.CallTimeout)
+	start := n.p.clock.Now()
 	err := n.p.cs.PutDesiredState(ctx, origin, cred, body)
 	cancel()
 	if n.ctx.Err() != nil {
@@ -184,24 +184,24 @@ func (n *node) handOverState() {
 			n.sched.stateHanded()
 		}
 	} else if rev == n.desiredRev {
-		retry = n.sched.stateFailed(time.Now())
+		retry = n.sched.stateFailed(n.p.clock.Now())
 	}
 	n.mu.Unlock()
 	ev := n.p.log.Debug().Dur("wait", retry)
 	if err != nil && changed {
 		ev = n.p.log.Info().Dur("wait", retry) // then counted only, until it changes
 	}
-	ev.Str("node", n.id).Str("op", "desired-state").Int("bytes", len(body)).Str("outcome", out).Dur("latency", time.Since(start)).
+	ev.Str("node", n.id).Str("op", "desired-state").Int("bytes", len(body)).Str("outcome", out).Dur("latency", n.p.clock.Since(start)).
 		Msg("desired state handed to Corestore")
 }
 
-// workLoop lists the node's backups and restores whenever a listing is due, and carries each
-// closure, one at a time.
+// workLoop lists the node's backups and restores whenever a listing is due, and carries their
+// closures, up to MaxNodeClosures at once.
 func (n *node) workLoop() {
 	for n.ctx.Err() == nil {
 		standby := n.p.isStandby()
 		n.mu.Lock()
-		d, due := wait(n.sched.listDue, time.Now())
+		d, due := wait(n.sched.listDue, n.p.clock.Now())
 		if n.credential.IsZero() || n.session == 0 || standby {
 			due = false
 		}
@@ -216,7 +216,7 @@ func (n *node) workLoop() {
 		n.list(session)
 		n.mu.Lock()
 		if n.session == session {
-			n.sched.listed(time.Now(), n.p.opts.ListInterval)
+			n.sched.listed(n.p.clock.Now(), n.p.opts.ListInterval)
 		}
 		n.mu.Unlock()
 	}
@@ -228,7 +228,7 @@ func (n *node) list(session uint64) {
 	n.mu.Lock()
 	origin, cred := n.origin, n.credential
 	n.mu.Unlock()
-	ctx, cancel := context.WithTimeout(n.ctx, n.p.opts.CallTimeout)
+	ctx, cancel := n.p.withTimeout(n.ctx, n.p.opts.CallTimeout)
 	raw, err := n.p.cs.ReadyBackups(ctx, origin, cred)
 	cancel()
 	var backups []contracts.CorestoreBackup
@@ -239,13 +239,8 @@ func (n *node) list(session uint64) {
 		}
 	}
 	n.noteListing(err)
-	for _, b := range backups {
-		if !n.p.current(session) || n.ctx.Err() != nil {
-			return
-		}
-		n.backup(origin, cred, b)
-	}
-	ctx, cancel = context.WithTimeout(n.ctx, n.p.opts.CallTimeout)
+	carry(n, session, backups, func(b contracts.CorestoreBackup) { n.backup(origin, cred, b) })
+	ctx, cancel = n.p.withTimeout(n.ctx, n.p.opts.CallTimeout)
 	raw, err = n.p.cs.WantedRestores(ctx, origin, cred)
 	cancel()
 	var restores []contracts.CorestoreRestore
@@ -256,12 +251,31 @@ func (n *node) list(session uint64) {
 		}
 	}
 	n.noteListing(err)
-	for _, r := range restores {
-		if !n.p.current(session) || n.ctx.Err() != nil {
-			return
-		}
-		n.restore(origin, cred, r)
+	carry(n, session, restores, func(r contracts.CorestoreRestore) { n.restore(origin, cred, r) })
+}
+
+// carry runs do for each item, up to MaxNodeClosures at once (each still waits for a slot of its
+// own, slots.go), while session is the current one; it returns when every one it started ended.
+func carry[T any](n *node, session uint64, items []T, do func(T)) {
+	next := make(chan T)
+	var wg sync.WaitGroup
+	for range min(n.p.opts.MaxNodeClosures, len(items)) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for it := range next {
+				do(it)
+			}
+		}()
 	}
+	for _, it := range items {
+		if !n.p.current(session) || n.ctx.Err() != nil {
+			break
+		}
+		next <- it
+	}
+	close(next)
+	wg.Wait()
 }
 
 func (n *node) noteListing(err error) {

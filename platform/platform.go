@@ -7,10 +7,12 @@ import (
 	"fmt"
 	"io"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/feature"
@@ -18,8 +20,9 @@ import (
 
 // Corestore is the port the agent reaches node Corestores through; cmd/relay wires the corestore
 // package's client into it. Every call carries the node's credential as its bearer; errors are
-// *contracts.Refusal named restore-node-unreachable or restore-node-refused, or
-// relay-request-invalid for a closure past the 256 MiB limit.
+// *contracts.Refusal named restore-node-unreachable or restore-node-refused, relay-closure-stalled
+// for a closure that stood still past its no-byte bound, or relay-request-invalid for a closure
+// past the 256 MiB limit.
 type Corestore interface {
 	PutDesiredState(ctx context.Context, origin string, bearer contracts.Secret, body []byte) error
 	ReadyBackups(ctx context.Context, origin string, bearer contracts.Secret) ([]byte, error)
@@ -36,7 +39,8 @@ const (
 	DefaultStateInterval     = 60 * time.Second // desired state pulled this often while attached
 	DefaultListInterval      = 30 * time.Second // backups and restores listed this often
 	DefaultChunkBytes        = 256 << 10        // closure bytes per stream chunk
-	DefaultMaxClosures       = 8                // closures in flight across all nodes
+	DefaultMaxClosures       = 8                // closures in flight across all nodes (a node's first is admitted past it)
+	DefaultMaxNodeClosures   = 2                // closures in flight for one node
 	DefaultStreamIdle        = 60 * time.Second // a stream without a frame from Cloudly this long is aborted
 	DefaultCredentialHorizon = 4 * time.Hour    // credentials dropped this long after a detach (the escrow horizon)
 	DefaultCallTimeout       = 30 * time.Second // a Corestore listing or desired-state call
@@ -48,14 +52,22 @@ type Options struct {
 	Logger zerolog.Logger
 	// Registerer receives the platform metrics; nil registers none.
 	Registerer prometheus.Registerer
+	// Clock is the agent's time source: every cadence, bound and timer runs on it. Nil is the
+	// wall clock; tests inject a fake one.
+	Clock clock.WithTickerAndDelayedExecution
 
 	StateInterval     time.Duration
 	ListInterval      time.Duration
 	ChunkBytes        int
 	MaxClosures       int
+	MaxNodeClosures   int
 	StreamIdle        time.Duration
 	CredentialHorizon time.Duration
 	CallTimeout       time.Duration
+	// MaxClosureBytes is the most a closure may carry; one past it is aborted and refused
+	// relay-request-invalid. Zero, or anything above it, is the Corestore closure limit
+	// (contracts.MaxCorestoreClosureBytes, 256 MiB): it can only be lowered.
+	MaxClosureBytes int64
 }
 
 func (o *Options) fill() {
@@ -75,19 +87,26 @@ func (o *Options) fill() {
 	if o.MaxClosures <= 0 {
 		o.MaxClosures = DefaultMaxClosures
 	}
+	if o.MaxClosureBytes <= 0 || o.MaxClosureBytes > contracts.MaxCorestoreClosureBytes {
+		o.MaxClosureBytes = contracts.MaxCorestoreClosureBytes
+	}
+	if o.MaxNodeClosures <= 0 {
+		o.MaxNodeClosures = DefaultMaxNodeClosures
+	}
 }
 
 // Platform is the agent; feature.go is how the relay reaches it.
 type Platform struct {
-	cs      Corestore          // set at construction
-	opts    Options            // set at construction, defaults filled
-	log     zerolog.Logger     // set at construction
-	metrics *metrics           // set at construction
-	ctx     context.Context    // set at construction; cancelled by Close
-	cancel  context.CancelFunc // set at construction
-	wg      sync.WaitGroup     // every goroutine the agent started
-	slots   chan struct{}      // set at construction: a token per closure in flight
-	pull    chan struct{}      // set at construction, capacity 1: pull the desired state now
+	cs      Corestore                           // set at construction
+	opts    Options                             // set at construction, defaults filled
+	clock   clock.WithTickerAndDelayedExecution // set at construction: opts.Clock, or the wall clock
+	log     zerolog.Logger                      // set at construction
+	metrics *metrics                            // set at construction
+	ctx     context.Context                     // set at construction; cancelled by Close
+	cancel  context.CancelFunc                  // set at construction
+	wg      sync.WaitGroup                      // every goroutine the agent started
+	slots   *slots                              // set at construction: the closures in flight, shared fairly (slots.go)
+	pull    chan struct{}                       // set at construction, capacity 1: pull the desired state now
 
 	// The relay's ports, set by UseUpstream before anything runs; streams and memory are nil
 	// when the upstream does not offer them (then no closure is carried).
@@ -102,12 +121,11 @@ type Platform struct {
 	enrolled   uint64           // guarded by mu: the session whose enrollment completed; 0 none
 	enrolling  uint64           // guarded by mu: the session whose enrollment is under way
 	recipient  *ecdh.PrivateKey // guarded by mu: the key of the newest enrollment; nil detached
-	dropTimer  *time.Timer      // guarded by mu: drops credentials a horizon after a detach
+	dropTimer  clock.Timer      // guarded by mu: drops credentials a horizon after a detach
 	revision   int64            // guarded by mu: desired states pulled and read
 	lastPull   string           // guarded by mu: outcome of the last pull
 	closed     bool             // guarded by mu
 	standby    bool             // guarded by mu: the relay does not lead (SPEC §16): no node is worked for
-	inflight   int              // guarded by mu: closures in flight
 	enrollment string           // guarded by mu: outcome of the newest enrollment
 }
 
@@ -116,12 +134,15 @@ type Platform struct {
 func New(cs Corestore, opts Options) (*Platform, error) {
 	opts.fill()
 	p := &Platform{cs: cs, opts: opts, log: opts.Logger.With().Str("component", "platform").Logger(),
-		slots: make(chan struct{}, opts.MaxClosures), pull: make(chan struct{}, 1), nodes: make(map[string]*node)}
+		slots: newSlots(opts.MaxNodeClosures, opts.MaxClosures), pull: make(chan struct{}, 1), nodes: make(map[string]*node)}
 	m, err := newMetrics(opts.Registerer, p.inflightNow)
 	if err != nil {
 		return nil, fmt.Errorf("register platform metrics: %w", err)
 	}
 	p.metrics = m
+	if p.clock = opts.Clock; p.clock == nil {
+		p.clock = clock.RealClock{}
+	}
 	p.ctx, p.cancel = context.WithCancel(context.Background())
 	return p, nil
 }
@@ -155,31 +176,7 @@ func (p *Platform) goDo(f func()) {
 	}()
 }
 
-func (p *Platform) inflightNow() float64 {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	return float64(p.inflight)
-}
-
-// acquire takes a closure slot, waiting for one until ctx ends.
-func (p *Platform) acquire(ctx context.Context) bool {
-	select {
-	case p.slots <- struct{}{}:
-	case <-ctx.Done():
-		return false
-	}
-	p.mu.Lock()
-	p.inflight++
-	p.mu.Unlock()
-	return true
-}
-
-func (p *Platform) release() {
-	p.mu.Lock()
-	p.inflight--
-	p.mu.Unlock()
-	<-p.slots
-}
+func (p *Platform) inflightNow() float64 { return float64(p.slots.inflight()) }
 
 // current reports whether session is still the attached one, on a relay that leads.
 func (p *Platform) current(session uint64) bool {
@@ -210,6 +207,35 @@ func (p *Platform) call(ctx context.Context, method string, body []byte) ([]byte
 	case <-ctx.Done():
 		return nil, contracts.RelayUpstreamDetached.Refuse("the platform agent stopped waiting for %s", method)
 	}
+}
+
+// withTimeout is context.WithTimeout on the agent's clock: ended d after now, with
+// context.DeadlineExceeded as its Err, as a timeout is.
+func (p *Platform) withTimeout(parent context.Context, d time.Duration) (context.Context, context.CancelFunc) {
+	inner, cancel := context.WithCancel(parent)
+	ctx := &timeoutCtx{Context: inner}
+	t := p.clock.AfterFunc(d, func() {
+		ctx.fired.Store(true)
+		cancel()
+	})
+	return ctx, func() {
+		t.Stop()
+		cancel()
+	}
+}
+
+// timeoutCtx is a context its clock's timer ended.
+type timeoutCtx struct {
+	context.Context
+	fired atomic.Bool
+}
+
+func (c *timeoutCtx) Err() error {
+	err := c.Context.Err()
+	if err != nil && c.fired.Load() && c.Context.Err() == context.Canceled {
+		return context.DeadlineExceeded
+	}
+	return err
 }
 
 // kickPull asks for the desired state now.

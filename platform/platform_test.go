@@ -17,17 +17,18 @@ import (
 // delivered on { accepted: true }, and a wanted restore's closure reaches Corestore whole with
 // its descriptor; each Corestore saw only its own credential.
 func TestEndToEnd(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: 200 * time.Millisecond}})
 	const backupSize = 3<<20 + 12345
 	h.a.Platform().AddBackup("bk-1", sim.PlatformClosure{ServiceID: "svc-1", Size: backupSize})
 	h.b.Platform().WantRestore("bk-9", "svc-2")
 	h.Cloudly.Platform().ServeRestore("bk-9", sim.RestoreSource{Size: 2<<20 + 7})
 
-	h.waitFor(15*time.Second, "both credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	h.waitFor("both credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	if h.Cloudly.Platform().Enrollments() != 1 {
 		t.Fatalf("enrollments: %d", h.Cloudly.Platform().Enrollments())
 	}
-	h.waitFor(15*time.Second, "desired states handed", func() bool {
+	h.waitFor("desired states handed", func() bool {
 		na, _ := h.a.Platform().DesiredStates()
 		nb, _ := h.b.Platform().DesiredStates()
 		return na > 0 && nb > 0
@@ -42,7 +43,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("node-b's desired state:\n%s\nwant\n%s", gotB, want)
 	}
 
-	h.waitFor(20*time.Second, "the backup delivered", func() bool { return h.a.Platform().Delivered() == 1 })
+	h.waitFor("the backup delivered", func() bool { return h.a.Platform().Delivered() == 1 })
 	rc, ok := h.Cloudly.Platform().Received("bk-1")
 	if !ok || !rc.Complete || rc.Aborted || !rc.Accepted || rc.Bytes != backupSize || rc.Sum != sim.ClosureDigest("bk-1", backupSize) ||
 		rc.NodeID != "node-a" || rc.ServiceID != "svc-1" {
@@ -53,7 +54,7 @@ func TestEndToEnd(t *testing.T) {
 		t.Fatalf("descriptor %s, Corestore listed %s", rc.Descriptor, b.Descriptor)
 	}
 
-	h.waitFor(20*time.Second, "the restore settled", func() bool { return h.b.Platform().Settled() == 1 })
+	h.waitFor("the restore settled", func() bool { return h.b.Platform().Settled() == 1 })
 	r, _ := h.b.Platform().Restore("bk-9")
 	served, _ := h.Cloudly.Platform().Served("bk-9")
 	if r.Bytes != 2<<20+7 || r.Sum != sim.ClosureDigest("bk-9", 2<<20+7) || !served.Complete || served.Refusal != "" {
@@ -71,6 +72,13 @@ func TestEndToEnd(t *testing.T) {
 	if v := h.Cloudly.Platform().Violations(); len(v) > 0 {
 		t.Fatalf("Cloudly saw: %v", v)
 	}
+	// Corestore took each closure before the agent counts it: the status and metrics follow.
+	h.waitFor("the status counting both closures", func() bool {
+		a, b := h.node("node-a"), h.node("node-b")
+		return a.Delivered == 1 && b.Settled == 1 && a.Handed != 0 && b.Handed == b.Desired &&
+			h.Metric("relay_platform_backups_total", "outcome", "delivered") == 1 &&
+			h.Metric("relay_platform_restores_total", "outcome", "settled") == 1
+	})
 	na, nb := h.node("node-a"), h.node("node-b")
 	if !na.Credential || na.Delivered != 1 || na.Handed == 0 || nb.Settled != 1 || nb.Handed != nb.Desired {
 		t.Fatalf("status: %+v %+v", na, nb)

@@ -9,6 +9,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/platform"
 	"code.foss.global/serve.zone/relay/testenv/sim"
@@ -17,6 +19,7 @@ import (
 // TestNotAccepted: Cloudly answers { accepted: false }: Corestore never hears the backup was
 // delivered, and the relay offers it again at the next listing; once Cloudly accepts, it is.
 func TestNotAccepted(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: 100 * time.Millisecond}})
 	var offers atomic.Int64
 	var early atomic.Bool
@@ -30,24 +33,24 @@ func TestNotAccepted(t *testing.T) {
 		return true
 	})
 	h.a.Platform().AddBackup("bk-no", sim.PlatformClosure{ServiceID: "svc-1", Size: 300 << 10})
-	h.waitFor(15*time.Second, "delivered once accepted", func() bool { return h.a.Platform().Delivered() == 1 })
+	h.waitFor("delivered once accepted", func() bool { return h.a.Platform().Delivered() == 1 })
 	if early.Load() || offers.Load() != 3 {
 		t.Fatalf("offers %d, delivered before acceptance %v", offers.Load(), early.Load())
 	}
 	if got := h.Metric("relay_platform_backups_total", "outcome", "not-accepted"); got != 2 {
 		t.Fatalf("not-accepted metric %v", got)
 	}
-	if got := h.node("node-a").Delivered; got != 1 {
-		t.Fatalf("status delivered %d", got)
-	}
+	// Corestore hears of the delivery before the agent counts it: the status follows.
+	h.waitFor("the status counting the delivery", func() bool { return h.node("node-a").Delivered == 1 })
 }
 
 // TestNoCorestoreOrigin: a push naming no Corestore leaves the agent idle — no desired state, no
 // enrollment — and a credential pushed for a node without a Corestore origin is refused
 // restore-node-not-carried; a binding for a node without one goes nowhere.
 func TestNoCorestoreOrigin(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, harnessOptions{noOrigins: true})
-	h.waitFor(5*time.Second, "the configuration applied", func() bool { return h.Cloudly.ConfigPushes() > 0 })
+	h.waitFor("the configuration applied", func() bool { return h.Cloudly.ConfigPushes() > 0 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	// The relay answers the push and pull in order: a round trip after the push proves it idled.
@@ -68,8 +71,9 @@ func TestNoCorestoreOrigin(t *testing.T) {
 // credential that cannot be a bearer: each refused relay-request-invalid, by name, without the
 // credential in the reason; the node's credential stays what it was.
 func TestCredentialRefusals(t *testing.T) {
+	t.Parallel()
 	h := newHarness(t, harnessOptions{})
-	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := h.Cloudly.Platform().PushCredential(ctx, "node-a", "has a space"); !errors.Is(err, contracts.RelayRequestInvalid) ||
@@ -101,22 +105,27 @@ func TestCredentialRefusals(t *testing.T) {
 	}
 }
 
-// TestCredentialDroppedAfterHorizon: while detached, a node's credential is kept for the horizon
-// and then dropped; after the next attach the relay enrols again and Cloudly pushes a new one.
+// TestCredentialDroppedAfterHorizon, on an injected clock: while detached, a node's credential is
+// kept for the horizon (the default, 4 h) and then dropped; after the next attach the relay enrols
+// again and Cloudly pushes a new one.
 func TestCredentialDroppedAfterHorizon(t *testing.T) {
-	h := newHarness(t, harnessOptions{platform: platform.Options{CredentialHorizon: 300 * time.Millisecond}})
-	h.waitFor(15*time.Second, "credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	t.Parallel()
+	fake := clocktesting.NewFakeClock(time.Now())
+	h := newHarness(t, harnessOptions{platform: platform.Options{Clock: fake}})
+	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	h.Cloudly.SetAvailable(false)
-	h.waitFor(5*time.Second, "detached", func() bool { return !h.Relay.Upstream().Attached() })
-	if !h.node("node-a").Credential {
-		t.Fatal("the credential was dropped at once on detach")
+	h.waitFor("the agent detached", func() bool { return !h.Relay.Upstream().Attached() && !h.status().Enrolled })
+	fake.Step(platform.DefaultCredentialHorizon - time.Second)
+	if !h.node("node-a").Credential || !h.node("node-b").Credential {
+		t.Fatal("a credential was dropped before the horizon")
 	}
-	h.waitFor(5*time.Second, "credentials dropped past the horizon", func() bool { return !h.node("node-a").Credential && !h.node("node-b").Credential })
+	fake.Step(time.Second)
+	h.waitFor("credentials dropped past the horizon", func() bool { return !h.node("node-a").Credential && !h.node("node-b").Credential })
 	if got := h.Metric("relay_platform_credentials_dropped_total"); got != 2 {
 		t.Fatalf("dropped metric %v", got)
 	}
 	h.Cloudly.SetAvailable(true)
-	h.waitFor(15*time.Second, "enrolled again, credentials back", func() bool {
+	h.waitFor("enrolled again, credentials back", func() bool {
 		return h.Cloudly.Platform().Enrollments() == 2 && h.node("node-a").Credential && h.node("node-b").Credential
 	})
 }

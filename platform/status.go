@@ -41,7 +41,7 @@ type StatusNode struct {
 func (p *Platform) Status() any {
 	p.mu.Lock()
 	st := Status{Enrolled: p.enrolled != 0 && p.enrolled == p.session && p.attached, Enrollment: p.enrollment,
-		Revision: p.revision, LastPull: p.lastPull, Corestores: len(p.nodes), ClosuresInflight: p.inflight, MaxClosures: p.opts.MaxClosures}
+		Revision: p.revision, LastPull: p.lastPull, Corestores: len(p.nodes), ClosuresInflight: p.slots.inflight(), MaxClosures: p.opts.MaxClosures}
 	nodes := p.nodeList()
 	p.mu.Unlock()
 	slices.SortFunc(nodes, func(a, b *node) int { return strings.Compare(a.id, b.id) })

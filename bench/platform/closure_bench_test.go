@@ -20,6 +20,7 @@ import (
 	"path/filepath"
 	"strconv"
 
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -126,18 +127,20 @@ func (e *env) through(b *testing.B, k int, size int64, tag string) (time.Duratio
 	for i := range k {
 		e.stores[i].Platform().AddBackup(tag+strconv.Itoa(i), sim.PlatformClosure{ServiceID: "svc-bench", Size: size})
 	}
+	// The measurement starts at the first stream frame Cloudly reads (a chunk of one of the
+	// backups: nothing else streams meanwhile).
+	var begin time.Time
+	var once sync.Once
+	started := make(chan struct{})
+	e.cloudly.TapStreams(func([]byte) { once.Do(func() { begin = time.Now(); close(started) }) })
+	defer e.cloudly.TapStreams(nil)
 	// The agent lists every 30 s: a reconnect makes it list now.
 	e.cloudly.Drop()
 	deadline := time.Now().Add(10 * time.Minute)
-	var begin time.Time
-	for begin.IsZero() {
-		if rc, _ := e.cloudly.Platform().Received(tag + "0"); rc.Bytes > 0 {
-			begin = time.Now()
-		}
-		if time.Now().After(deadline) {
-			b.Fatalf("no backup started: %s", e.relay.Log())
-		}
-		time.Sleep(time.Millisecond) // polled each millisecond: the first byte's time is the measurement's start
+	select {
+	case <-started:
+	case <-time.After(time.Until(deadline)):
+		b.Fatalf("no backup started: %s", e.relay.Log())
 	}
 	for i := range k {
 		if !await.Within(time.Until(deadline), func() bool { return e.stores[i].Platform().Delivered() > before[i] }) {

@@ -20,6 +20,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/internal/vstream"
 )
 
 // Cloudly's side of the relay's platform agent (SPEC §17): getClusterPlatformDesiredState,
@@ -27,24 +28,24 @@ import (
 // and never held whole), restoreServiceDatabaseClosure (the closure written as a VirtualStream the
 // way the library's writer does: each chunk waits for its answer, a keep-alive every second, the
 // closing chunk), and the secret-recipient enrollment with a real HPKE seal, after which it pushes
-// each node's Corestore credential sealed to the relay's key.
+// each node's Corestore credential sealed to the relay's key. Both stream ends are
+// internal/vstream, the relay's own; the interop peers, on the published library, judge it.
 
 // PlatformCloudly is the platform side of a Cloudly stand-in (Cloudly.Platform).
 type PlatformCloudly struct {
 	c *Cloudly // set at construction
 
 	mu          sync.Mutex
-	desired     []byte                                    // guarded by mu: the desired-state answer; nil refuses the call
-	credentials map[string]string                         // guarded by mu: the credential pushed per node after an enrollment
-	sources     map[string]RestoreSource                  // guarded by mu: the closures Cloudly serves, by backupId
-	accept      func(backupID string) bool                // guarded by mu: nil accepts every backup
-	received    map[string]*ReceivedClosure               // guarded by mu: by backupId
-	pending     map[string]pendingEnrollment              // guarded by mu: by enrollmentId
-	recipient   *ecdh.PublicKey                           // guarded by mu: the key of the newest completed enrollment
-	served      map[string]*ServedClosure                 // guarded by mu: restores served, by backupId
-	waiters     map[string]chan contracts.StreamFrameBody // guarded by mu: answers awaited, by cycleId
-	chunk       int                                       // guarded by mu: bytes per chunk it writes (default 256 KiB)
-	violations  []string                                  // guarded by mu
+	desired     []byte                       // guarded by mu: the desired-state answer; nil refuses the call
+	credentials map[string]string            // guarded by mu: the credential pushed per node after an enrollment
+	sources     map[string]RestoreSource     // guarded by mu: the closures Cloudly serves, by backupId
+	accept      func(backupID string) bool   // guarded by mu: nil accepts every backup
+	received    map[string]*ReceivedClosure  // guarded by mu: by backupId
+	pending     map[string]pendingEnrollment // guarded by mu: by enrollmentId
+	recipient   *ecdh.PublicKey              // guarded by mu: the key of the newest completed enrollment
+	served      map[string]*ServedClosure    // guarded by mu: restores served, by backupId
+	chunk       int                          // guarded by mu: bytes per chunk it writes (default 256 KiB)
+	violations  []string                     // guarded by mu
 
 	desiredServed atomic.Int64
 	enrollments   atomic.Int64
@@ -86,8 +87,7 @@ type pendingEnrollment struct {
 
 func newPlatformCloudly(c *Cloudly) *PlatformCloudly {
 	return &PlatformCloudly{c: c, credentials: make(map[string]string), sources: make(map[string]RestoreSource),
-		received: make(map[string]*ReceivedClosure), pending: make(map[string]pendingEnrollment), served: make(map[string]*ServedClosure),
-		waiters: make(map[string]chan contracts.StreamFrameBody), chunk: 256 << 10}
+		received: make(map[string]*ReceivedClosure), pending: make(map[string]pendingEnrollment), served: make(map[string]*ServedClosure), chunk: 256 << 10}
 }
 
 // Platform is the stand-in's platform side.
@@ -205,7 +205,7 @@ func (p *PlatformCloudly) serve(conn *typedsocket.Conn, method string, body json
 			p.pushCredentials(conn)
 		}
 	case contracts.MethodBackupServiceDatabaseClosure:
-		p.receiveBackup(body, answer)
+		p.receiveBackup(conn, body, answer)
 	case contracts.MethodRestoreServiceDatabaseClosure:
 		p.serveRestore(conn, body, answer)
 	}
@@ -308,9 +308,10 @@ func (p *PlatformCloudly) PushCredential(ctx context.Context, node, credential s
 	}
 }
 
-// receiveBackup reads a backup request exactly, then the closure from its stream, and answers
-// once the closing chunk arrived (or the stream was aborted).
-func (p *PlatformCloudly) receiveBackup(body json.RawMessage, answer func(json.RawMessage, error)) {
+// receiveBackup reads a backup request exactly, then the closure from its stream (read as the
+// library's reader does, internal/vstream), and answers once the closing chunk arrived (or the
+// stream was aborted).
+func (p *PlatformCloudly) receiveBackup(conn *typedsocket.Conn, body json.RawMessage, answer func(json.RawMessage, error)) {
 	var id, service, node, descriptor, closure []byte
 	if strictjson.ReadExact(body, strictjson.Req("backupId", &id), strictjson.Req("serviceId", &service), strictjson.Req("nodeId", &node),
 		strictjson.Req("descriptor", &descriptor), strictjson.Req("closure", &closure)) != nil {
@@ -330,66 +331,58 @@ func (p *PlatformCloudly) receiveBackup(body json.RawMessage, answer func(json.R
 	p.received[backupID] = rc
 	accept := p.accept
 	p.mu.Unlock()
-	var once sync.Once
-	finish := func(err error) {
-		once.Do(func() {
-			p.c.streams.dropSink(streamID)
-			p.mu.Lock()
-			rc.h.Sum(rc.Sum[:0])
-			rc.Accepted = err == nil && rc.Complete && (accept == nil || accept(backupID))
-			accepted := rc.Accepted
-			p.mu.Unlock()
-			if err != nil {
-				answer(nil, err)
-				return
-			}
-			answer(json.RawMessage(`{"accepted":`+strconv.FormatBool(accepted)+`}`), nil)
-		})
-	}
-	idle := time.AfterFunc(time.Minute, func() { finish(simError("closure-incomplete: no chunk for a minute")) })
-	p.c.streams.setSink(streamID, func(conn *typedsocket.Conn, frame []byte) {
-		f, err := contracts.ReadStreamFrameBody(frame)
-		if err != nil || !f.Request.Present || f.Response.Present {
-			return // an answer is never answered: it would bounce between the ends for ever
-		}
-		idle.Reset(time.Minute)
-		a := contracts.StreamAnswer{StreamID: streamID, CycleID: f.Request.CycleID, Purpose: "feedback"}
-		switch f.Request.MainPurpose {
-		case "chunk":
-			data, closing, err := contracts.AppendChunkData(nil, f.Request.ChunkData)
-			if err != nil {
-				p.violation("a closure chunk in no library encoding")
-				conn.SendFrame(contracts.AppendStreamAnswer(nil, a))
-				return
-			}
-			p.mu.Lock()
-			rc.Bytes += int64(len(data))
-			rc.h.Write(data)
-			if closing {
-				rc.Complete = true
-			}
-			p.mu.Unlock()
-			conn.SendFrame(contracts.AppendStreamAnswer(nil, a))
-			if closing {
-				idle.Stop()
-				finish(nil)
-			}
-		case "keepAlive":
-			a.Purpose, a.KeepAlive, a.Request = "keepAlive", true, f.RequestRaw
-			conn.SendFrame(contracts.AppendStreamAnswer(nil, a))
-			if f.Request.HasKeepAlive && !f.Request.KeepAlive {
-				p.mu.Lock()
-				rc.Aborted = true
-				p.mu.Unlock()
-				idle.Stop()
-				finish(simError("closure-aborted: the relay ended the stream before its closing chunk"))
-			}
+	rd := vstream.NewReader(vstream.ReaderOptions{Idle: time.Minute, Peer: "the relay",
+		Dropped: func(string) { p.violation("a closure frame that is not readable") }})
+	rd.Attach(simLink{conn, streamID})
+	p.c.streams.setSink(streamID, func(_ *typedsocket.Conn, frame []byte) { rd.StreamFrame(frame) })
+	go func() {
+		defer p.c.streams.dropSink(streamID)
+		defer rd.Close()
+		_, err := io.Copy(receivedWriter{p, rc}, rd)
+		p.mu.Lock()
+		rc.h.Sum(rc.Sum[:0])
+		rc.Complete = err == nil
+		rc.Aborted = rd.Aborted()
+		rc.Accepted = err == nil && (accept == nil || accept(backupID))
+		accepted := rc.Accepted
+		p.mu.Unlock()
+		switch {
+		case rc.Aborted:
+			answer(nil, simError("closure-aborted: the relay ended the stream before its closing chunk"))
+		case errors.Is(err, contracts.RelayRequestInvalid):
+			p.violation("a closure chunk in no library encoding")
+			answer(nil, simError("closure-incomplete: "+err.Error()))
+		case err != nil:
+			answer(nil, simError("closure-incomplete: "+err.Error()))
 		default:
-			a.Request = f.RequestRaw
-			conn.SendFrame(contracts.AppendStreamAnswer(nil, a))
+			answer(json.RawMessage(`{"accepted":`+strconv.FormatBool(accepted)+`}`), nil)
 		}
-	})
+	}()
 }
+
+// receivedWriter takes a backup's bytes as they arrive: counted and hashed, never held.
+type receivedWriter struct {
+	p  *PlatformCloudly
+	rc *ReceivedClosure
+}
+
+func (w receivedWriter) Write(b []byte) (int, error) {
+	w.p.mu.Lock()
+	w.rc.Bytes += int64(len(b))
+	w.rc.h.Write(b)
+	w.p.mu.Unlock()
+	return len(b), nil
+}
+
+// simLink is one stream's path on the stand-in's socket.
+type simLink struct {
+	c  *typedsocket.Conn
+	id string
+}
+
+func (l simLink) ID() string              { return l.id }
+func (l simLink) Send(frame []byte) error { return l.c.SendFrame(frame) }
+func (l simLink) Done() <-chan struct{}   { return l.c.Context().Done() }
 
 // serveRestore answers with the closure's descriptor and stream, then writes the closure.
 func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMessage, answer func(json.RawMessage, error)) {
@@ -415,107 +408,52 @@ func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMess
 	p.mu.Lock()
 	p.served[backupID] = sc
 	p.mu.Unlock()
-	p.c.streams.setSink(streamID, p.answers)
+	w := vstream.NewWriter(vstream.WriterOptions{ChunkBytes: chunk, Idle: time.Minute, Peer: "the relay"})
+	p.c.streams.setSink(streamID, func(_ *typedsocket.Conn, frame []byte) { w.StreamFrame(frame) })
 	answer(out, nil) // queued before the first chunk: the relay takes the stream from it
 	go func() {
 		defer p.c.streams.dropSink(streamID)
-		n, sum, complete, refusal := p.writeClosure(conn, streamID, ClosureReader(backupID, src.Size), chunk)
+		n, sum, complete, refusal := writeClosure(w, simLink{conn, streamID}, ClosureReader(backupID, src.Size))
 		p.mu.Lock()
 		sc.Bytes, sc.Sum, sc.Complete, sc.Refusal = n, sum, complete, refusal
 		p.mu.Unlock()
 	}()
 }
 
-// answers takes the relay's answers on a stream Cloudly writes, for whoever waits for them.
-func (p *PlatformCloudly) answers(conn *typedsocket.Conn, frame []byte) {
-	f, err := contracts.ReadStreamFrameBody(frame)
-	if err != nil || !f.Response.Present {
-		return
+// writeClosure writes src as the library's writer does (internal/vstream) and returns what went:
+// the bytes the relay answered and their digest, whether the closing chunk was answered, and the
+// relay's refusal text if it refused a chunk.
+func writeClosure(w *vstream.Writer, link vstream.Link, src io.Reader) (int64, [32]byte, bool, string) {
+	h := &answeredHash{h: sha256.New(), src: src}
+	// The writer reads a chunk ahead: the digest takes a chunk's bytes once it was answered.
+	w.SetAnswered(h.answered)
+	_, err := w.Write(link, h)
+	var sum [32]byte
+	h.h.Sum(sum[:0])
+	var refused *vstream.PeerRefusal
+	if errors.As(err, &refused) {
+		return h.n, sum, false, refused.Text
 	}
-	p.mu.Lock()
-	ch := p.waiters[f.Response.CycleID]
-	delete(p.waiters, f.Response.CycleID)
-	p.mu.Unlock()
-	if ch != nil {
-		ch <- f
-	}
+	return h.n, sum, err == nil, ""
 }
 
-// writeClosure writes src as the library's writer does and returns what went: bytes, digest,
-// whether the closing chunk was answered, and the relay's refusal text if it refused a chunk.
-func (p *PlatformCloudly) writeClosure(conn *typedsocket.Conn, streamID string, src io.Reader, chunk int) (int64, [32]byte, bool, string) {
-	h := sha256.New()
-	var sum [32]byte
-	var n int64
-	buf := make([]byte, chunk)
-	ka := time.NewTicker(time.Second)
-	defer ka.Stop()
-	cycle := 0
-	send := func(frame []byte, cid string) (contracts.StreamFrameBody, error) {
-		ch := make(chan contracts.StreamFrameBody, 1)
-		p.mu.Lock()
-		p.waiters[cid] = ch
-		p.mu.Unlock()
-		defer func() {
-			p.mu.Lock()
-			delete(p.waiters, cid)
-			p.mu.Unlock()
-		}()
-		if err := conn.SendFrame(frame); err != nil {
-			return contracts.StreamFrameBody{}, err
-		}
-		idle := time.NewTimer(time.Minute)
-		defer idle.Stop()
-		for {
-			select {
-			case f := <-ch:
-				return f, nil
-			case <-ka.C:
-				cycle++
-				conn.SendFrame(contracts.AppendKeepAliveFrame(nil, streamID, "ka-"+strconv.Itoa(cycle), true))
-			case <-idle.C:
-				return contracts.StreamFrameBody{}, errors.New("no answer")
-			case <-conn.Context().Done():
-				return contracts.StreamFrameBody{}, typedsocket.ErrClosed
-			}
-		}
-	}
-	for {
-		m, rerr := io.ReadFull(src, buf)
-		last := rerr != nil
-		if m > 0 {
-			cycle++
-			cid := streamID + "-" + strconv.Itoa(cycle)
-			f, err := send(contracts.AppendChunkFrame(nil, streamID, cid, buf[:m], !last, false), cid)
-			if err != nil {
-				h.Sum(sum[:0])
-				return n, sum, false, ""
-			}
-			if f.ErrorText != "" {
-				h.Sum(sum[:0])
-				return n, sum, false, f.ErrorText
-			}
-			n += int64(m)
-			h.Write(buf[:m])
-			for f.Response.Backpressure {
-				time.Sleep(50 * time.Millisecond)
-				cycle++
-				cid := streamID + "-" + strconv.Itoa(cycle)
-				if f, err = send(contracts.AppendFeedbackFrame(nil, streamID, cid), cid); err != nil {
-					h.Sum(sum[:0])
-					return n, sum, false, ""
-				}
-			}
-		}
-		if last {
-			cycle++
-			cid := streamID + "-" + strconv.Itoa(cycle)
-			f, err := send(contracts.AppendChunkFrame(nil, streamID, cid, nil, false, true), cid)
-			h.Sum(sum[:0])
-			if err != nil {
-				return n, sum, false, ""
-			}
-			return n, sum, f.ErrorText == "", f.ErrorText
-		}
-	}
+// answeredHash reads src, holding what was read until the reader answered it (at most two
+// chunks), then hashes it.
+type answeredHash struct {
+	h       hash.Hash
+	src     io.Reader
+	pending []byte
+	n       int64
+}
+
+func (a *answeredHash) Read(b []byte) (int, error) {
+	n, err := a.src.Read(b)
+	a.pending = append(a.pending, b[:n]...)
+	return n, err
+}
+
+func (a *answeredHash) answered(k int) {
+	a.h.Write(a.pending[:k])
+	a.pending = append(a.pending[:0], a.pending[k:]...)
+	a.n += int64(k)
 }
