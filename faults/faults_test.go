@@ -349,10 +349,10 @@ func TestFaultNodeFloods(t *testing.T) {
 		body := []byte(`{"session":{"nodeId":"node-flooder"}}`)
 		for range size(5000, 50000) {
 			pending.Add(1)
-			err := flooder.CallAsync("reportRuntimeAssignmentLogs", body, time.Minute, func(r typedsocket.Reply) {
+			_, err := flooder.CallAsync("reportRuntimeAssignmentLogs", body, func(r typedsocket.Reply) {
 				flooderTally.add(r.Err)
 				pending.Done()
-			})
+			}, typedsocket.Timeout(time.Minute))
 			if err != nil {
 				t.Fatalf("the flooder could not send: %v", err)
 			}

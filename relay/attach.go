@@ -160,9 +160,9 @@ func (u *upstream) attach(ctx context.Context, s *socket, bo *backoff.Backoff) (
 
 	seq := u.registrations.Add(1) - 1
 	body := u.hooks.registration(seq)
-	resp, err = s.conn.CallObserved(ctx, contracts.MethodRegisterClusterRelay, body, func(rep typedsocket.Reply) {
+	resp, err = s.conn.Call(ctx, contracts.MethodRegisterClusterRelay, body, typedsocket.Observe(func(rep typedsocket.Reply) {
 		u.observeRegistration(s, rep)
-	})
+	}))
 	if err != nil {
 		return u.refused(stepRegistration, err, bo), false
 	}

@@ -108,7 +108,7 @@ func TestNodeRegistration(t *testing.T) {
 		e.cloudly.SetSlowness(400 * time.Millisecond)
 
 		n := newNode(t, e, "node-a")
-		if err := n.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, n.RegistrationBody(), 0, func(typedsocket.Reply) {}); err != nil {
+		if _, err := n.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, n.RegistrationBody(), func(typedsocket.Reply) {}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually("Cloudly received the registration", func() bool {
@@ -149,7 +149,7 @@ func TestNodeRegistration(t *testing.T) {
 		e := start(t, relay.Features{})
 		e.cloudly.SetSlowness(400 * time.Millisecond)
 		n := newNode(t, e, "node-a")
-		if err := n.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, n.RegistrationBody(), 0, func(typedsocket.Reply) {}); err != nil {
+		if _, err := n.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, n.RegistrationBody(), func(typedsocket.Reply) {}); err != nil {
 			t.Fatal(err)
 		}
 		e.eventually("Cloudly received the registration", func() bool {

@@ -151,7 +151,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 		before := heapInUse()
 		for range count {
 			for {
-				err := n.Conn().CallAsync(method, body, time.Minute, func(typedsocket.Reply) {})
+				_, err := n.Conn().CallAsync(method, body, func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
 				if err == nil {
 					break
 				}
@@ -193,7 +193,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 		t.Cleanup(release)
 		honest := e.node("node-honest")
 		flooder := e.node("node-flooder")
-		if err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), time.Minute, func(typedsocket.Reply) {}); err != nil {
+		if _, err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		<-stalled
@@ -205,7 +205,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 
 		outcome := make(chan error, 1)
 		batch := []byte(`{"session":{"nodeId":"node-honest"},"logs":"` + strings.Repeat("y", 1<<20) + `"}`)
-		if err := honest.Conn().CallAsync(method, batch, time.Minute, func(r typedsocket.Reply) { outcome <- r.Err }); err != nil {
+		if _, err := honest.Conn().CallAsync(method, batch, func(r typedsocket.Reply) { outcome <- r.Err }, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		// The relay serves a connection's requests in order and answers this one itself: once its
@@ -260,13 +260,13 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	// Node requests queued to Cloudly while it reads nothing, dropped with its socket.
 	hold := make(chan struct{})
 	e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) { <-hold; return json.RawMessage(`{}`), nil })
-	a.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-a"}}`), time.Minute, func(typedsocket.Reply) {})
+	a.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-a"}}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
 	for range 20 {
-		b.Conn().CallAsync("reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-b"},"logs":"`+strings.Repeat("l", 256<<10)+`"}`), time.Minute, func(typedsocket.Reply) {})
+		b.Conn().CallAsync("reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-b"},"logs":"`+strings.Repeat("l", 256<<10)+`"}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
 	}
 	// A registration in flight at Cloudly when its socket goes.
 	lost := newNode(t, e, "node-lost")
-	lost.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, lost.RegistrationBody(), time.Minute, func(typedsocket.Reply) {})
+	lost.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, lost.RegistrationBody(), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
 	time.Sleep(100 * time.Millisecond) // no event says a request is queued to a Cloudly that reads nothing: time to queue it
 	go e.cloudly.Drop()
 	close(hold)
@@ -306,11 +306,11 @@ func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size in
 		if sent > 1<<16 {
 			t.Fatalf("%d requests of %d bytes sent and none refused", sent, size)
 		}
-		err := n.Conn().CallAsync(method, body, 5*time.Minute, func(r typedsocket.Reply) {
+		_, err := n.Conn().CallAsync(method, body, func(r typedsocket.Reply) {
 			if r.Err != nil && !errors.Is(r.Err, typedsocket.ErrClosed) {
 				refused.Store(true)
 			}
-		})
+		}, typedsocket.Timeout(5*time.Minute))
 		switch {
 		case err == nil:
 			sent++

@@ -177,11 +177,11 @@ func TestUnregisteredConnections(t *testing.T) {
 		for i := range conns {
 			anon := newNode(t, e, "node-anon")
 			for range relay.MaxRegistrationsPerConnection {
-				err := anon.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, body, time.Minute, func(r typedsocket.Reply) {
+				_, err := anon.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, body, func(r typedsocket.Reply) {
 					if errors.Is(r.Err, contracts.RelayNodeBusy) {
 						busy.Add(1)
 					}
-				})
+				}, typedsocket.Timeout(time.Minute))
 				if err != nil {
 					t.Fatalf("connection %d: %v", i, err)
 				}
@@ -254,7 +254,7 @@ func TestUnregisteredConnections(t *testing.T) {
 				conn := e.Dial("node-a").Conn()
 				replies := map[string]chan typedsocket.Reply{first: make(chan typedsocket.Reply, 1), second: make(chan typedsocket.Reply, 1)}
 				for _, m := range []string{first, second} {
-					if err := conn.CallAsync(m, bodies[m], 5*time.Second, func(r typedsocket.Reply) { replies[m] <- r }); err != nil {
+					if _, err := conn.CallAsync(m, bodies[m], func(r typedsocket.Reply) { replies[m] <- r }, typedsocket.Timeout(5*time.Second)); err != nil {
 						t.Fatal(err)
 					}
 				}

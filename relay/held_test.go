@@ -75,7 +75,7 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 		big, honest := e.node("node-big"), e.node("node-honest")
 		answer := json.RawMessage(`{"pad":"` + strings.Repeat("a", 1<<20) + `"}`)
 		big.Handle("readRuntimeAssignmentStats", func(json.RawMessage) (json.RawMessage, error) { return answer, nil })
-		if err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), time.Minute, func(typedsocket.Reply) {}); err != nil {
+		if _, err := honest.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		<-stalled
@@ -89,7 +89,7 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 		e.eventually("the big node asked every call", func() bool { return big.Received("readRuntimeAssignmentStats") == calls })
 		// The honest node's small request is taken, not refused, while the big node's answers wait.
 		outcome := make(chan error, 1)
-		if err := honest.Conn().CallAsync("reportRuntimeAssignmentObservation", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), time.Minute, func(r typedsocket.Reply) { outcome <- r.Err }); err != nil {
+		if _, err := honest.Conn().CallAsync("reportRuntimeAssignmentObservation", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), func(r typedsocket.Reply) { outcome <- r.Err }, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 		if _, err := honest.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {

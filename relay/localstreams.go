@@ -133,7 +133,7 @@ func (s *localStream) Send(frame []byte) error {
 	default:
 	}
 	s.extend()
-	return upstreamError(s.conn.SendFrameFor(s.share, frame), contracts.MethodVirtualStream)
+	return upstreamError(s.conn.SendFrame(frame, typedsocket.Charge(s.share)), contracts.MethodVirtualStream)
 }
 
 // Call sends a request carrying the stream on its socket; each frame extends it.
@@ -142,7 +142,7 @@ func (s *localStream) Call(method string, body json.RawMessage, done feature.Rep
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the Cloudly session the stream was opened on is gone"))
 		return
 	}
-	k, err := s.conn.CallFor(s.share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
+	k, err := s.conn.CallAsync(method, body, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) }, typedsocket.Charge(s.share))
 	if err != nil {
 		done(nil, upstreamError(err, method))
 		return

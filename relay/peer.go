@@ -164,7 +164,7 @@ func (p *peer) Call(method string, body json.RawMessage, done func(json.RawMessa
 
 // call is Call that returns the call in flight (zero when done was called already).
 func (p *peer) call(method string, body json.RawMessage, done func(json.RawMessage, error)) typedsocket.Pending {
-	k, err := p.conn.CallFor(p.share, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) })
+	k, err := p.conn.CallAsync(method, body, func(rep typedsocket.Reply) { done(rep.Response, p.callError(rep.Err, method)) }, typedsocket.Charge(p.share))
 	if err != nil {
 		done(nil, p.callError(err, method))
 	}

@@ -163,7 +163,8 @@ func (u *upstream) callFor(share typedsocket.Share, node, method string, body js
 		done(nil, contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session"))
 		return typedsocket.Pending{}
 	}
-	k, err := conn.CallForNode(share, node, method, body, 0, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) })
+	k, err := conn.CallAsync(method, body, func(rep typedsocket.Reply) { done(rep.Response, upstreamError(rep.Err, method)) },
+		typedsocket.Charge(share), typedsocket.ForNode(node))
 	if err != nil {
 		done(nil, upstreamError(err, method))
 	}
@@ -180,7 +181,7 @@ func (u *upstream) sendFrame(share typedsocket.Share, frame []byte) error {
 	if conn == nil {
 		return contracts.RelayUpstreamDetached.Refuse("the relay has no Cloudly session")
 	}
-	return upstreamError(conn.SendFrameFor(share, frame), contracts.MethodVirtualStream)
+	return upstreamError(conn.SendFrame(frame, typedsocket.Charge(share)), contracts.MethodVirtualStream)
 }
 
 // inflight is the number of Cloudly's requests on the current socket not answered yet.

@@ -189,7 +189,7 @@ func (e *env) direct(b *testing.B, size int64, id string) time.Duration {
 	stream := "direct-" + id
 	call := make(chan typedsocket.Reply, 1)
 	body := contracts.BackupClosureRequest{BackupID: id, ServiceID: "svc-bench", NodeID: "node-0", Descriptor: b2.Descriptor, StreamID: stream}.Encode()
-	if err := conn.CallAsync(contracts.MethodBackupServiceDatabaseClosure, body, 10*time.Minute, func(r typedsocket.Reply) { call <- r }); err != nil {
+	if _, err := conn.CallAsync(contracts.MethodBackupServiceDatabaseClosure, body, func(r typedsocket.Reply) { call <- r }, typedsocket.Timeout(10*time.Minute)); err != nil {
 		b.Fatal(err)
 	}
 	buf := make([]byte, chunkBytes)

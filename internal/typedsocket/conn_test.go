@@ -102,7 +102,7 @@ func TestForwardIsByteIdentical(t *testing.T) {
 		r.Respond(json.RawMessage(answer))
 	})})
 	forward := HandlerFunc(func(_ *Conn, r *Request) {
-		if err := back.CallAsync(r.Method, r.Body, 0, r.Answer); err != nil {
+		if _, err := back.CallAsync(r.Method, r.Body, r.Answer); err != nil {
 			r.Fail(err)
 		}
 	})
@@ -246,7 +246,7 @@ func TestCallTimeoutAndClose(t *testing.T) {
 		t.Fatalf("err = %v, want ErrTimeout", err)
 	}
 	done := make(chan error, 1)
-	if err := cli.CallAsync("slow", json.RawMessage(`{}`), time.Hour, func(r Reply) { done <- r.Err }); err != nil {
+	if _, err := cli.CallAsync("slow", json.RawMessage(`{}`), func(r Reply) { done <- r.Err }, Timeout(time.Hour)); err != nil {
 		t.Fatal(err)
 	}
 	srv.CloseNow()
@@ -254,7 +254,7 @@ func TestCallTimeoutAndClose(t *testing.T) {
 		t.Fatalf("pending call on close: %v, want ErrClosed", err)
 	}
 	<-cli.Done()
-	if err := cli.CallAsync("after", json.RawMessage(`{}`), 0, func(Reply) { t.Error("done called for a refused call") }); !errors.Is(err, ErrClosed) {
+	if _, err := cli.CallAsync("after", json.RawMessage(`{}`), func(Reply) { t.Error("done called for a refused call") }); !errors.Is(err, ErrClosed) {
 		t.Fatalf("call after close: %v", err)
 	}
 }
@@ -286,7 +286,7 @@ func TestQueueFullRefusesInsteadOfBlocking(t *testing.T) {
 			t.Fatal("the queue never filled")
 		}
 		start := time.Now()
-		err := c.CallAsync("m", big, time.Hour, func(Reply) {})
+		_, err := c.CallAsync("m", big, func(Reply) {}, Timeout(time.Hour))
 		if d := time.Since(start); d > time.Second {
 			t.Fatalf("CallAsync blocked for %s", d)
 		}
@@ -351,7 +351,7 @@ func TestInflightLimit(t *testing.T) {
 	})}, Options{})
 	results := make(chan error, 3)
 	for i := range 3 {
-		cli.CallAsync("m"+strconv.Itoa(i), json.RawMessage(`{}`), time.Hour, func(r Reply) { results <- r.Err })
+		cli.CallAsync("m"+strconv.Itoa(i), json.RawMessage(`{}`), func(r Reply) { results <- r.Err }, Timeout(time.Hour))
 	}
 	if err := <-results; !errors.Is(err, contracts.RelayNodeBusy) {
 		t.Fatalf("third request: %v, want relay-node-busy", err)
@@ -433,7 +433,7 @@ func TestStalledWriteEndsTheConnection(t *testing.T) {
 	go c.Run(context.Background())
 	big := json.RawMessage(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
 	for i := 0; i < 64; i++ {
-		if err := c.CallAsync("m", big, time.Hour, func(Reply) {}); err != nil {
+		if _, err := c.CallAsync("m", big, func(Reply) {}, Timeout(time.Hour)); err != nil {
 			break
 		}
 	}
@@ -488,12 +488,12 @@ func TestPingFromASlowReaderDoesNotEndTheConnection(t *testing.T) {
 	defer c.CloseNow()
 
 	answers := make(chan error, 25)
-	if err := c.CallAsync("hold", json.RawMessage(`{}`), time.Minute, func(r Reply) { answers <- r.Err }); err != nil {
+	if _, err := c.CallAsync("hold", json.RawMessage(`{}`), func(r Reply) { answers <- r.Err }, Timeout(time.Minute)); err != nil {
 		t.Fatal(err)
 	}
 	big := json.RawMessage(`{"x":"` + strings.Repeat("a", 1<<20) + `"}`)
 	for range 24 { // far more than the sockets' buffers hold: our write blocks
-		if err := c.CallAsync("m", big, time.Minute, func(r Reply) { answers <- r.Err }); err != nil {
+		if _, err := c.CallAsync("m", big, func(r Reply) { answers <- r.Err }, Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}
@@ -572,7 +572,7 @@ func TestCallCompletesExactlyOnceWhenClosing(t *testing.T) {
 						twice.Add(1)
 					}
 				}
-				if err := cli.CallAsync("m", json.RawMessage(`{}`), time.Hour, func(Reply) { complete() }); err != nil {
+				if _, err := cli.CallAsync("m", json.RawMessage(`{}`), func(Reply) { complete() }, Timeout(time.Hour)); err != nil {
 					complete()
 				}
 			}()
@@ -599,7 +599,7 @@ func TestCloseWritesWhatIsQueuedFirst(t *testing.T) {
 	})})
 	body := json.RawMessage(`{"pad":"` + strings.Repeat("x", 4<<10) + `"}`)
 	for range n {
-		if err := srv.CallAsync("m", body, time.Minute, func(Reply) {}); err != nil {
+		if _, err := srv.CallAsync("m", body, func(Reply) {}, Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
 	}

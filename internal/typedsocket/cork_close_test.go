@@ -31,7 +31,7 @@ func TestPeerCloseDuringCorkedBurstCompletesTheHandshake(t *testing.T) {
 				cli.opts.Cork = nil
 			}
 			for range n {
-				if err := cli.CallAsync("m", json.RawMessage(`{"x":"0123456789012345678901234567890123456789"}`), time.Minute, func(Reply) {}); err != nil {
+				if _, err := cli.CallAsync("m", json.RawMessage(`{"x":"0123456789012345678901234567890123456789"}`), func(Reply) {}, Timeout(time.Minute)); err != nil {
 					t.Fatal(err)
 				}
 			}

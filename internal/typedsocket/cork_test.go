@@ -194,12 +194,12 @@ func TestCorkedBurstLeavesInOneWrite(t *testing.T) {
 	answers := make(chan error, n)
 	for i := range n {
 		body := fmt.Sprintf(`{"i":%d,"big":12345678901234567890}`, i)
-		err := cli.CallAsync("echo", json.RawMessage(body), time.Minute, func(r Reply) {
+		_, err := cli.CallAsync("echo", json.RawMessage(body), func(r Reply) {
 			if r.Err == nil && string(r.Response) != body {
 				r.Err = fmt.Errorf("call %d answered with %s", i, r.Response)
 			}
 			answers <- r.Err
-		})
+		}, Timeout(time.Minute))
 		if err != nil {
 			t.Fatal(err)
 		}

@@ -7,5 +7,10 @@
 // its send loop writes frames from a bounded queue and pings. Bodies are never decoded or
 // re-encoded: they travel as the raw bytes the peer sent.
 //
+// Every request a Conn sends takes one path (call.go): CallAsync sends it and hands its outcome
+// to a callback, Call is CallAsync that waits, and CallOptions say what the request is charged to
+// (Charge), which node it states (ForNode), how long it waits (Timeout) and who sees its outcome
+// first (Observe). SendFrame forwards a frame already encoded, charged the same way.
+//
 // The package never logs a body and never judges one beyond the envelope itself.
 package typedsocket

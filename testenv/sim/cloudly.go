@@ -308,7 +308,8 @@ func (c *Cloudly) CallAsync(method string, body json.RawMessage, done func(typed
 	if conn == nil {
 		return ErrNoRelaySocket
 	}
-	return conn.CallAsync(method, body, 0, done)
+	_, err := conn.CallAsync(method, body, done)
+	return err
 }
 
 func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
@@ -696,13 +697,13 @@ func (c *Cloudly) attach(conn *typedsocket.Conn, cfg json.RawMessage) {
 	after := append([]afterCall(nil), c.afterAccept...)
 	c.mu.Unlock()
 	c.registrations.Add(1)
-	conn.CallAsync(contracts.MethodPushClusterRelayConfig, cfg, 0, func(rep typedsocket.Reply) {
+	conn.CallAsync(contracts.MethodPushClusterRelayConfig, cfg, func(rep typedsocket.Reply) {
 		if rep.Err == nil {
 			c.configPushes.Add(1)
 		}
 	})
 	for _, a := range after {
-		conn.CallAsync(a.method, a.body, 0, a.done)
+		conn.CallAsync(a.method, a.body, a.done)
 	}
 }
 

@@ -278,7 +278,7 @@ func (p *PlatformCloudly) pushCredential(conn *typedsocket.Conn, node, credentia
 		return
 	}
 	body, _ := json.Marshal(map[string]string{"nodeId": node, "envelope": env})
-	err = conn.CallAsync(contracts.MethodPushCorestoreCredential, body, 0, func(r typedsocket.Reply) {
+	_, err = conn.CallAsync(contracts.MethodPushCorestoreCredential, body, func(r typedsocket.Reply) {
 		if r.Err == nil {
 			p.pushed.Add(1)
 		}

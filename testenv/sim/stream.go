@@ -318,7 +318,7 @@ func (s *streams) pushImage(ctx context.Context, c *typedsocket.Conn, session js
 	id := newStreamID()
 	body, _ := json.Marshal(map[string]any{"session": session, "imageStream": streamMarker(id), "byteLength": len(data)})
 	answer := make(chan typedsocket.Reply, 1)
-	if err := c.CallAsync(MethodPushImageVersion, body, 0, func(r typedsocket.Reply) { answer <- r }); err != nil {
+	if _, err := c.CallAsync(MethodPushImageVersion, body, func(r typedsocket.Reply) { answer <- r }); err != nil {
 		return err
 	}
 	if err := s.send(ctx, c, id, data, chunkSize); err != nil {
