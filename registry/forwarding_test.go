@@ -613,7 +613,8 @@ func TestUpstreamTransport(t *testing.T) {
 			}()
 		}
 		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
-		time.Sleep(200 * time.Millisecond) // a connection beyond the limit would open unannounced: time for one to try
+		// Every caller is at the upstream or parked for a slot: none is left to open a connection.
+		e.Eventually("the callers beyond the limit wait for a slot", func() bool { return e.reg.FetchWaiters() == callers-limit })
 		close(release)
 		for range callers {
 			if err := <-errs; err != nil {
