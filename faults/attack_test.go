@@ -409,12 +409,12 @@ func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *
 		if attempt == 3 || a.stopped() {
 			return false
 		}
-		// At the per-source limit: the relay has not yet seen the oldest one go. Make room.
+		// At the per-source limit: the relay has not yet seen the oldest one go. Make room, and
+		// wait for the relay to end its side, which it does as it lets the connection go.
 		if len(q.conns) > 0 {
-			q.conns[0].Close()
+			closeSeen(q.conns[0])
 			q.conns = q.conns[1:]
 		}
-		time.Sleep(10 * time.Millisecond) // the relay's count of this source's connections announces nothing: give it a moment
 	}
 }
 
@@ -488,4 +488,15 @@ func (a *attack) summary() string {
 		"(%d hoarding connections, %d ended by a frame), %d registrations on %d connections",
 		a.peak.Load(), a.refused503.Load(), a.framesSent.Load(), a.distinct.Load(), len(a.frames), a.hoarded.Load(), a.ended.Load(),
 		a.registrations.Load(), a.regConns.Load())
+}
+
+// closeSeen ends the sending side of c, reads what the relay still sends until it closes its own
+// side (at most 5 s), then closes c: the relay has let the connection go.
+func closeSeen(c net.Conn) {
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.CloseWrite()
+	}
+	c.SetReadDeadline(time.Now().Add(5 * time.Second))
+	io.Copy(io.Discard, c)
+	c.Close()
 }

@@ -153,8 +153,12 @@ func sendUntil(nodes []*sim.Node, ta *tally, pause time.Duration, stop <-chan st
 				_, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i})
 				cancel()
 				ta.add(err)
-				if err != nil {
-					time.Sleep(50 * time.Millisecond) // a refused node backs off, as Pallet does
+				if err != nil { // a refused node backs off, as Pallet does, and stops on stop
+					select {
+					case <-time.After(50 * time.Millisecond):
+					case <-stop:
+						return
+					}
 				}
 				if paced != nil {
 					select {

@@ -95,9 +95,8 @@ func TestFaultHostileLoad(t *testing.T) {
 		lat.phase.Store(phaseAfter)
 		h.cpuAttack = (rp.cpu() - cpu0).Seconds() / time.Since(attackStart).Seconds()
 		h.selfAttack = (selfCPU() - self0).Seconds() / time.Since(attackStart).Seconds()
-		if wait := 12*time.Second - time.Since(attackStart); wait > 0 {
-			time.Sleep(wait) // the idle HTTP connections' header timeout (10 s) has passed
-		}
+		// The attack runs on until the idle HTTP connections' header timeout (10 s) has passed.
+		phase(12*time.Second - time.Since(attackStart))
 		h.httpOpen, h.httpTotal, h.httpKinds = a.httpStillOpen()
 		a.stop()
 		h.attack = a.summary()

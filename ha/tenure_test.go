@@ -177,10 +177,10 @@ func TestTenureWatchFencesWhenItRunsOut(t *testing.T) {
 		go tn.watch(ctx, func() { fenced <- time.Now() })
 		var last time.Time
 		for range 10 {
-			time.Sleep(500 * time.Millisecond)
+			advance(500 * time.Millisecond)
 			last = time.Now()
 			sent := tn.sending()
-			time.Sleep(100 * time.Millisecond) // answered a little later
+			advance(100 * time.Millisecond) // answered a little later
 			tn.renewed(sent)
 			select {
 			case <-fenced:
@@ -196,4 +196,12 @@ func TestTenureWatchFencesWhenItRunsOut(t *testing.T) {
 			t.Fatal("held once fenced")
 		}
 	})
+}
+
+// advance moves the bubble's fake clock on by d and waits until every goroutine in it is blocked,
+// so that a fence due by then has happened: the one place these tests let time pass, and time
+// passing is what they test.
+func advance(d time.Duration) {
+	time.Sleep(d)
+	synctest.Wait()
 }

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -601,6 +602,9 @@ func TestUpstreamTransport(t *testing.T) {
 		}
 		up.Start()
 		t.Cleanup(up.Close)
+		var releaseOnce sync.Once
+		letGo := func() { releaseOnce.Do(func() { close(release) }) }
+		t.Cleanup(letGo) // before up.Close: a failed wait must not leave the upstream's handlers held
 		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.MaxFetches, o.MaxFetchesPerSource = limit, limit })
 		errs := make(chan error, callers)
 		for i := range callers {
@@ -613,8 +617,9 @@ func TestUpstreamTransport(t *testing.T) {
 			}()
 		}
 		e.Eventually("the upstream holds requests", func() bool { return open.Load() >= limit })
-		time.Sleep(200 * time.Millisecond) // a connection beyond the limit would open unannounced: time for one to try
-		close(release)
+		// Every caller is at the upstream or parked for a slot: none is left to open a connection.
+		e.Eventually("the callers beyond the limit wait for a slot", func() bool { return e.reg.FetchWaiters() == callers-limit })
+		letGo()
 		for range callers {
 			if err := <-errs; err != nil {
 				t.Error(err)

@@ -94,9 +94,13 @@ func (p *pacedWriter) Write(b []byte) (int, error) {
 		need = max(time.Until(p.deadline), 0)
 		n, err = min(int(float64(p.rate)*need.Seconds()), len(b)), os.ErrDeadlineExceeded
 	}
-	time.Sleep(need) // the caller takes its bytes at rate: on the bubble's clock, the wait is the behaviour
+	pass(need) // the caller takes its bytes at rate
 	return n, err
 }
+
+// pass lets d go by on the bubble's clock: the one place these tests let time pass, and the time
+// a caller's writes take is what they judge.
+func pass(d time.Duration) { time.Sleep(d) }
 
 // TestReadRateRule: the minimum read rate at its defaults, with synctest's clock. A caller is
 // judged on the time its writes take, never on the relay's waits between them; one far below
@@ -113,7 +117,7 @@ func TestReadRateRule(t *testing.T) {
 			if _, err := w.Write(buf); err != nil {
 				return err == errSlowReader && w.cut, time.Since(start), cuts
 			}
-			time.Sleep(pause) // the relay waits for the upstream: not the caller's time
+			pass(pause) // the relay waits for the upstream: not the caller's time
 		}
 		return false, time.Since(start), cuts
 	}

@@ -158,7 +158,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 				if !errors.Is(err, typedsocket.ErrQueueFull) {
 					t.Fatal(err)
 				}
-				time.Sleep(time.Millisecond) // the node's own send queue: let it drain
+				e.eventually("the node's own send queue drained", func() bool { return n.Conn().QueueLen() == 0 })
 			}
 		}
 		e.eventually("every request is at Cloudly", func() bool { return atCloudly.Load() == count })
@@ -315,7 +315,7 @@ func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size in
 		case err == nil:
 			sent++
 		case errors.Is(err, typedsocket.ErrQueueFull):
-			time.Sleep(time.Millisecond) // the flooder's own send queue: let it drain
+			e.eventually("a refusal, or the flooder's own send queue drained", func() bool { return refused.Load() || n.Conn().QueueLen() == 0 })
 		default:
 			t.Fatal(err)
 		}

@@ -86,7 +86,7 @@ func TestCertificateExpiryMetricFollowsTheServedCertificate(t *testing.T) {
 		}
 
 		writePair(t, certFile, keyFile, renewed, time.Unix(2_000_000, 0))
-		time.Sleep(11 * time.Second) // past the reload interval
+		advance(11 * time.Second) // past the reload interval
 		if got, ok := expiryOf(t, reg); !ok || got != float64(renewed.Unix()) {
 			t.Fatalf("after renewing the files, %s = %v (present %v), want %d", certExpiryName, got, ok, renewed.Unix())
 		}
