@@ -1,4 +1,4 @@
-// Command bench runs the relay's whole-system benchmarks (SPEC §13) on this machine and writes
+// Command bench runs the relay's whole-system benchmarks (README.md#measuring-it) on this machine and writes
 // bench/RESULTS.md: the machine, the date, the exact command, every figure and its ratio against a
 // baseline measured in the same run.
 //
@@ -6,7 +6,7 @@
 //	go run ./bench -quick          # shorter runs, 1 000 nodes at most
 //	go run ./bench -suites upstream
 //	go run ./bench -suites upstream -relayperf /tmp/relayperf   # and where the relay's CPU goes
-//	go run ./bench -suites nobyte   # issue 23's hostile load, the relay on its own core (nobyte.go)
+//	go run ./bench -suites nobyte   # the hostile load, the relay on its own core (nobyte.go)
 //
 // The upstream suite runs the relay (built from ./cmd/relay) and a minimal forwarder as their own
 // processes on one core, Cloudly's stand-in and the nodes on the other. The scale suite runs the
@@ -55,7 +55,7 @@ var suites = []suite{
 		"Throughput of 1 and 10 concurrent pullers, direct, through the relay with a cold cache and with a warm one (targets: cold ≥ 0.9× direct, warm 10-puller aggregate ≥ 5× cold).",
 		"./bench/registry/", "Pull200MiB", "1x", 3)},
 	{"faults", runFaults},
-	{"ha", goBench("HA: handover, failover, escrow across a failover (SPEC §16)",
+	{"ha", goBench("HA: handover, failover, escrow across a failover (docs/ha.md)",
 		"Two relay processes against a real kube-apiserver and etcd (bash testenv/kubeapi/build.sh builds them), ten nodes through a Service stand-in: node requests refused across a graceful handover (goal ≤ 2000 ms), SIGKILL to the standby attached (goal ≤ lease + 3 s; lease 4 s here), renewals missed across a failover during a Cloudly outage (goal 0), two relays attached at once (goal 0).",
 		"./faults/failover/", "HA", "5x", 1)},
 	{"streams", runStreams},

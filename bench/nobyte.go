@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// The nobyte suite: issue 23's hostile-load fault (faults.TestFaultNoByteOutsideTheBudget, SPEC §15
+// The nobyte suite: the hostile-load fault (faults.TestFaultNoByteOutsideTheBudget, docs/hostile.md
 // "No byte outside the budget" and "Descriptors") measured the way the upstream suite measures:
 // the relay binary pinned to core hopCPU, the fault's process (the registered nodes, Cloudly's
 // stand-in and every attacker) pinned to core peersCPU, so that the relay's CPU is its own and the
@@ -66,7 +66,7 @@ func runNoByte(cfg benchConfig, w *bytes.Buffer) error {
 	if beforeDir != "" {
 		before, _, errBefore = nobyteRun(beforeDir, mode)
 	}
-	fmt.Fprintf(w, "\n## No byte outside the budget (issue 23, SPEC §15): header floods, partial frames, descriptor exhaustion\n\n")
+	fmt.Fprintf(w, "\n## No byte outside the budget (docs/hostile.md): header floods, partial frames, descriptor exhaustion\n\n")
 	fmt.Fprintf(w, "`RELAY_FAULTS=%s RELAY_FAULTS_RELAY_CPU=%d taskset -c %d faults.test -test.run TestFaultNoByteOutsideTheBudget` (built by `go test -c ./faults`): "+
 		"the relay binary on core %d, the nodes, Cloudly's stand-in and the attackers on core %d.", mode, hopCPU, peersCPU, hopCPU, peersCPU)
 	if beforeDir != "" {

@@ -22,7 +22,7 @@ import (
 	"time"
 )
 
-// The upstream suite measures what the relay itself costs on the node → Cloudly path (SPEC §13).
+// The upstream suite measures what the relay itself costs on the node → Cloudly path (README.md#measuring-it).
 // The relay runs as its own process, built from ./cmd/relay and started with `relay run`
 // (plaintext on loopback), pinned to one core; Cloudly's stand-in and the nodes (testenv/sim) run
 // in one process pinned to the other core, so the relay's work is no longer subtracted from

@@ -10,7 +10,7 @@ import (
 )
 
 // The relay's own session with Cloudly: its registration, the cluster relay block and the
-// configuration Cloudly pushes (SPEC §4, CONTRACTS §4).
+// configuration Cloudly pushes (docs/protocol.md#upstream-session).
 
 // Methods of the relay's own session with Cloudly.
 const (
@@ -208,7 +208,7 @@ type VPNHubEndpoint struct {
 }
 
 // ClusterRelayRegistration is IRegisterClusterRelayRequest.relay: the seed's four members and no
-// other (SPEC §4 step 2, changed 2026-12-01: the seed's validators are exact-key, so any member it
+// other (docs/protocol.md#attaching, changed 2026-12-01: the seed's validators are exact-key, so any member it
 // does not spell gets the whole registration refused). Version is the relay build, a different
 // fact from the protocol offer's interfacesVersion.
 type ClusterRelayRegistration struct {
@@ -266,7 +266,7 @@ func validateRelayBlock(raw []byte, path string) []string {
 }
 
 // RuntimeNetworkVpnHub is the seed's data.IRuntimeNetworkVpnHub { clusterId, address, quicPort }:
-// one cluster's hub as its relay bound it (CONTRACTS §6.3).
+// one cluster's hub as its relay bound it (docs/protocol.md#the-vpn-hub-report).
 type RuntimeNetworkVpnHub struct {
 	ClusterID string
 	Address   string // an IPv4 literal
@@ -274,7 +274,7 @@ type RuntimeNetworkVpnHub struct {
 }
 
 // ClusterVpnHubReport is registerClusterVpnHub's request { hub, noisePublicKey } (project-defined,
-// SPEC §4 step 2; the seeds name no report method, OQ-4): the hub exactly as the seed spells it,
+// docs/protocol.md#attaching; the seeds name no report method): the hub exactly as the seed spells it,
 // beside the hub's static Noise public key, which nodes' credentials name. The relay sends it in a
 // call of its own after each accepted registration while its hub is on, so that a Cloudly that does
 // not know the call refuses only it, never the registration. Cloudly answers {}; the relay reads
@@ -353,7 +353,7 @@ func IsKey32(s string) bool {
 }
 
 // RegisterClusterRelayResponse is the accepted answer to registerClusterRelay: Cloudly's own offer
-// beside the cluster's relay origin (project-defined key names, OQ-5). Origin is "" when the
+// beside the cluster's relay origin (project-defined key names). Origin is "" when the
 // answer states none (it is then left out of the encoding).
 type RegisterClusterRelayResponse struct {
 	Protocol ProtocolOffer `json:"protocol"`
@@ -361,11 +361,11 @@ type RegisterClusterRelayResponse struct {
 }
 
 // ReadRegisterClusterRelayResponse reads registerClusterRelay's accepted answer tolerantly (its
-// key names are this project's guess, OQ-5): the offer is required and read exactly, as every
+// key names are this project's guess): the offer is required and read exactly, as every
 // offer is (negotiating it is the caller's); origin is optional, and Origin is set only when it
 // is a canonical https origin (or http, when allowHTTP: the relay's --insecure-plaintext). A
 // missing or unusable origin is not a reason to refuse the attach: the relay only records it
-// (SPEC §4 step 3). Every other member is ignored.
+// (docs/protocol.md#attaching). Every other member is ignored.
 func ReadRegisterClusterRelayResponse(raw []byte, allowHTTP bool) (RegisterClusterRelayResponse, error) {
 	const path = "cluster relay registration answer"
 	var protocol, origin []byte
@@ -404,7 +404,7 @@ type CorestoreOrigin struct {
 	Origin string `json:"origin"`
 }
 
-// ClusterRelayConfig is pushClusterRelayConfig's config (project-defined, SPEC §4.1). Relay nil
+// ClusterRelayConfig is pushClusterRelayConfig's config (project-defined, docs/protocol.md#relay-configuration-push). Relay nil
 // means the operator disabled the relay: the relay treats it as relay-cluster-not-enabled.
 type ClusterRelayConfig struct {
 	ClusterID  string            `json:"clusterId"`
@@ -416,7 +416,7 @@ type ClusterRelayConfig struct {
 const MaxCorestores = 4096
 
 // ReadClusterRelayConfigPush reads pushClusterRelayConfig's request { config } tolerantly (the
-// push is project-defined, SPEC §4.1): it takes config.clusterId, config.relay (null, or an
+// push is project-defined, docs/protocol.md#relay-configuration-push): it takes config.clusterId, config.relay (null, or an
 // IClusterRelay block read exactly, as the seed's validator reads it) and config.corestores
 // (optional: absent or null names none), each entry's nodeId and origin; every other member, at
 // any level, is ignored. Corestore origins must be canonical https origins, or http when

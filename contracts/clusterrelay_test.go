@@ -75,7 +75,7 @@ func TestValidateRegisterClusterRelayRequest(t *testing.T) {
 	if r := ValidateRegisterClusterRelayRequest(good, ""); len(r) != 0 {
 		t.Fatalf("valid registration refused: %q\n%s", r, good)
 	}
-	// The seed's example, exactly (SPEC §4 step 2): the encoding is its four relay members.
+	// The seed's example, exactly (docs/protocol.md#attaching): the encoding is its four relay members.
 	const seed = `{"protocol":{"interfacesVersion":"32.36.0","minimumPeerVersion":"32.0.0"},"relay":{"version":"4.0.0","nodeId":"node-a","listenAddress":"192.0.2.17","listenPort":8443},"registrationSequence":0}`
 	if string(good) != seed {
 		t.Fatalf("registration encodes as\n%s\nwant\n%s", good, seed)
@@ -177,7 +177,7 @@ func TestReadClusterRelayConfigPush(t *testing.T) {
 		t.Fatalf("relay block with an unknown member: %v", err)
 	}
 
-	// The push is project-defined (SPEC §4.1): what the relay does not use is ignored, and
+	// The push is project-defined (docs/protocol.md#relay-configuration-push): what the relay does not use is ignored, and
 	// corestores may be absent (or null): none then.
 	t.Run("unknown members are ignored and corestores is optional", func(t *testing.T) {
 		raw := `{"config":{"clusterId":"cluster-a","generation":4,"relay":{"origin":"https://relay.example:8443"},` +
@@ -203,7 +203,7 @@ func TestReadRegisterClusterRelayResponse(t *testing.T) {
 	if err != nil || a.Protocol != RelayOffer || a.Origin != "https://relay.example:8443" {
 		t.Fatalf("%+v %v", a, err)
 	}
-	// The answer's keys are this project's guess (OQ-5): origin is optional, an origin the relay
+	// The answer's keys are this project's guess: origin is optional, an origin the relay
 	// cannot use is not recorded, unknown members are ignored; only the offer is required.
 	t.Run("origin is optional and unknown members are ignored", func(t *testing.T) {
 		for body, origin := range map[string]string{

@@ -1,7 +1,7 @@
 // Package contracts holds every wire shape, constant, vocabulary and validator the relay speaks,
 // and nothing else. It imports only the standard library; every other package of the relay
 // imports it. Seed-defined names are spelled exactly as @serve.zone/interfaces spells them;
-// project-defined ones (SPEC.md) are marked so where they are declared.
+// project-defined ones (docs/protocol.md#sources-and-conventions) are marked so where they are declared.
 //
 // # Protocol flow
 //
@@ -36,7 +36,7 @@
 // the shapes and rules, strictjson the reading): a repeated key the relay reads, invalid UTF-8 or
 // a lone surrogate is refused, so the relay and Cloudly never read one body two ways. Bodies the relay forwards stay raw bytes and are never re-encoded.
 //
-// Exact where the seeds are exact, tolerant where this project guessed (SPEC.md, top rule). An
+// Exact where the seeds are exact, tolerant where this project guessed (the reading rule of docs/protocol.md#sources-and-conventions). An
 // object shape is read one way, with its fields (strictjson.Req, Opt) in one pass:
 //
 //   - ReadExact for a seed-spelled shape: one whose keys the seeds spell (a validator, a reader, a

@@ -9,7 +9,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// Secret-recipient enrollment and sealed envelopes (SPEC §17). The seeds name the two enrollment
+// Secret-recipient enrollment and sealed envelopes (docs/platform.md). The seeds name the two enrollment
 // methods (beginSecretRecipientEnrollment, completeSecretRecipientEnrollment) and say the relay
 // is an enrolled X25519 recipient; they do not spell the bodies or the envelope. Everything here
 // is therefore project-defined, a guess at what Cloudly will send, read tolerantly:

@@ -8,7 +8,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// DNS lease renewals and their escrow (SPEC §6, CONTRACTS §7).
+// DNS lease renewals and their escrow (docs/escrow.md).
 //
 // Cloudly signs renewals of a node's DNS window ahead of time and hands the elected relay a run of
 // them with holdRuntimeNetworkDnsLeaseRenewals; while the relay has no Cloudly session it pushes
@@ -50,7 +50,7 @@ const RuntimeNetworkDnsLeaseRenewalDigestDomain = "serve.zone/runtime-network-dn
 // digits is escrow-run-invalid either way.
 const RenewalDigestVerified = false
 
-// Project-defined (OQ-12): the status values of IApplyRuntimeNetworkDnsLeaseRenewalResponse. The
+// Project-defined: the status values of IApplyRuntimeNetworkDnsLeaseRenewalResponse. The
 // seed's admission text answers a byte-identical re-delivery "as replay"; a new renewal is
 // accepted.
 const (

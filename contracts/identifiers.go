@@ -8,7 +8,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// Identifier vocabularies (seed-defined, SPEC §12, CONTRACTS §3).
+// Identifier vocabularies (seed-defined, docs/protocol.md#identifiers-digests-and-keys).
 
 // IsCanonicalID is the canonical identifier rule ^[A-Za-z0-9][A-Za-z0-9:._-]{0,199}$: organizations,
 // clusters, services, namespaces, sessions, authorities and every content id derived from them.

@@ -9,7 +9,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The cluster ingress (SPEC §8, CONTRACTS §8): the registration an ingress sends through the
+// The cluster ingress (docs/protocol.md#cluster-ingress): the registration an ingress sends through the
 // relay, Cloudly's named refusal of it, the route table the relay holds and serves, the change
 // hint, and the traffic statistics pages. Seed-defined unless marked project-defined; the
 // project-defined choices are recorded in docs/decisions.md under "Ingress".
@@ -63,7 +63,7 @@ func ValidateClusterIngressRegistration(raw []byte, path string) []string {
 }
 
 // ReadClusterIngressRegistration reads a registration with ValidateClusterIngressRegistration's
-// rules, in one pass. The relay reads and negotiates the offer first (ReadProtocolOffer, SPEC §3
+// rules, in one pass. The relay reads and negotiates the offer first (ReadProtocolOffer, docs/protocol.md#protocol-handshake
 // judging order) and calls this only then. Every failure is an *InvalidError whose reasons never
 // quote the bearer.
 func ReadClusterIngressRegistration(raw []byte) (ClusterIngressRegistration, error) {
@@ -314,7 +314,7 @@ type RouteTable struct {
 func (t RouteTable) IsNull() bool { return t.Raw == nil }
 
 // ReadRouteTable reads a table value tolerantly (where the revision lives is this project's
-// guess, OQ-14). raw is one well-formed JSON value, as the readers of its carriers hand it out.
+// guess). raw is one well-formed JSON value, as the readers of its carriers hand it out.
 // null is the null table; any other JSON value is a table, served untouched. Its
 // revision is table.revision when that is a non-negative safe integer; otherwise the table is
 // still served and its revision is derived from its bytes (Derived). The relay reads nothing

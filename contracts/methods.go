@@ -8,7 +8,7 @@ const (
 	MethodApplyRuntimeNetworkDnsLeaseRenewal = "applyRuntimeNetworkDnsLeaseRenewal" // Cloudly or escrow → node
 )
 
-// Methods Cloudly calls on the relay itself (SPEC §5): the relay serves them, never forwards them.
+// Methods Cloudly calls on the relay itself (docs/protocol.md#node-runtime-sessions): the relay serves them, never forwards them.
 const (
 	MethodPushClusterVpnMembership           = "pushClusterVpnMembership" // project-defined
 	MethodHoldRuntimeNetworkDnsLeaseRenewals = "holdRuntimeNetworkDnsLeaseRenewals"
@@ -21,7 +21,7 @@ const (
 	MethodCleanupIsolatedRestoreOnNode       = "cleanupIsolatedRestoreOnNode"
 )
 
-// Cluster ingress methods (SPEC §8).
+// Cluster ingress methods (docs/protocol.md#cluster-ingress).
 const (
 	MethodGetClusterRouteTable                = "getClusterRouteTable" // relay → Cloudly
 	MethodRegisterClusterIngress              = "registerClusterIngress"
@@ -69,8 +69,8 @@ func IsServedToCloudly(m string) bool {
 }
 
 // IsRelayCallToCloudly reports whether m is one of the methods the relay calls on Cloudly for
-// itself (SPEC §5: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable and the
-// seed's five relay → Cloudly rows; and the project-defined registerClusterVpnHub, SPEC §4). Cloudly answers them on the relay's socket as the relay's
+// itself (docs/protocol.md#node-runtime-sessions: registerCloudlyClientSession, registerClusterRelay, getClusterRouteTable and the
+// seed's five relay → Cloudly rows; and the project-defined registerClusterVpnHub, docs/protocol.md#upstream-session). Cloudly answers them on the relay's socket as the relay's
 // own, so they are never forwarded for a downstream peer: a node could otherwise read the route
 // table with its keys, re-register the relay or its hub, or act for the cluster.
 func IsRelayCallToCloudly(m string) bool {

@@ -7,7 +7,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// Corestore platform agent (SPEC §17, CONTRACTS §9.8–9.9). Seed-defined: the three relay →
+// Corestore platform agent (docs/platform.md). Seed-defined: the three relay →
 // Cloudly methods and their key sets, IClusterPlatformBindingPlacement { nodeId, binding }, the
 // backup media type and format, the 256 MiB Corestore closure limit. Project-defined (read
 // tolerantly): the Corestore side (the /platform/… HTTP endpoints and their bodies) and
@@ -33,7 +33,7 @@ const (
 // this is aborted and refused relay-request-invalid to the side that sent it.
 const MaxCorestoreClosureBytes = 256 << 20
 
-// Corestore platform HTTP (project-defined, SPEC §17). Paths are under the node's Corestore
+// Corestore platform HTTP (project-defined, docs/platform.md). Paths are under the node's Corestore
 // origin; <id> is a backupId, path-escaped.
 const (
 	CorestoreDesiredStatePath = "/platform/desired-state"       // PUT { capabilities, providerConfigs, bindings }

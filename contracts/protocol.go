@@ -11,7 +11,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The protocol handshake (seed-defined: SPEC §3, CONTRACTS §2).
+// The protocol handshake (seed-defined: docs/protocol.md#protocol-handshake).
 
 // InterfacesVersion is the newest @serve.zone/interfaces release this relay implements. It is
 // the relay's protocol version; the relay build version is a different fact.
@@ -220,7 +220,7 @@ func readOffer(raw []byte) (ProtocolOffer, bool) {
 
 // ProtocolRefusal is IProtocolRefusal, carried as the error's data.
 //
-// Project-defined (OQ-22): Refusing is the offer of the side that refuses, Refused the offer it
+// Project-defined: Refusing is the offer of the side that refuses, Refused the offer it
 // refused.
 type ProtocolRefusal struct {
 	Code     string                  `json:"code"`

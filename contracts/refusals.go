@@ -75,7 +75,7 @@ func ReadRefusalName(text string, data []byte) RefusalName {
 // states through a Name() RefusalName method (typedsocket.Error has one) — when that name belongs
 // to a vocabulary of this package; "other" for a name outside them (a peer can put any token in
 // its error text), for an error that names none, and for a local fault; "" for nil. Label values
-// are fixed sets (SPEC §15): what a peer sends never adds a series or reaches a log line as text.
+// are fixed sets (docs/hostile.md): what a peer sends never adds a series or reaches a log line as text.
 func RefusalLabel(err error) string {
 	if err == nil {
 		return ""
@@ -211,7 +211,7 @@ func ClusterIngressRegistrationRefusalReasons() [8]string {
 	return clusterIngressRegistrationRefusalReasons
 }
 
-// Project-defined relay refusals (SPEC §2, §4, §5, §7, §8).
+// Project-defined relay refusals (docs/protocol.md#framing-typedrequest-over-websocket, docs/protocol.md#upstream-session, docs/protocol.md#node-runtime-sessions, docs/protocol.md#vpn-hub and docs/protocol.md#cluster-ingress).
 const (
 	// A request whose method the receiver does not serve.
 	RelayMethodUnknown RefusalName = "relay-method-unknown"
@@ -236,9 +236,9 @@ const (
 	RelayCallTimeout RefusalName = "relay-call-timeout"
 	// A node → Cloudly request while the upstream socket's send queue is full.
 	RelayUpstreamBusy RefusalName = "relay-upstream-busy"
-	// A VirtualStream frame naming a stream the relay never bound to the sender's side (§5.1).
+	// A VirtualStream frame naming a stream the relay never bound to the sender's side (docs/protocol.md#streams).
 	RelayStreamUnknown RefusalName = "relay-stream-unknown"
-	// A VirtualStream frame from Cloudly for a stream whose node connection has ended (§5.1).
+	// A VirtualStream frame from Cloudly for a stream whose node connection has ended (docs/protocol.md#streams).
 	RelayStreamGone RefusalName = "relay-stream-gone"
 	// A platform closure (a database backup or restore) that moved no byte for the no-byte
 	// bound (30 s by default): ended, and answered to the side waiting for it.
@@ -260,7 +260,7 @@ func RelayRefusals() [14]RefusalName { return relayRefusals }
 // It names no refusal, so it is matched whole.
 const TypedRequestNoMethodText = "There is no available method for this call on the server side"
 
-// Project-defined VPN hub refusals (SPEC §7): the reason phrase of the QUIC application close
+// Project-defined VPN hub refusals (docs/protocol.md#vpn-hub): the reason phrase of the QUIC application close
 // (error code 1) starts with one of them.
 const (
 	VPNMemberUnknown      RefusalName = "vpn-member-unknown"

@@ -7,8 +7,8 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// Isolated restore (seed-defined methods and progress, project-defined Corestore HTTP; SPEC §9,
-// CONTRACTS §9).
+// Isolated restore (seed-defined methods and progress, project-defined Corestore HTTP; docs/protocol.md#isolated-restore-and-corestore,
+// docs/protocol.md#isolated-restore-and-corestore).
 //
 // Cloudly drives a restore on one node with five methods of one shape, { nodeId, control } →
 // { progress }. control is the body the node's Corestore itself reads, a bearer grant inside: the
@@ -19,7 +19,7 @@ import (
 // carried the control to, after NormalizeIsolatedRestoreProgress.
 
 // Corestore operations: POST <corestore origin>/isolated-restore/<op> with the control bytes as
-// the body (project-defined, SPEC §9).
+// the body (project-defined, docs/protocol.md#isolated-restore-and-corestore).
 const (
 	CorestoreOpPrepare = "prepare"
 	CorestoreOpWrite   = "write"
@@ -102,7 +102,7 @@ type IsolatedRestoreNodeControl struct {
 	Control json.RawMessage // a sub-slice of the request: forwarded as is, never re-encoded
 }
 
-// MaxIsolatedRestoreControlBytes bounds a control (project-defined, SPEC §9): a write control
+// MaxIsolatedRestoreControlBytes bounds a control (project-defined, docs/protocol.md#isolated-restore-and-corestore): a write control
 // carrying a 512 KiB chunk in base64 with its descriptor and grant stays well below it.
 const MaxIsolatedRestoreControlBytes = 1 << 20
 
@@ -330,7 +330,7 @@ func BindIsolatedRestoreProgressToNode(p IsolatedRestoreProgress, b IsolatedRest
 }
 
 // ProjectIsolatedRestoreProgress builds progress = Corestore's summary + { nodeId }. The summary
-// is project-defined (OQ-17), so it is read tolerantly: nodeId first, then the summary's members
+// is project-defined, so it is read tolerantly: nodeId first, then the summary's members
 // that are progress members (every key of IIsolatedRestoreProgress but nodeId), in Corestore's
 // order, each value byte for byte (stagedObject stays opaque). Every other member — Corestore's
 // own nodeId (the relay states the node it carried the control to), its object receipt (not

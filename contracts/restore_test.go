@@ -74,7 +74,7 @@ func TestReadIsolatedRestoreNodeControl(t *testing.T) {
 }
 
 // The control is Corestore's to read: the relay does not parse it, whatever it holds, and bounds
-// it by size alone (SPEC §9).
+// it by size alone (docs/protocol.md#isolated-restore-and-corestore).
 func TestReadIsolatedRestoreNodeControlLeavesTheControlUnparsed(t *testing.T) {
 	for _, control := range []string{
 		`{"grant":"g.h.s","expectedRevision":3,"object":{"size":99999999999},"chunk":{"index":99999,"data":"not base64!"}}`,

@@ -34,7 +34,7 @@ func (s Secret) MarshalJSON() ([]byte, error) { return nil, ErrSecretMarshal }
 func (s Secret) MarshalText() ([]byte, error) { return nil, ErrSecretMarshal }
 
 // DecodeKey32 decodes a 32-byte key in canonical base64url without padding, the encoding of every
-// Curve25519 key on the relay's wire (project-defined, OQ-3).
+// Curve25519 key on the relay's wire (project-defined).
 func DecodeKey32(s string) ([32]byte, error) {
 	var k [32]byte
 	if len(s) != 43 {

@@ -30,7 +30,7 @@ func ReadRegisterPalletRuntimeSessionResponse(raw []byte) (RuntimeSession, error
 }
 
 // ReadRuntimeSession reads a serialized IRuntimeSessionBinding tolerantly: the seeds name some of
-// its members and not all (CONTRACTS §5.1), so the relay takes what it uses and keeps the rest
+// its members and not all (docs/protocol.md#node-registration), so the relay takes what it uses and keeps the rest
 // opaque in Raw. nodeId is required (node id reader): the relay binds the connection to it.
 // controller (an object) and runtimeNamespace (a canonical id) only scope escrowed runs; when
 // either is absent or not of its kind, it is left empty, and escrow then finds no run in that

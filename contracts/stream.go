@@ -6,7 +6,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// Streams (SPEC §5.1; seed-named, shaped by the published TypedRequest library 3.3.0). A stream
+// Streams (docs/protocol.md#streams; seed-named, shaped by the published TypedRequest library 3.3.0). A stream
 // travels inside a request or answer body as the marker { "_isVirtualStream": true, "streamId" }
 // at any depth; its own traffic is frames with method MethodVirtualStream whose request (or, in a
 // chunk's answer, whose response) carries streamId. The library correlates a stream's cycles

@@ -8,7 +8,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// One end of a VirtualStream (SPEC §5.1, §17), for the streams the relay itself writes and reads
+// One end of a VirtualStream (docs/protocol.md#streams and docs/platform.md), for the streams the relay itself writes and reads
 // (database closures): the frames as the published TypedRequest library 3.3.0 puts them on the
 // wire, and the chunk encodings it writes.
 //

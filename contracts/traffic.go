@@ -9,14 +9,14 @@ import (
 )
 
 // Traffic statistics: getClusterTrafficStatistics { fromDayUtc, toDayUtc, cursor?, limit } →
-// { statistics, nextCursor? }, Cloudly → relay → ingress (seed-defined shape, SPEC §8, read
+// { statistics, nextCursor? }, Cloudly → relay → ingress (seed-defined shape, docs/protocol.md#cluster-ingress, read
 // exactly). The day format, the limit bounds, the cursor grammar and the element's key names are
-// project-defined (OQ-15): the relay reads an element tolerantly — its dayUtc and nodeId when it
+// project-defined: the relay reads an element tolerantly — its dayUtc and nodeId when it
 // has them — and passes it on byte for byte.
 
 // MethodGetClusterTrafficStatistics is declared in methods.go (Cloudly → relay → ingress).
 
-// Project-defined bounds (OQ-15).
+// Project-defined bounds.
 const (
 	// MinTrafficStatisticsLimit is the least limit; MaxTrafficStatisticsLimit the most day buckets
 	// one page holds (a greater limit is served as it). 1 000 buckets are about 250 KB of JSON.
@@ -28,7 +28,7 @@ const (
 )
 
 // IsUTCCalendarDay reports whether s is a UTC calendar day YYYY-MM-DD that exists (2024-02-29
-// does, 2023-02-29 does not). Project-defined form of the seed's isUtcCalendarDay (OQ-15).
+// does, 2023-02-29 does not). Project-defined form of the seed's isUtcCalendarDay.
 func IsUTCCalendarDay(s string) bool {
 	if len(s) != 10 {
 		return false
@@ -136,7 +136,7 @@ type TrafficStatisticsPage struct {
 }
 
 // TrafficBucket is one statistics element as the relay reads it: tolerantly, since its key names
-// are this project's guess (OQ-15). Nothing of it is required; what the relay does with an element
+// are this project's guess. Nothing of it is required; what the relay does with an element
 // it cannot read is the caller's choice.
 type TrafficBucket struct {
 	Raw json.RawMessage // exactly as received
@@ -201,7 +201,7 @@ func readTrafficBucket(raw []byte) TrafficBucket {
 }
 
 // ClusterTrafficStatistics is IClusterTrafficStatistics: one UTC day of one hostname's traffic on
-// one node. Project-defined key names (OQ-15); the seed names the counters requests, bytesIn,
+// one node. Project-defined key names; the seed names the counters requests, bytesIn,
 // bytesOut, connections and the backend failures connect, handshake and request. The relay reads
 // only DayUTC and NodeID (TrafficBucket); the simulator and tests use the whole shape.
 type ClusterTrafficStatistics struct {

@@ -8,10 +8,10 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The managed VPN hub's wire (SPEC §7). Everything in this file is project-defined unless marked
+// The managed VPN hub's wire (docs/protocol.md#vpn-hub). Everything in this file is project-defined unless marked
 // seed-defined: the seeds state only that nodes dial a hub over QUIC with a Noise server key, a
 // client key pair, a managed authority id and an expiry, and that control addresses come from
-// vpn.controlPrefix. A node implementation written from SPEC §7 must interoperate with these
+// vpn.controlPrefix. A node implementation written from docs/protocol.md#vpn-hub must interoperate with these
 // constants and readers.
 //
 // # Protocol flow
@@ -238,7 +238,7 @@ func ReadVPNMembershipPush(raw []byte) (VPNMembership, error) {
 }
 
 // EncodeVPNMembershipPush encodes m as pushClusterVpnMembership's request, keys in the order
-// SPEC §7 lists them.
+// docs/protocol.md#vpn-hub lists them.
 func EncodeVPNMembershipPush(m VPNMembership) []byte {
 	b := strictjson.AppendString([]byte(`{"authorityId":`), m.AuthorityID)
 	b = append(b, `,"controlPrefix":`...)
@@ -291,7 +291,7 @@ func EncodeVPNHello(h VPNHello) []byte {
 }
 
 // ReadVPNHello reads message 1's payload. The shape is project-defined, so it is read tolerantly
-// (SPEC's top rule): members other than nodeId and timestamp are ignored. nodeId must be a
+// (the reading rule of docs/protocol.md#sources-and-conventions): members other than nodeId and timestamp are ignored. nodeId must be a
 // cluster node id and timestamp a non-negative safe integer.
 func ReadVPNHello(raw []byte) (VPNHello, error) {
 	var node, timestamp []byte

@@ -37,7 +37,7 @@ func TestReadVPNMembershipPushAcceptsAValidPush(t *testing.T) {
 }
 
 // The push is project-defined, so members the relay does not know are ignored, at the top and in
-// each member (SPEC top rule: tolerant where this project guessed).
+// each member (the reading rule of docs/protocol.md#sources-and-conventions: tolerant where this project guessed).
 func TestReadVPNMembershipPushIgnoresUnknownMembers(t *testing.T) {
 	want, err := ReadVPNMembershipPush([]byte(validMembership()))
 	if err != nil {

@@ -1,4 +1,4 @@
-// Package corestore is the relay's HTTP client for node Corestores (SPEC §9). It carries one
+// Package corestore is the relay's HTTP client for node Corestores (docs/protocol.md#isolated-restore-and-corestore). It carries one
 // isolated-restore control at a time: POST <origin>/isolated-restore/<op> with the control bytes
 // as the body, exactly as given, and nothing added. It verifies TLS (system roots plus extra roots
 // the operator names), bounds the connect time, the whole call and the answer's size, follows no

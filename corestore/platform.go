@@ -15,7 +15,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// The Corestore platform calls (SPEC §17, project-defined): the desired state, ready backups and
+// The Corestore platform calls (docs/platform.md, project-defined): the desired state, ready backups and
 // their closures, wanted restores. Each carries the node's Corestore credential as
 // Authorization: Bearer and nothing else of the relay's; a credential is never logged. Closures
 // stream in both directions and are never held whole: a closure's body is read or written as the

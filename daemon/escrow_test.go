@@ -152,7 +152,7 @@ func slotAfter(ws []contracts.DnsWindow, now int64) int {
 
 // A node that rotates after Cloudly handed the relay its run (a new session binding in the same
 // scope) gets the released renewal under the new binding: the node refuses a push under a
-// binding that is not its current one (SPEC §6, bindApplyRuntimeNetworkDnsLeaseRenewalRequest).
+// binding that is not its current one (docs/escrow.md, bindApplyRuntimeNetworkDnsLeaseRenewalRequest).
 func TestEscrowReleasesUnderTheSessionTheNodeRotatedTo(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs the relay for seconds")

@@ -350,7 +350,7 @@ func (b byteRate) Set(s string) error {
 	return b.byteSize.Set(strings.TrimSuffix(strings.TrimSpace(s), "/s"))
 }
 
-// runFlags defines every flag of `relay run` (SPEC §11) on fs, writing into cfg.
+// runFlags defines every flag of `relay run` (docs/operating.md#flags-and-environment) on fs, writing into cfg.
 func runFlags(fs *flag.FlagSet, cfg *Config) {
 	fs.StringVar(&cfg.ClusterID, "cluster-id", "", "the cluster this relay serves (a canonical identifier: a letter or digit, then up to 199 of A-Z a-z 0-9 : . _ -)")
 	fs.StringVar(&cfg.NodeID, "node-id", "", "the cluster node the relay runs on")

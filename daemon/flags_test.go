@@ -69,7 +69,7 @@ func TestOperatingDocListsEveryRunFlag(t *testing.T) {
 }
 
 // TestBadValuesAndFilesExit2NamingTheFlag runs `relay run` with one bad value or file at a time
-// and checks SPEC §11: exit 2, one line, naming the flag, never quoting a file's content. The
+// and checks docs/operating.md#flags-and-environment: exit 2, one line, naming the flag, never quoting a file's content. The
 // listeners are on loopback port 0 so that a case that wrongly starts binds nothing fixed.
 func TestBadValuesAndFilesExit2NamingTheFlag(t *testing.T) {
 	dir := t.TempDir()

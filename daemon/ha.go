@@ -22,7 +22,7 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// Several relays per cluster (SPEC §16): the election's flags, and the Elector they build. Without
+// Several relays per cluster (docs/ha.md): the election's flags, and the Elector they build. Without
 // --ha-lease-name nothing here runs, and client-go is never touched.
 
 // serviceAccountNamespace is where Kubernetes mounts the Pod's own namespace.

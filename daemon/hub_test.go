@@ -46,7 +46,7 @@ func TestHubListenWithoutAnAddressIsAFlagError(t *testing.T) {
 	if code != 2 || !strings.Contains(stderr, "--hub-key-file:") || strings.Contains(stderr, "not a key") {
 		t.Errorf("bad key file: exit %d, stderr %q", code, stderr)
 	}
-	// Issue 15, finding 11: the key file is never read through a symbolic link.
+	// The key file is never read through a symbolic link.
 	os.Symlink(filepath.Join(dir, "hub.key"), filepath.Join(dir, "link.key"))
 	code, _, stderr = runMain(t, nil, append(append([]string{}, base...), "--hub-listen", "192.0.2.1:0",
 		"--hub-key-file", filepath.Join(dir, "link.key"))...)
@@ -55,7 +55,7 @@ func TestHubListenWithoutAnAddressIsAFlagError(t *testing.T) {
 	}
 }
 
-// Issue 15, finding 11: a hub key file that group or world may read is loaded (nodes' credentials
+// A hub key file that group or world may read is loaded (nodes' credentials
 // name its key) and the relay warns, as component vpnhub.
 func TestHubKeyFileOpenToOthersIsWarnedAbout(t *testing.T) {
 	dir := t.TempDir()

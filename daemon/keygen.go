@@ -10,7 +10,7 @@ import (
 )
 
 // cmdKeygen writes a new hub key file (0600, never overwriting) and prints its public key,
-// labelled; or a new replicas' replication key file (SPEC §16), of which it prints nothing; or,
+// labelled; or a new replicas' replication key file (docs/ha.md), of which it prints nothing; or,
 // with --show, prints the public key of an existing hub key file. A private key is never printed.
 func cmdKeygen(args []string, stdout, stderr io.Writer) error {
 	fs := flag.NewFlagSet("keygen", flag.ContinueOnError)

@@ -14,7 +14,7 @@ const memoryLimitShare = 0.9
 // setMemoryLimit gives the Go runtime a soft memory limit from the container's (cgroup v2, else
 // v1) unless GOMEMLIMIT sets one: under a memory attack the collector then works harder as the
 // heap nears the container's limit instead of letting garbage grow to twice the live heap and the
-// relay be killed for memory — losing every escrowed renewal (SPEC §15). It returns the limit set,
+// relay be killed for memory — losing every escrowed renewal (docs/hostile.md). It returns the limit set,
 // or 0.
 func setMemoryLimit() int64 {
 	if _, ok := os.LookupEnv("GOMEMLIMIT"); ok {

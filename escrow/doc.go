@@ -1,5 +1,5 @@
 // Package escrow holds the DNS lease renewal runs Cloudly signs ahead of time and releases them to
-// the nodes while the relay is cut off from Cloudly (SPEC §6). It owns the runs and the release
+// the nodes while the relay is cut off from Cloudly (docs/escrow.md). It owns the runs and the release
 // schedule; it never holds a key, verifies or makes a signature, writes anything to disk, or logs
 // more of a run than its node, count, sequences and windows.
 //

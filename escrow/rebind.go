@@ -9,7 +9,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Detached re-binding (SPEC §6, project-defined): for each node whose registration Cloudly
+// Detached re-binding (docs/escrow.md, project-defined): for each node whose registration Cloudly
 // accepted, the escrow keeps a keyed digest of the exact registration body the relay forwarded
 // and the answer Cloudly gave, so that a node whose socket drops during an outage can register
 // again byte for byte, be answered with that answer and bound to its session, and receive its

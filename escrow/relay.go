@@ -24,7 +24,7 @@ func (e *Escrow) Methods() (fromCloudly, fromDownstream []string) {
 func (e *Escrow) UseUpstream(up feature.Upstream) { e.up = up }
 
 // UseReplicaSync hands the escrow the HA leader's acknowledgement from its standbys: a hold (or a
-// withdrawal) is answered once every standby with a complete copy has it (SPEC §16). Call it
+// withdrawal) is answered once every standby with a complete copy has it (docs/ha.md). Call it
 // before anything runs; without it, a hold is answered at once.
 func (e *Escrow) UseReplicaSync(s feature.ReplicaSync) { e.replicas = s }
 
@@ -55,7 +55,7 @@ func (e *Escrow) Attached(feature.Upstream) { e.setAttached(true) }
 // Detached: renewals are released from now on, each on its slot.
 func (e *Escrow) Detached() { e.setAttached(false) }
 
-// Leading: an HA standby, or a leader that lost its Lease, releases nothing (SPEC §16); it keeps
+// Leading: an HA standby, or a leader that lost its Lease, releases nothing (docs/ha.md); it keeps
 // what it holds, for when it leads.
 func (e *Escrow) Leading(leading bool) {
 	now := e.nowMs()

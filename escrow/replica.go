@@ -11,7 +11,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The escrow as an HA leader copies it to its standbys (SPEC §16, feature.Replicated): in memory
+// The escrow as an HA leader copies it to its standbys (docs/ha.md, feature.Replicated): in memory
 // only, a record per key — the re-binding key, each node's run, each node's re-binding pair, and
 // how far each node has acknowledged its run's renewals — sent whole when a standby connects and
 // again whenever it changes; a nil value removes the key. A standby adopts the records as its own

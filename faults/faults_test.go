@@ -4,7 +4,7 @@
 // and fails when a goal (zero) is missed.
 //
 //	go test ./faults                          # the short form CI runs
-//	RELAY_FAULTS=long go test -timeout 30m ./faults   # the long form (SPEC §13 sizes)
+//	RELAY_FAULTS=long go test -timeout 30m ./faults   # the long form (README.md#measuring-it sizes)
 //
 // With RELAY_FAULTS_OUT=file each fault appends its figures to file as a Markdown table row.
 // RELAY_FAULTS_RELAY_ENV adds to the environment of the faults that run the relay binary.

@@ -23,7 +23,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// TestFaultHostileLoad is SPEC §15's proof. The relay binary runs as a process of its own; 100
+// TestFaultHostileLoad is docs/hostile.md's proof. The relay binary runs as a process of its own; 100
 // registered nodes carry traffic both ways through it and escrow holds a run for each. After a
 // calm phase, anonymous peers attack from hundreds of loopback source addresses: they open as many
 // connections as the relay allows, replay every input of the fuzz corpora (the envelope decoder's
@@ -154,7 +154,7 @@ func TestFaultHostileLoad(t *testing.T) {
 }
 
 // p99Slack is the p99 goal: during the attack at most this much above the calm phase. The long
-// form holds SPEC's +10 %. The short form runs inside `go test -race ./...` on a shared 2-core
+// form holds the design's +10 %. The short form runs inside `go test -race ./...` on a shared 2-core
 // machine, where the attackers and the simulated peers (this process, under the race detector)
 // and the relay share two cores with whatever else runs: a ratio there measures the machine. It
 // only checks that the nodes are still served: p99 at most 2 s above the calm phase's.

@@ -30,7 +30,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// TestFaultNoByteOutsideTheBudget is the hostile-load fault's second pass (issue 23, SPEC §15 "No
+// TestFaultNoByteOutsideTheBudget is the hostile-load fault's second pass (docs/hostile.md "No
 // byte outside the budget" and "Descriptors"), beside TestFaultHostileLoad: the attacks that one
 // does not make, each against the relay binary as a process of its own while registered nodes
 // carry traffic both ways and escrow holds a run for each.
@@ -85,7 +85,7 @@ type nobyte struct {
 	Relay, PeersCPUPinned string           // where the relay and the peers ran
 }
 
-// heapOverhead is the fixed overhead the relay's heap may have above the budget (SPEC §15 "a fixed
+// heapOverhead is the fixed overhead the relay's heap may have above the budget (docs/hostile.md "a fixed
 // overhead"; TestFaultHostileLoad's goal).
 const heapOverhead = 64 << 20
 

@@ -87,11 +87,11 @@ type AttachWatcher interface{ Attached(up Upstream) }
 // DetachWatcher hears that the attached session was lost (or closed for shutdown).
 type DetachWatcher interface{ Detached() }
 
-// CustodyWatcher hears that Cloudly named an undispatched refusal (SPEC §4.4) or pushed
+// CustodyWatcher hears that Cloudly named an undispatched refusal (docs/protocol.md#refusals-that-end-custody) or pushed
 // relay: null: it no longer dispatches to this relay.
 type CustodyWatcher interface{ CustodyEnded() }
 
-// ConfigWatcher hears Cloudly's relay configuration push (SPEC §4.1); the newest replaces the
+// ConfigWatcher hears Cloudly's relay configuration push (docs/protocol.md#relay-configuration-push); the newest replaces the
 // rest.
 type ConfigWatcher interface {
 	Configured(cfg contracts.ClusterRelayConfig)
@@ -121,7 +121,7 @@ type Component interface {
 // never holds a secret or a body: no bearer, JWT, grant, key, route table or request body.
 type Reporter interface{ Status() any }
 
-// Several relays per cluster (SPEC §16) and detached re-binding (SPEC §6).
+// Several relays per cluster (docs/ha.md) and detached re-binding (docs/escrow.md).
 
 // LeadWatcher hears whether the relay leads: an HA standby, or a leader that lost its Lease,
 // hears false and acts for the cluster no more (escrow releases nothing); a relay without HA
@@ -130,7 +130,7 @@ type LeadWatcher interface{ Leading(leading bool) }
 
 // Rebinder keeps, for every node whose registration Cloudly accepted, a keyed digest of the exact
 // body the relay forwarded and Cloudly's answer, so that a node registering again byte for byte
-// while the relay is detached is answered and bound without Cloudly (SPEC §6). It never keeps a
+// while the relay is detached is answered and bound without Cloudly (docs/escrow.md). It never keeps a
 // body: the relay digests one before forwarding it.
 type Rebinder interface {
 	RegistrationDigest(body json.RawMessage) [32]byte
@@ -139,7 +139,7 @@ type Rebinder interface {
 }
 
 // ReplicaSync is the HA leader's word that its standbys have what the replicated parts sent
-// (SPEC §16): Sync calls done once every standby connected now with a complete copy has
+// (docs/ha.md): Sync calls done once every standby connected now with a complete copy has
 // acknowledged everything sent so far — done(true) — or at once when none is, or once the bound
 // passed — done(false). It never blocks; done is called exactly once, from any goroutine, and may
 // run before Sync returns. A part handed one (cmd/relay does, before anything
@@ -148,7 +148,7 @@ type ReplicaSync interface {
 	Sync(done func(replicated bool))
 }
 
-// Replicated is a part an HA leader copies to its standbys, in memory only (SPEC §16): records by
+// Replicated is a part an HA leader copies to its standbys, in memory only (docs/ha.md): records by
 // key, a nil value removing one. Replicate sends every record held now, then every change, until
 // stop; send runs with the part's lock held and must not block. A standby adopts the leader's
 // records (Adopt), and forgets its copy before it copies another leader's (ForgetCopy).

@@ -7,7 +7,7 @@ import "encoding/json"
 // VirtualStream on the Cloudly socket. The relay's Upstream implements both; a part that needs
 // them checks the Upstream it is handed for each (up.(feature.Memory), up.(feature.Streams)).
 
-// Memory is the relay's peer memory budget (SPEC §15) as a part charges it.
+// Memory is the relay's peer memory budget (docs/hostile.md) as a part charges it.
 type Memory interface {
 	// NewShare opens a share of the budget capped at limit bytes. It is never evicted: its owner
 	// bounds what it holds and gives up (a refused Charge) rather than being closed.
@@ -27,7 +27,7 @@ type Share interface {
 	Close()
 }
 
-// Streams lets a part be one end of a VirtualStream with Cloudly (SPEC §5.1): Cloudly's frames
+// Streams lets a part be one end of a VirtualStream with Cloudly (docs/protocol.md#streams): Cloudly's frames
 // for the stream reach the part's StreamReader, never a node; the part's frames go up whole.
 type Streams interface {
 	// OpenStream opens a stream under a fresh id on the attached socket: for a body the relay

@@ -12,7 +12,7 @@ import (
 	"github.com/flynn/noise"
 )
 
-// The replication channel (SPEC §16): Noise NNpsk0_25519_ChaChaPoly_SHA256 over TCP, the standby
+// The replication channel (docs/ha.md): Noise NNpsk0_25519_ChaChaPoly_SHA256 over TCP, the standby
 // the initiator. Both sides prove they hold the replicas' shared key, and every byte after the
 // handshake is encrypted. A transport message is a 2-byte big-endian length and at most
 // noise.MaxMsgLen bytes of ciphertext; a frame (one record) is a 4-byte length and its bytes,

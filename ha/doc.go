@@ -1,4 +1,4 @@
-// Package ha runs several relays per cluster (SPEC §16): one elected through a Kubernetes Lease
+// Package ha runs several relays per cluster (docs/ha.md): one elected through a Kubernetes Lease
 // with client-go's leaderelection, the others warm standbys. It labels the relay's own Pod with
 // its role (the Service selects the leader), tells the relay when to lead and when to fence itself
 // (relay.Elector), and copies the replicated parts (the escrow, the VPN membership), each under its

@@ -37,7 +37,7 @@ const (
 	StandbyDeletionCost    = "0"
 )
 
-// Defaults of SPEC §16; zero Config fields mean them.
+// Defaults of docs/ha.md; zero Config fields mean them.
 const (
 	DefaultLeaseDuration = 6 * time.Second
 	DefaultRenewDeadline = 4 * time.Second
@@ -285,7 +285,7 @@ func (e *Elector) Holder() (string, bool) {
 	return e.holder, e.holder == e.cfg.Identity && e.role == RoleLeader
 }
 
-// label sets the Pod's role label to the relay's current role (SPEC §16), bounded by apiTimeout;
+// label sets the Pod's role label to the relay's current role (docs/ha.md), bounded by apiTimeout;
 // a failure is logged, and keepLabel tries again.
 func (e *Elector) label() {
 	if e.cfg.PodName == "" {

@@ -17,7 +17,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/kubeapi"
 )
 
-// Short timings for tests, in SPEC §16's proportions.
+// Short timings for tests, in docs/ha.md's proportions.
 const (
 	leaseDuration = 3 * time.Second
 	renewDeadline = 2 * time.Second

@@ -6,7 +6,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// metrics are the election's: namespace relay, subsystem ha (SPEC §16).
+// metrics are the election's: namespace relay, subsystem ha (docs/ha.md).
 type metrics struct {
 	leader         prometheus.Gauge       // relay_ha_leader
 	transitions    *prometheus.CounterVec // relay_ha_transitions_total{to}

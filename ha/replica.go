@@ -18,7 +18,7 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 )
 
-// Escrow survives a failover (SPEC §16): the leader copies its replicated parts' records to every
+// Escrow survives a failover (docs/ha.md): the leader copies its replicated parts' records to every
 // standby that dials it — the whole state first, then every change — and a standby adopts them
 // as its own state, so that it holds every run, re-binding pair and acknowledgement (and the VPN
 // membership) when it leads. In memory only, bounded on both sides, never logged. Every relay

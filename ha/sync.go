@@ -7,7 +7,7 @@ import (
 	"k8s.io/utils/clock"
 )
 
-// A hold survives a failover once it is answered (SPEC §16): the escrow applies a hold, which the
+// A hold survives a failover once it is answered (docs/ha.md): the escrow applies a hold, which the
 // leader queues to every standby, then asks Sync to call it back once every standby with a
 // complete copy has acknowledged everything queued to it so far — or once the bound
 // (--ha-replication-ack) has passed, when the standbys that missed it are closed (they copy the

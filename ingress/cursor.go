@@ -9,7 +9,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The relay's statistics cursor (project-defined, OQ-15): "c1." and the base64url (no padding) of
+// The relay's statistics cursor (project-defined): "c1." and the base64url (no padding) of
 // a JSON object { fromDayUtc, toDayUtc, ingress: [{ nodeId, cursor?, done?, failures? }] } listing
 // every ingress the paging has met, by node id ascending, with that ingress's own cursor. It is
 // opaque to Cloudly, holds no state on the relay, and is only valid for the days it was minted

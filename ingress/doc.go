@@ -1,4 +1,4 @@
-// Package ingress serves the cluster ingress through the relay (SPEC §8): ingress registration
+// Package ingress serves the cluster ingress through the relay (docs/protocol.md#cluster-ingress): ingress registration
 // forwarding, isolation by authorization, the route table held in memory and served to the
 // ingress, change hints, and traffic statistics fanned out to every ingress connection.
 //

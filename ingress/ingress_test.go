@@ -187,7 +187,7 @@ func TestOlderPushKeepsTheNewerRevision(t *testing.T) {
 }
 
 // TestTableWithoutRevisionIsServed: where a table states its revision is this project's guess
-// (OQ-14), so a table without one is still held, served and hinted, under a revision derived
+// (docs/decisions.md), so a table without one is still held, served and hinted, under a revision derived
 // from its bytes. Such tables are ordered by arrival: another table replaces it, the same bytes
 // again change nothing.
 func TestTableWithoutRevisionIsServed(t *testing.T) {

@@ -232,12 +232,12 @@ func eventually(t *testing.T, what string, cond func() bool) {
 }
 
 // TestOutcomeLabelsAreAFixedSet: every outcome a peer's answer decides is counted under a name of
-// the relay's vocabularies or "other" (SPEC §15), never under text the peer chose.
+// the relay's vocabularies or "other" (docs/hostile.md), never under text the peer chose.
 func TestOutcomeLabelsAreAFixedSet(t *testing.T) {
 	// A peer can put any token before a colon in its error text; as a label value each one
 	// would be a new series for as long as the process lives.
 	madeUp := &typedsocket.Error{Text: "made-up-name-4711: whatever the peer likes", Data: json.RawMessage("null")}
-	t.Run("finding 7: an accepted ingress's error text never becomes a hint label", func(t *testing.T) {
+	t.Run("an accepted ingress's error text never becomes a hint label", func(t *testing.T) {
 		s, reg := newRegisteredServer(t)
 		up := &fakeUpstream{}
 		s.Attached(up)
@@ -264,7 +264,7 @@ func TestOutcomeLabelsAreAFixedSet(t *testing.T) {
 			t.Fatalf("hint outcomes %v, want %v", got, want)
 		}
 	})
-	t.Run("finding 7: Cloudly's refusal of a registration counts under a known name or other", func(t *testing.T) {
+	t.Run("Cloudly's refusal of a registration counts under a known name or other", func(t *testing.T) {
 		s, reg := newRegisteredServer(t)
 		up := &fakeUpstream{}
 		s.Attached(up)
@@ -319,7 +319,7 @@ func TestStatisticsBucketsAreJudgedPerIngress(t *testing.T) {
 		maps.DeleteFunc(got, func(_ string, v float64) bool { return v == 0 })
 		return got
 	}
-	t.Run("finding 8: a bucket for another node is dropped and counted", func(t *testing.T) {
+	t.Run("a bucket for another node is dropped and counted", func(t *testing.T) {
 		body, reg := page(t, own, foreign, notString)
 		if want := `{"statistics":[` + own + `]}`; string(body) != want {
 			t.Fatalf("page %s, want %s", body, want)

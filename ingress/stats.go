@@ -190,7 +190,7 @@ func judgeBucket(b contracts.TrafficBucket, node string, sub contracts.TrafficSt
 	case !b.Object:
 		return dropMalformed
 	case b.NodeStated && b.NodeID != node:
-		// An ingress reports its own node's traffic only (issue 15, finding 8).
+		// An ingress reports its own node's traffic only.
 		return dropForeignNode
 	case b.Day != "" && (b.Day < sub.FromDayUTC || b.Day > sub.ToDayUTC):
 		return dropOutOfRange

@@ -1,5 +1,5 @@
 // Package interop runs the relay against peers built on the published TypedRequest library
-// (`@api.global/typedrequest`, the reference SPEC.md names for what real peers put on the wire):
+// (`@api.global/typedrequest`, the reference docs/protocol.md#sources-and-conventions names for what real peers put on the wire):
 // a Cloudly and Pallet nodes written in Node.js (peers/*.mjs), a real relay process between them,
 // and the same peers talking directly as the baseline. The conformance suite (interop_test.go)
 // and the stream benchmark (bench/streams.go) drive them through this package.

@@ -38,7 +38,7 @@ const (
 	noHandler = "There is no available method for this call on the server side"
 )
 
-// Refusal names the relay answers stream frames with (SPEC §5.1, project-defined).
+// Refusal names the relay answers stream frames with (docs/protocol.md#streams, project-defined).
 const (
 	relayStreamUnknown contracts.RefusalName = "relay-stream-unknown"
 )

@@ -272,7 +272,7 @@ func TestCloseDuringHandOver(t *testing.T) {
 	}
 }
 
-// TestStandbyWorksForNoOne, on a fake clock: a relay that stops leading (SPEC §16) hands over no
+// TestStandbyWorksForNoOne, on a fake clock: a relay that stops leading (docs/ha.md) hands over no
 // desired state, lists nothing and drops its credentials; leading again, it waits for a new
 // credential before it works again.
 func TestStandbyWorksForNoOne(t *testing.T) {

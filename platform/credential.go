@@ -8,7 +8,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// The credential (SPEC §17): after each attach the agent enrols as a secret recipient with a
+// The credential (docs/platform.md): after each attach the agent enrols as a secret recipient with a
 // fresh X25519 key pair held in memory only; Cloudly seals each node's Corestore credential to
 // that key (pushCorestoreCredential). A credential is a contracts.Secret: it prints as [secret],
 // is never logged, stored or shown, and goes only into the Authorization header of calls to its

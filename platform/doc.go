@@ -1,4 +1,4 @@
-// Package platform is the relay's Corestore platform agent (SPEC §17): it carries Cloudly's
+// Package platform is the relay's Corestore platform agent (docs/platform.md): it carries Cloudly's
 // platform desired state to each node's Corestore, database backups off the cluster and restores
 // onto it, over the relay's one Cloudly socket, for a cluster nothing may dial into.
 //

@@ -34,7 +34,7 @@ type Corestore interface {
 	PutRestoreClosure(ctx context.Context, origin string, bearer contracts.Secret, backupID string, descriptor []byte, body io.Reader) error
 }
 
-// Defaults of Options (project-defined, SPEC §17).
+// Defaults of Options (project-defined, docs/platform.md).
 const (
 	DefaultStateInterval     = 60 * time.Second // desired state pulled this often while attached
 	DefaultListInterval      = 30 * time.Second // backups and restores listed this often
@@ -125,7 +125,7 @@ type Platform struct {
 	revision   int64            // guarded by mu: desired states pulled and read
 	lastPull   string           // guarded by mu: outcome of the last pull
 	closed     bool             // guarded by mu
-	standby    bool             // guarded by mu: the relay does not lead (SPEC §16): no node is worked for
+	standby    bool             // guarded by mu: the relay does not lead (docs/ha.md): no node is worked for
 	enrollment string           // guarded by mu: outcome of the newest enrollment
 }
 

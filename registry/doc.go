@@ -1,5 +1,5 @@
 // Package registry forwards the OCI distribution API (/v2/) from nodes to the registry upstream
-// (SPEC §10), streaming, with a digest-verified disk cache that serves content only after the
+// (docs/protocol.md#registry-forwarding), streaming, with a digest-verified disk cache that serves content only after the
 // upstream authorized the same request. It holds no credential of its own and never reads,
 // stores or logs a caller's: Authorization goes upstream untouched, the registry's challenge and
 // errors come back untouched.

@@ -22,11 +22,11 @@ import (
 	"code.foss.global/serve.zone/relay/registry"
 )
 
-// Issue 23 ("no byte outside the budget, no descriptor outside the limit"), the /v2/ slow
+// Before the budget bounded every byte (docs/hostile.md), the /v2/ slow
 // readers: GETs with a query bypass the cache and held an upstream connection for as long as
 // their caller read, and about 5 KB/s kept one alive. Eight such callers held a pool of eight,
 // an honest pull timed out, and cache hits, which need an authorization HEAD from the same pool,
-// waited with it. SPEC §15 "/v2/ fairness": upstream fetches are bounded per source address and
+// waited with it. docs/hostile.md "/v2/ fairness": upstream fetches are bounded per source address and
 // in all, a wait for one is bounded (then 503 with Retry-After), the authorization HEADs have
 // slots of their own, and a caller reading slower than 64 KiB/s for 30 s is cut.
 

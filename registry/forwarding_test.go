@@ -492,7 +492,7 @@ func TestCallerLifetime(t *testing.T) {
 		}
 	})
 
-	// Finding 5 (issue 15): a /v2/ caller that stops reading held its handler for ever, and with
+	// A /v2/ caller that stops reading held its handler for ever, and with
 	// it an upstream connection, a stored object's file (evicted or not) or a fill's. Every write
 	// to a caller, and every read of its body, must now complete within the progress timeout.
 	// The caller here is a raw connection that sends its request and never reads (or, uploading,
@@ -511,7 +511,7 @@ func TestCallerLifetime(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	t.Run("finding 5: a forwarded answer ends when its caller stops reading", func(t *testing.T) {
+	t.Run("a forwarded answer ends when its caller stops reading", func(t *testing.T) {
 		upstreamGone := make(chan struct{})
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			buf := make([]byte, 64<<10)
@@ -531,7 +531,7 @@ func TestCallerLifetime(t *testing.T) {
 			t.Fatal("10s after its caller stopped reading, the relay still holds the upstream request")
 		}
 	})
-	t.Run("finding 5: a stored object is let go when its caller stops reading", func(t *testing.T) {
+	t.Run("a stored object is let go when its caller stops reading", func(t *testing.T) {
 		blob := make([]byte, 16<<20) // well beyond the socket buffers
 		rand.Read(blob)
 		digest := sha256Of(blob)
@@ -555,7 +555,7 @@ func TestCallerLifetime(t *testing.T) {
 			return strings.Contains(e.Logs.String(), `"outcome":"hit"`)
 		})
 	})
-	t.Run("finding 5: an upload ends when its caller stops sending", func(t *testing.T) {
+	t.Run("an upload ends when its caller stops sending", func(t *testing.T) {
 		bodyEnded := make(chan error, 1)
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			_, err := io.Copy(io.Discard, r.Body)
@@ -578,11 +578,11 @@ func TestCallerLifetime(t *testing.T) {
 
 // TestUpstreamTransport: how the relay connects to the upstream.
 func TestUpstreamTransport(t *testing.T) {
-	// Finding 5 (issue 15): the registry transport had no per-host connection cap, so callers
+	// The registry transport had no per-host connection cap, so callers
 	// the upstream answers slowly each held an upstream connection of their own, without bound.
-	// Since issue 23 the fetch slots bound them first (the cap is never below the slots: see the
+	// Since the budget fixes (docs/hostile.md) the fetch slots bound them first (the cap is never below the slots: see the
 	// next test), and a caller beyond them waits for one.
-	t.Run("finding 5: at most MaxFetches upstream requests at once", func(t *testing.T) {
+	t.Run("at most MaxFetches upstream requests at once", func(t *testing.T) {
 		const limit, callers = 2, 6
 		var open, peak atomic.Int64
 		release := make(chan struct{})

@@ -8,7 +8,7 @@ import (
 	"time"
 )
 
-// Progress deadlines (SPEC §15). A caller that stops reading its answer, or stops sending its
+// Progress deadlines (docs/hostile.md). A caller that stops reading its answer, or stops sending its
 // upload, would otherwise hold its handler for ever, and with it a stored object (evicted or not:
 // the file stays open), a fill's file or an upstream connection. So every write to a caller, and
 // every read of its request body, must complete within the progress timeout: the deadline is set
@@ -19,7 +19,7 @@ import (
 // deadline before the handler returns; then the connection is left without a deadline, for
 // whatever it serves next.
 
-// Minimum read rate (SPEC §15, "/v2/ fairness"). The progress timeout cuts a caller that stops;
+// Minimum read rate (docs/hostile.md, "/v2/ fairness"). The progress timeout cuts a caller that stops;
 // one that reads a few KiB a second would still hold a forward's upstream connection and its
 // fetch slot for as long as it liked. So a caller must also take its answer at readRate.min
 // bytes per second, judged over windows of readRate.window of the time the relay spends writing

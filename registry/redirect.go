@@ -13,7 +13,7 @@ import (
 	"time"
 )
 
-// Redirects (SPEC §15). GET and HEAD follow the upstream's redirects: registries send blob GETs
+// Redirects (docs/hostile.md). GET and HEAD follow the upstream's redirects: registries send blob GETs
 // to storage. A Location is a URL a peer chose, so without a rule a malicious or compromised
 // registry could make the relay dial anything the relay can reach — the cluster's private
 // services, the node's loopback, the cloud's metadata address — with its answer streamed back to

@@ -149,12 +149,12 @@ func TestRedirects(t *testing.T) {
 		}
 	})
 
-	// Finding 10 (issue 15): a malicious registry redirected the relay to any https host, and to
+	// A malicious registry redirected the relay to any https host, and to
 	// any host at all with --insecure-plaintext, private and link-local addresses included. Off
 	// the upstream's origin the relay now follows only https, and dials only public addresses:
 	// the address dialled, so a name resolving to loopback is refused like a loopback literal.
 	// Storage here is real and trusted, so only the rule can keep the relay from reaching it.
-	t.Run("finding 10: never to plain http or a private, loopback or link-local address", func(t *testing.T) {
+	t.Run("never to plain http or a private, loopback or link-local address", func(t *testing.T) {
 		blob := randomBlob(64 << 10)
 		storage := newStorage(t, blob)
 		plain := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { storage.requests.Add(1) }))
@@ -196,7 +196,7 @@ func TestRedirects(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 10: the address rule", func(t *testing.T) {
+	t.Run("the address rule", func(t *testing.T) {
 		for addr, public := range map[string]bool{
 			"1.1.1.1": true, "2606:4700:4700::1111": true, "64:ff9b::101:101": true, // 1.1.1.1 through NAT64
 			"127.0.0.1": false, "::1": false, "::ffff:127.0.0.1": false, "0.0.0.0": false, "::": false, "0.1.2.3": false,

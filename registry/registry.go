@@ -32,7 +32,7 @@ const (
 	// them first; the cap is never below their sum.
 	DefaultMaxUpstreamConns = 256
 
-	// Fairness (SPEC §15, slots.go): upstream fetches per source address and in all; the
+	// Fairness (docs/hostile.md, slots.go): upstream fetches per source address and in all; the
 	// authorization HEADs of hits and joins, a pool of their own; the bound on a wait for a
 	// slot; the minimum read rate and the window of writing time it is judged over.
 	DefaultMaxFetchesPerSource        = 8
@@ -70,7 +70,7 @@ type Options struct {
 	// request holding a slot would wait for a connection, unseen.
 	MaxUpstreamConns int
 
-	// Fairness (SPEC §15, slots.go): every request sent upstream holds a slot for as long as it
+	// Fairness (docs/hostile.md, slots.go): every request sent upstream holds a slot for as long as it
 	// holds the upstream connection, charged to the caller's source address (its TCP peer).
 	//
 	// MaxFetchesPerSource and MaxFetches bound forwards and fills per source address and in

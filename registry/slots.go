@@ -13,7 +13,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Slots (SPEC §15, "/v2/ fairness"). Every request the registry sends upstream holds a slot of a
+// Slots (docs/hostile.md, "/v2/ fairness"). Every request the registry sends upstream holds a slot of a
 // pool for as long as it holds the upstream connection, charged to the caller's source address
 // (the TCP peer, never a header): at most perSource per address and total in all. There are two
 // pools, so that the one that serves cache hits never waits behind the other:

@@ -12,7 +12,7 @@ import (
 	"code.foss.global/serve.zone/relay/internal/budget"
 )
 
-// Admission at accept (SPEC §15, "Descriptors" and "No byte outside the budget"): every
+// Admission at accept (docs/hostile.md, "Descriptors" and "No byte outside the budget"): every
 // downstream connection counts against a descriptor cap from the moment it is accepted, its TLS
 // handshake included, and its request headers are charged to the budget until it upgrades or
 // closes. Past the cap the oldest connection that has not registered is closed to make room; when

@@ -18,7 +18,7 @@ import (
 	"code.foss.global/serve.zone/relay/status"
 )
 
-// Attaching one socket to Cloudly (SPEC §4): dial, registerCloudlyClientSession,
+// Attaching one socket to Cloudly (docs/protocol.md#upstream-session): dial, registerCloudlyClientSession,
 // registerClusterRelay, each answer judged; then the session until the socket is lost. Every
 // failure is recorded in the session's history (package status) and answered with the wait
 // before the next socket.
@@ -202,7 +202,7 @@ func (u *upstream) observeRegistration(s *socket, rep typedsocket.Reply) {
 }
 
 // judge reads the answer to an attach step — Cloudly's offer; the registration's also names the
-// cluster's relay origin, optional (SPEC §4 step 3: recorded when present, never a reason to
+// cluster's relay origin, optional (docs/protocol.md#attaching: recorded when present, never a reason to
 // refuse) — and negotiates the offer from the relay's side. No side effects: it runs on the read
 // loop too.
 func (u *upstream) judge(step attachStep, resp json.RawMessage) (origin string, err error) {

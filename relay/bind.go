@@ -42,7 +42,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 		outcome(nil, err)
 		return
 	}
-	// Digested before it is forwarded: the body itself is never kept (SPEC §6).
+	// Digested before it is forwarded: the body itself is never kept (docs/escrow.md).
 	var digest [32]byte
 	rb := r.parts.rebinder
 	if rb != nil {
@@ -83,7 +83,7 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 }
 
 // rebind answers, while detached, a registration identical to one Cloudly accepted with the answer
-// Cloudly gave it, and binds the connection to that session again (SPEC §6, detached
+// Cloudly gave it, and binds the connection to that session again (docs/escrow.md, detached
 // re-binding): escrow releases resume on it.
 func (r *Relay) rebind(p *peer, kept json.RawMessage, outcome func(json.RawMessage, error)) {
 	session, err := contracts.ReadRegisterPalletRuntimeSessionResponse(kept)

@@ -22,7 +22,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// TestNodeRegistration: registerPalletRuntimeSession through the relay (SPEC §5): judged here,
+// TestNodeRegistration: registerPalletRuntimeSession through the relay (docs/protocol.md#node-runtime-sessions): judged here,
 // forwarded untouched, the connection bound to the session Cloudly answers with.
 func TestNodeRegistration(t *testing.T) {
 	t.Run("an offer of another major is refused without asking Cloudly", func(t *testing.T) {
@@ -168,7 +168,7 @@ func TestNodeRegistration(t *testing.T) {
 
 	// A node connection that ends while Cloudly's acceptance of its registration is being bound must
 	// leave no binding in escrow: escrow-node-not-carried means "no current session of that node on
-	// this relay" (SPEC §6), and a feature must keep nothing for a connection that is gone. The
+	// this relay" (docs/escrow.md), and a feature must keep nothing for a connection that is gone. The
 	// relay once told escrow NodeBound after NodeGone when the connection ended between the two, so
 	// the escrow held runs for, and released them to, a dead connection until the node came back;
 	// escrow now follows the connection's end through its context.

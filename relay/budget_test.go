@@ -56,9 +56,9 @@ func peakOf(e *relaytest.Env, stop <-chan struct{}) <-chan float64 {
 }
 
 // TestPeerMemoryBudget: every byte the relay holds for a downstream peer is charged to one budget
-// (SPEC §15); a peer that sends and reads nothing is closed, and the budget comes back to zero.
+// (docs/hostile.md); a peer that sends and reads nothing is closed, and the budget comes back to zero.
 func TestPeerMemoryBudget(t *testing.T) {
-	t.Run("finding 1: an anonymous peer sending malformed requests and reading nothing is closed", func(t *testing.T) {
+	t.Run("an anonymous peer sending malformed requests and reading nothing is closed", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		ws, _, err := websocket.Dial(ctx5(t), e.url, nil)
 		if err != nil {
@@ -82,7 +82,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 		e.eventually("the budget back to zero", func() bool { return e.Metric("relay_downstream_budget_used_bytes") == 0 })
 	})
 
-	t.Run("finding 2: what all peers hold is bounded, the heaviest non-reader evicted first", func(t *testing.T) {
+	t.Run("what all peers hold is bounded, the heaviest non-reader evicted first", func(t *testing.T) {
 		const limit = 16 << 20
 		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.PeerMemoryBytes = limit }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
@@ -172,7 +172,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 	// decisions.md "Limits and timing") is shared first come, first served. When Cloudly's socket
 	// drains slower than nodes send — a WAN link, or Cloudly busy — one registered node sending
 	// max-size messages (each up to --max-message-bytes, 8 MiB; 256 in flight) fills all of it, and
-	// every other node is refused relay-upstream-busy. SPEC §5: "A slow node never delays another
+	// every other node is refused relay-upstream-busy. docs/protocol.md#node-runtime-sessions: "A slow node never delays another
 	// node or Cloudly's socket"; a flooding node must not either. Here Cloudly stops reading for a
 	// while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
 	// node's 1 MiB log batch must still be taken.

@@ -11,7 +11,7 @@ import (
 // and the configuration push.
 
 // registration is the registerClusterRelay body with registrationSequence seq: 0 for the first
-// registration of the process, one more for each after it (SPEC §4; the upstream counts). It
+// registration of the process, one more for each after it (docs/protocol.md#upstream-session; the upstream counts). It
 // carries exactly the seed's members: what else the relay must say goes in calls of its own (the
 // hub report, upstreamAttached).
 func (r *Relay) registration(seq int64) json.RawMessage {

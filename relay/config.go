@@ -59,7 +59,7 @@ type Config struct {
 	BuildVersion string
 }
 
-// Defaults of SPEC §11 and §14.
+// Defaults of docs/operating.md#flags-and-environment and docs/protocol.md#limits-at-a-glance.
 const (
 	DefaultListen          = ":8443"
 	DefaultAdminListen     = "127.0.0.1:9464"

@@ -6,7 +6,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// custody is whether Cloudly dispatches to this relay (SPEC §4.4). It ends when Cloudly refuses
+// custody is whether Cloudly dispatches to this relay (docs/protocol.md#refusals-that-end-custody). It ends when Cloudly refuses
 // the relay's registration with one of the three undispatched refusals, or pushes relay: null
 // (relay-cluster-not-enabled); while it is ended, escrow holds nothing and node registrations are
 // refused with that name. It resumes when Cloudly accepts a registration of the relay again, or

@@ -19,7 +19,7 @@ import (
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
-// downstream is the relay's listener side (SPEC §5, §15): every downstream connection, the nodes
+// downstream is the relay's listener side (docs/protocol.md#node-runtime-sessions and docs/hostile.md): every downstream connection, the nodes
 // they carry, and the bounds on what they may hold — the peer memory budget, the connections that
 // have not registered, their registrations at Cloudly. It owns that state, as upstream owns the
 // Cloudly socket. What a connection's requests mean is the relay's: it is handed in as hooks.
@@ -29,7 +29,7 @@ type downstream struct {
 	m     *metrics         // set at construction
 	hooks downstreamHooks  // set at construction
 
-	budget *budget.Budget // set at construction: bytes held for downstream peers (SPEC §15)
+	budget *budget.Budget // set at construction: bytes held for downstream peers (docs/hostile.md)
 	// unregisteredCosts holds what every connection that has not registered costs on its own —
 	// its unfinished request headers, then its state (peer.go), and the message it is sending —
 	// at most 1/unregisteredPart of the budget, so that registered peers keep the rest; never
@@ -76,7 +76,7 @@ type downstreamHooks struct {
 	dropped     func(reason string)
 }
 
-// timings are every socket's; zero means the SPEC §2 defaults. Tests shorten them.
+// timings are every socket's; zero means the docs/protocol.md#framing-typedrequest-over-websocket defaults. Tests shorten them.
 type timings struct {
 	pingInterval, deadTimeout, callTimeout time.Duration
 }
@@ -285,7 +285,7 @@ func (d *downstream) registered(p *peer, ro role) {
 }
 
 // registrationOverdue closes a connection that has no accepted registration RegisterDeadline
-// after its upgrade, whether or not one is at Cloudly: the deadline is never extended (SPEC §15),
+// after its upgrade, whether or not one is at Cloudly: the deadline is never extended (docs/hostile.md),
 // so an anonymous connection cannot live on by keeping a registration in flight.
 func (d *downstream) registrationOverdue(p *peer) {
 	p.mu.Lock()

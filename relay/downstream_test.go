@@ -23,7 +23,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// TestUnregisteredConnections: what an anonymous peer may hold before it registers (SPEC §15).
+// TestUnregisteredConnections: what an anonymous peer may hold before it registers (docs/hostile.md).
 func TestUnregisteredConnections(t *testing.T) {
 	t.Run("bounded in all: beyond the limit an upgrade is answered 503, and an accepted registration frees a place", func(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{MaxUnregistered: 2})
@@ -86,7 +86,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 4: at most --max-unregistered-per-source from one address", func(t *testing.T) {
+	t.Run("at most --max-unregistered-per-source from one address", func(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 2 }})
 		first := e.Dial("node-a")
 		e.Dial("node-b")
@@ -106,7 +106,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 4: the registration deadline is absolute, a registration in flight does not extend it", func(t *testing.T) {
+	t.Run("the registration deadline is absolute, a registration in flight does not extend it", func(t *testing.T) {
 		const deadline = 300 * time.Millisecond
 		e := relaytest.Start(t, relaytest.Options{RegisterDeadline: deadline})
 		ctx := ctx5(t)
@@ -138,7 +138,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 4: at most 8 registrations in an unregistered connection's lifetime", func(t *testing.T) {
+	t.Run("at most 8 registrations in an unregistered connection's lifetime", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		anon := newNode(t, e, "node-guess")
 		anon.Bearer = "bearer-guessed"
@@ -154,7 +154,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 3: anonymous registrations share one pool", func(t *testing.T) {
+	t.Run("anonymous registrations share one pool", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		release := make(chan struct{})
 		var atCloudly atomic.Int64
@@ -202,7 +202,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 5: a plain HTTP request is answered and its connection closed", func(t *testing.T) {
+	t.Run("a plain HTTP request is answered and its connection closed", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		for _, path := range []string{"/", "/v2/"} {
 			c, err := net.Dial("tcp", e.relay.DownstreamAddr().String())
@@ -228,7 +228,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 	})
 
-	t.Run("finding 11: a connection with both registrations in flight together ends up exactly one peer", func(t *testing.T) {
+	t.Run("a connection with both registrations in flight together ends up exactly one peer", func(t *testing.T) {
 		node, ingressMethod := contracts.MethodRegisterPalletRuntimeSession, contracts.MethodRegisterClusterIngress
 		for _, first := range []string{node, ingressMethod} {
 			second := map[string]string{node: ingressMethod, ingressMethod: node}[first]

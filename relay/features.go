@@ -13,7 +13,7 @@ type Features struct {
 	// Parts, in the order they hear each event; each is named for /readyz, errors and the status
 	// page.
 	Parts []Part
-	// Registry serves /v2/ on the downstream listener (SPEC §10); it is run and reported like a
+	// Registry serves /v2/ on the downstream listener (docs/protocol.md#registry-forwarding); it is run and reported like a
 	// part when it implements feature.Component or feature.Reporter.
 	Registry http.Handler
 }

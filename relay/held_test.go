@@ -21,7 +21,7 @@ import (
 )
 
 // TestNoByteOutsideTheBudget: bytes a peer makes the relay hold are charged before they are read
-// or queued, and never past a cap (SPEC §15, "No byte outside the budget", issue 23).
+// or queued, and never past a cap (docs/hostile.md, "No byte outside the budget").
 func TestNoByteOutsideTheBudget(t *testing.T) {
 	t.Run("unfinished request headers are charged, and cut at 16 KiB", func(t *testing.T) {
 		e := start(t, relay.Features{})

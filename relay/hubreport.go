@@ -18,7 +18,7 @@ import (
 	"code.foss.global/serve.zone/relay/status"
 )
 
-// The VPN hub report (SPEC §4 step 2, project-defined). The seeds spell registerClusterRelay
+// The VPN hub report (docs/protocol.md#attaching, project-defined). The seeds spell registerClusterRelay
 // exactly and name no member for the hub, so the hub travels in a call of its own: after each
 // accepted registration, while the hub is on, the relay sends registerClusterVpnHub { hub,
 // noisePublicKey }. It is a guess at what Cloudly serves, and a guess must fail small: whatever

@@ -53,7 +53,7 @@ func wantKeys(t *testing.T, what string, raw []byte, want ...string) map[string]
 // TestRegistrationIsExactlyTheSeeds decodes the registerClusterRelay body that crossed the wire
 // (at the simulated Cloudly) and pins its members at every level: the seed's validators are
 // exact-key, so any other member, the hub above all, would get every registration refused by a
-// real Cloudly (SPEC §4 step 2). With the hub on or off.
+// real Cloudly (docs/protocol.md#attaching). With the hub on or off.
 func TestRegistrationIsExactlyTheSeeds(t *testing.T) {
 	for _, c := range []struct {
 		name string
@@ -73,7 +73,7 @@ func TestRegistrationIsExactlyTheSeeds(t *testing.T) {
 }
 
 // TestHubReport: the hub is reported in a call of its own, registerClusterVpnHub, after every
-// accepted registration while the hub is on (SPEC §4 step 2).
+// accepted registration while the hub is on (docs/protocol.md#attaching).
 func TestHubReport(t *testing.T) {
 	t.Run("reported after each accepted registration, exactly in its shape", func(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{VPNHub: testHub()})

@@ -10,7 +10,7 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 )
 
-// Several relays per cluster (SPEC §16). Without an Elector the relay leads from the start. With
+// Several relays per cluster (docs/ha.md). Without an Elector the relay leads from the start. With
 // one, it stands by until elected: every listener bound, nothing dialled, every downstream
 // connection refused 503 relay-standby; elected, it dials Cloudly and admits; when the leadership
 // ends — the Lease lost, or a step down — it fences itself before anything else: the parts stop

@@ -24,7 +24,7 @@ const (
 	nodeMaxInflight   = 256
 )
 
-// Shares of the peer memory budget (SPEC §15): what the relay may hold for one downstream
+// Shares of the peer memory budget (docs/hostile.md): what the relay may hold for one downstream
 // connection — the message it is receiving, answers queued to it, requests and stream frames
 // queued to it or sent for it to Cloudly — until written. An unregistered connection's share is
 // its queued answers; the message it is sending is charged with every unregistered connection's
@@ -37,7 +37,7 @@ const (
 )
 
 // Downstream connections that have not registered (no accepted node or ingress registration,
-// SPEC §15): at most MaxUnregistered at once and DefaultMaxUnregisteredPerSource from one source
+// docs/hostile.md): at most MaxUnregistered at once and DefaultMaxUnregisteredPerSource from one source
 // address, beyond which an upgrade is answered 503 with Retry-After; each is closed (1008)
 // RegisterDeadline after its upgrade, never extended, and may send MaxRegistrationsPerConnection
 // registrations in that time. Every WebSocket peer of the relay registers first, so only an
@@ -53,7 +53,7 @@ const (
 // for its peer: the WebSocket's buffers kept from the HTTP server (9.4 KiB), the connection's own
 // state (5 KiB) and its two goroutines' stacks (8 KiB), measured with 4 000 idle connections. It is
 // charged to the peer memory budget from the upgrade until the connection registers or ends, so
-// that anonymous connections cannot hold more memory than the budget (issue 15, the hostile-load
+// that anonymous connections cannot hold more memory than the budget (the hostile-load
 // fault: 16 384 of them held 220 MiB live outside every charge). Their costs together may take at
 // most half the budget (unregisteredPart), so that registered peers always keep the other half:
 // an anonymous flood fills its half and is refused 503, never costing a node its place.
@@ -62,7 +62,7 @@ const (
 	unregisteredPart = 2 // the budget's 1/unregisteredPart
 )
 
-// The anonymous pool (SPEC §15): registrations of connections that have not registered, at
+// The anonymous pool (docs/hostile.md): registrations of connections that have not registered, at
 // Cloudly at once — their count and their bodies' bytes, held until Cloudly answers.
 const (
 	MaxAnonymousRegistrations  = 1024
@@ -234,7 +234,7 @@ func (d *downstream) admit(p *peer, kind role, size int) (typedsocket.Share, fun
 	return share, end, nil
 }
 
-// anonymousPool counts the registrations of unregistered connections at Cloudly (SPEC §15).
+// anonymousPool counts the registrations of unregistered connections at Cloudly (docs/hostile.md).
 type anonymousPool struct {
 	share    *budget.Share // set at construction: their bytes, in the peer memory budget
 	inflight atomic.Int64
@@ -284,7 +284,7 @@ func (p *peer) registeredLocked(ro role) {
 	p.share.SetLimit(RegisteredShare)
 }
 
-// sourceCounts counts unregistered connections per source address (SPEC §15).
+// sourceCounts counts unregistered connections per source address (docs/hostile.md).
 type sourceCounts struct {
 	mu  sync.Mutex
 	max int            // set at construction; 0: no limit

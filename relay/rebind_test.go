@@ -17,7 +17,7 @@ import (
 // with the byte-identical body, is answered with Cloudly's earlier answer, is bound to its
 // session again, and receives its renewals (not the one it acknowledged before); any other
 // registration is refused
-// relay-upstream-detached (SPEC §6).
+// relay-upstream-detached (docs/escrow.md).
 func TestDetachedRebinding(t *testing.T) {
 	// The renewal windows are read on one test clock, by the escrow and by the node stand-ins, so
 	// that the second window opens when the test says, not 10 s of wall clock later: a busy

@@ -62,7 +62,7 @@ type Options struct {
 	// the system's roots.
 	CloudlyRoots *x509.CertPool
 	// VPNHub is the bound hub's endpoint, which registerClusterVpnHub reports after each accepted
-	// registration (SPEC §4 step 2); nil when the hub is off (nothing is reported).
+	// registration (docs/protocol.md#attaching); nil when the hub is off (nothing is reported).
 	VPNHub *contracts.VPNHubEndpoint
 	// VPNHubBound is the hub's UDP socket as bound (host:port), which the status page shows
 	// beside the reported endpoint; empty: the page shows the reported one only.
@@ -78,7 +78,7 @@ type Options struct {
 	// MaxConnections caps the downstream connections open at once; zero: RLIMIT_NOFILE less a
 	// reserve of 256 descriptors (none where the limit cannot be read).
 	MaxConnections int
-	// Elector runs the HA election (SPEC §16); nil: the relay leads from the start.
+	// Elector runs the HA election (docs/ha.md); nil: the relay leads from the start.
 	Elector Elector
 	// Now is the clock the relay reads the time from — the session's history and the status
 	// page, stream bindings' idleness, latencies it logs; nil is time.Now. Timers (the reconnect
@@ -166,7 +166,7 @@ func NewRegistry() *prometheus.Registry {
 	return reg
 }
 
-// role is the relay's part in its cluster: leader or standby with HA (SPEC §16), single without.
+// role is the relay's part in its cluster: leader or standby with HA (docs/ha.md), single without.
 func (r *Relay) role() string {
 	switch {
 	case r.elector == nil:

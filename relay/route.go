@@ -43,7 +43,7 @@ func (r *Relay) forwardToCloudly(p *peer, req *typedsocket.Request) {
 	}
 	start, size := r.now(), len(req.Body)
 	// Charged to the node's share until written: a node sending max-size messages holds at most
-	// its share of the queue every node shares (SPEC §15).
+	// its share of the queue every node shares (docs/hostile.md).
 	k := r.up.callFor(p.share, node, req.Method, takeBody(req), func(body json.RawMessage, err error) {
 		if err == nil {
 			_, err = r.bindMarkers(p, body) // a stream in Cloudly's answer flows to this node
@@ -109,7 +109,7 @@ func (r *Relay) routeToNode(req *typedsocket.Request) {
 		r.logForward(req.Method, node, size, err, start)
 		// The node's answer waits on the Cloudly socket charged to the node's share, never past
 		// its cap: past it, this runs on the node's read loop and waits, so the node's further
-		// bytes wait on its own socket (SPEC §15).
+		// bytes wait on its own socket (docs/hostile.md).
 		if err != nil {
 			r.metrics.refused(err)
 		}

@@ -25,7 +25,7 @@ func wantRefusalText(t *testing.T, err error, prefix string) *typedsocket.Error 
 	return e
 }
 
-// TestForwarding: requests between nodes and Cloudly (SPEC §2, §5): untouched, or refused by name.
+// TestForwarding: requests between nodes and Cloudly (docs/protocol.md#framing-typedrequest-over-websocket and docs/protocol.md#node-runtime-sessions): untouched, or refused by name.
 func TestForwarding(t *testing.T) {
 	t.Run("bodies are forwarded byte-identical", func(t *testing.T) {
 		e := start(t, relay.Features{})
@@ -123,13 +123,13 @@ func TestForwarding(t *testing.T) {
 	})
 
 	// The relay calls Cloudly itself only for registerCloudlyClientSession, registerClusterRelay,
-	// registerClusterVpnHub and getClusterRouteTable (SPEC §4, §5); on the relay's socket Cloudly
+	// registerClusterVpnHub and getClusterRouteTable (docs/protocol.md#upstream-session and docs/protocol.md#node-runtime-sessions); on the relay's socket Cloudly
 	// answers them as the relay's own.
 	// A node that sends one must be refused, never forwarded: getClusterRouteTable would hand a node
-	// the route table with every ingress certificate and private key (SPEC §8 keeps it to the accepted
+	// the route table with every ingress certificate and private key (docs/protocol.md#cluster-ingress keeps it to the accepted
 	// ingress, relay-ingress-only), and registerClusterRelay would let a node re-register the relay
 	// with its own listen address and registrationSequence, registerClusterVpnHub name the node as
-	// the cluster's hub (SPEC §4).
+	// the cluster's hub (docs/protocol.md#upstream-session).
 	t.Run("a node cannot call the relay's own Cloudly methods", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		const secret = `{"table":{"revision":7,"certificates":[{"privateKey":"-----BEGIN PRIVATE KEY-----"}]}}`

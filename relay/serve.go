@@ -41,7 +41,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	defer cancelServe()
 	defer r.down.stop()
 
-	// SPEC §15: idle 60 s, headers 10 s and 16 KiB on both servers; /v2/ sets its own progress
+	// docs/hostile.md: idle 60 s, headers 10 s and 16 KiB on both servers; /v2/ sets its own progress
 	// deadlines; every downstream connection is admitted (admission.go) before TLS.
 	down := &http.Server{Handler: http.HandlerFunc(r.serveDownstream), ReadHeaderTimeout: headerTimeout, IdleTimeout: idleTimeout,
 		MaxHeaderBytes: maxHeaderBytes, ErrorLog: newStdLogger(r.down.log),
@@ -110,7 +110,7 @@ func (r *Relay) Serve(ctx context.Context) error {
 	step("listener closed")
 	r.drain(ShutdownTimeout / 2)
 	if r.elector != nil {
-		// Stepping down (SPEC §16): Cloudly's socket closed first, the Lease released and the Pod
+		// Stepping down (docs/ha.md): Cloudly's socket closed first, the Lease released and the Pod
 		// relabelled by the election's end, and only then the downstream connections, so that
 		// nodes find the new leader attached or attaching.
 		r.fence("stepping down")

@@ -9,7 +9,7 @@ import (
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
 )
 
-// Stream bindings (SPEC §5.1). A body that crosses the relay holding a stream marker binds that
+// Stream bindings (docs/protocol.md#streams). A body that crosses the relay holding a stream marker binds that
 // streamId to the node connection it came from or went to; every ##VirtualStream## frame is then
 // routed by its streamId alone: from the bound node up to Cloudly, from Cloudly down to the bound
 // node, whole and untouched.

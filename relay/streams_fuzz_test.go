@@ -77,7 +77,7 @@ func FuzzStreamFrameRouting(f *testing.F) {
 	})
 }
 
-// referenceStreamID decodes frame with encoding/json and reads a stream frame's id as SPEC §5.1
+// referenceStreamID decodes frame with encoding/json and reads a stream frame's id as docs/protocol.md#streams
 // states it: request.streamId, else response.streamId.
 func referenceStreamID(frame []byte) (string, bool) {
 	var env struct {

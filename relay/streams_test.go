@@ -86,7 +86,7 @@ func (n *rawNode) call(id, method, body string) typedsocket.Envelope {
 
 func session(id string) string { return `{"session":{"nodeId":"` + id + `"}` }
 
-// TestStreams carries the published library's VirtualStreams (SPEC §5.1) through a real relay.
+// TestStreams carries the published library's VirtualStreams (docs/protocol.md#streams) through a real relay.
 func TestStreams(t *testing.T) {
 	e := start(t, relay.Features{})
 	data := make([]byte, 3<<20+17)
@@ -210,7 +210,7 @@ func TestStreamKeepsItsRequestAlive(t *testing.T) {
 }
 
 // TestLibraryFramesNeverCloseAConnection sends what the published TypedRequest library sends
-// (SPEC §2): every frame is served or answered by name, and the connection stays open.
+// (docs/protocol.md#framing-typedrequest-over-websocket): every frame is served or answered by name, and the connection stays open.
 func TestLibraryFramesNeverCloseAConnection(t *testing.T) {
 	e := start(t, relay.Features{})
 	n := dialRaw(t, e, "node-lib")

@@ -15,7 +15,7 @@ import (
 )
 
 // certReloader serves the downstream certificate and picks up a renewed one from its files
-// without a restart (Cloudly re-issues the relay certificate; OQ-8 leaves delivery to the
+// without a restart (Cloudly re-issues the relay certificate; the published documents leave delivery to the
 // operator, who replaces the files).
 type certReloader struct {
 	certFile, keyFile string

@@ -60,7 +60,7 @@ type upstreamConfig struct {
 	roots     *x509.CertPool // Cloudly's certificate roots; nil: the system's
 	allowHTTP bool           // --insecure-plaintext: an http origin is canonical too
 	readLimit int64          // --max-message-bytes
-	timings   timings        // the socket's; zero means the SPEC §2 defaults
+	timings   timings        // the socket's; zero means the docs/protocol.md#framing-typedrequest-over-websocket defaults
 	// dial opens the TCP connection to Cloudly; nil: a net.Dialer. Tests dial an in-memory pipe.
 	dial func(ctx context.Context, network, addr string) (net.Conn, error)
 	// tenure is asked before anything is sent to Cloudly (lead.go); nil: always held.
@@ -73,7 +73,7 @@ type upstreamConfig struct {
 	now func() time.Time
 }
 
-// upstream is one session with Cloudly (SPEC §4). Its session loop (run) owns dialling,
+// upstream is one session with Cloudly (docs/protocol.md#upstream-session). Its session loop (run) owns dialling,
 // registration and backoff; other goroutines only read the current socket.
 type upstream struct {
 	hooks  upstreamHooks    // set at construction
@@ -90,7 +90,7 @@ type upstream struct {
 	state atomic.Pointer[sessionState]
 	hist  *status.SessionLog // set at construction: why detached, retries, outages
 	// registrations counts registerClusterRelay bodies made: the next registrationSequence,
-	// once per registration in the whole process (SPEC §4), whichever socket sends it.
+	// once per registration in the whole process (docs/protocol.md#upstream-session), whichever socket sends it.
 	registrations atomic.Int64
 	stopping      atomic.Bool // set by close: the session ends for shutdown or a step down
 	runMu         sync.Mutex

@@ -19,7 +19,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// TestAttach: the relay's session with Cloudly (SPEC §4): registration, readiness, secrets and
+// TestAttach: the relay's session with Cloudly (docs/protocol.md#upstream-session): registration, readiness, secrets and
 // refusals.
 func TestAttach(t *testing.T) {
 	t.Run("registrationSequence counts up across reconnects", func(t *testing.T) {
@@ -66,7 +66,7 @@ func TestAttach(t *testing.T) {
 		}
 	})
 
-	// SPEC §4 step 3: the accepted answer to registerClusterRelay carries the cluster's origin, which
+	// docs/protocol.md#attaching: the accepted answer to registerClusterRelay carries the cluster's origin, which
 	// the relay records when present and never requires: the answer's key names are this project's
 	// guess (tolerance), so an answer without one attaches all the same.
 	t.Run("an answer without an origin attaches", func(t *testing.T) {
@@ -130,7 +130,7 @@ func TestAttach(t *testing.T) {
 		}
 	})
 
-	// Issue 15, finding 11: a query string in --cloudly-url (a token an operator put there) never
+	// A query string in --cloudly-url (a token an operator put there) never
 	// reaches the log, at any level.
 	t.Run("a query in --cloudly-url is never logged", func(t *testing.T) {
 		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.CloudlyURL += "?access_token=s3cret-in-url" }})
@@ -154,7 +154,7 @@ func TestAttach(t *testing.T) {
 	})
 }
 
-// TestCustody: whether Cloudly dispatches to the relay (SPEC §4.4, §4.1).
+// TestCustody: whether Cloudly dispatches to the relay (docs/protocol.md#refusals-that-end-custody and docs/protocol.md#relay-configuration-push).
 func TestCustody(t *testing.T) {
 	t.Run("an undispatched refusal ends custody", func(t *testing.T) {
 		esc := &recordingEscrow{}
@@ -218,8 +218,8 @@ func TestCustody(t *testing.T) {
 		wantRefusal(t, push(map[string]any{"origin": "https://relay.example:443"}, e.cloudly.ClusterID), contracts.RelayRequestInvalid)
 	})
 
-	// A pushClusterRelayConfig with relay: null is relay-cluster-not-enabled (SPEC §4.1): custody
-	// ends and new node registrations are refused by that name without asking Cloudly (SPEC §4.4).
+	// A pushClusterRelayConfig with relay: null is relay-cluster-not-enabled (docs/protocol.md#relay-configuration-push): custody
+	// ends and new node registrations are refused by that name without asking Cloudly (docs/protocol.md#refusals-that-end-custody).
 	// Cloudly pushes it right after accepting the registration; the relay reads the push on the
 	// socket's read loop before its session goroutine records the attachment, and recording the
 	// attachment then cleared the custody refusal the push had just set.

@@ -1,5 +1,5 @@
 // Package restore carries the five isolated-restore control methods from Cloudly to a node's
-// Corestore (SPEC §9): prepareIsolatedRestoreOnNode, stageIsolatedRestoreArchive,
+// Corestore (docs/protocol.md#isolated-restore-and-corestore): prepareIsolatedRestoreOnNode, stageIsolatedRestoreArchive,
 // getIsolatedRestoreProgressOnNode, executeIsolatedRestoreOnNode and cleanupIsolatedRestoreOnNode,
 // each { nodeId, control } → { progress }.
 //

@@ -131,7 +131,7 @@ func (r *Restore) Serve(method string, body json.RawMessage, reply func(json.Raw
 		done(nil, contracts.RelayMethodUnknown.Refuse("%s is not an isolated-restore method", method))
 		return
 	}
-	// The control is not parsed: it is Corestore's to read and judge (SPEC §9). The reader bounds
+	// The control is not parsed: it is Corestore's to read and judge (docs/protocol.md#isolated-restore-and-corestore). The reader bounds
 	// it by size alone.
 	req, err := contracts.ReadIsolatedRestoreNodeControl(body)
 	if err != nil {

@@ -358,7 +358,7 @@ func TestControlArrivesByteIdentical(t *testing.T) {
 	}
 }
 
-// TestControlIsBoundedBySizeAlone: the relay does not parse a control (SPEC §9). A write control
+// TestControlIsBoundedBySizeAlone: the relay does not parse a control (docs/protocol.md#isolated-restore-and-corestore). A write control
 // that breaks isolatedRestoreContractLimits, or has a shape the relay does not know, reaches
 // Corestore, which judges it; only a control above 1 MiB is refused by the relay, and never sent.
 func TestControlIsBoundedBySizeAlone(t *testing.T) {

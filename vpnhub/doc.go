@@ -1,4 +1,4 @@
-// Package vpnhub is the cluster's managed VPN hub (SPEC §7): QUIC with DATAGRAM, a Noise IK
+// Package vpnhub is the cluster's managed VPN hub (docs/protocol.md#vpn-hub): QUIC with DATAGRAM, a Noise IK
 // handshake on the first stream, and a data plane that forwards IP packets between member nodes.
 // It owns the hub's membership and sessions; it never learns or logs a member's private key, and
 // never reads more of a packet than its IPv4 addresses. The Go client is vpnhub/client, the key

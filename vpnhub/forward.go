@@ -2,7 +2,7 @@ package vpnhub
 
 import "code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 
-// forward is the hub's data plane for one datagram from src (SPEC §7): open it, check the inner
+// forward is the hub's data plane for one datagram from src (docs/protocol.md#vpn-hub): open it, check the inner
 // source is src's control address, look the destination up, and queue the packet for the member
 // there, whose send loop seals it again. An empty packet is a keep-alive: it proves the session
 // live and goes nowhere. forward runs on src's receive loop, never blocks and allocates nothing:

@@ -113,7 +113,7 @@ func TestFullQueueDropsItsOldestPacket(t *testing.T) {
 }
 
 // TestForwardPathAllocatesNothing: opening, routing, queueing, popping and sealing one packet
-// allocates nothing (SPEC §7 data plane; quic-go's own receive and send copies are outside it).
+// allocates nothing (docs/protocol.md#vpn-hub data plane; quic-go's own receive and send copies are outside it).
 func TestForwardPathAllocatesNothing(t *testing.T) {
 	p := newPlane(t, 64)
 	const runs = 500
@@ -166,7 +166,7 @@ func BenchmarkForwardPath(b *testing.B) {
 	}
 }
 
-// An empty packet is a keep-alive (SPEC §7): it proves the session live, is counted, and goes
+// An empty packet is a keep-alive (docs/protocol.md#vpn-hub): it proves the session live, is counted, and goes
 // nowhere.
 func TestForwardTakesAnEmptyPacketAsKeepAlive(t *testing.T) {
 	p := newPlane(t, 8)

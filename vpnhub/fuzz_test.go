@@ -34,7 +34,7 @@ func frame(msg []byte) []byte {
 }
 
 // FuzzHandshakeMessage feeds a framed message 1 to the hub's reader and responder. Whatever the
-// bytes, the answer is an acceptance or a refusal under one of the SPEC §7 names, never a panic.
+// bytes, the answer is an acceptance or a refusal under one of the docs/protocol.md#vpn-hub names, never a panic.
 func FuzzHandshakeMessage(f *testing.F) {
 	hub, cli := testKey(f, 1), testKey(f, 2)
 	view := testView(testMember(cli, "node-a", 2))

@@ -22,7 +22,7 @@ func startHandshake(key *vpnkey.Pair, hub [32]byte, authority, node string, rng 
 
 func TestNoiseProtocolNameIsSPECs(t *testing.T) {
 	if got := wire.ProtocolName(); got != contracts.VPNNoiseProtocol {
-		t.Fatalf("noise protocol %q, SPEC §7 says %q", got, contracts.VPNNoiseProtocol)
+		t.Fatalf("noise protocol %q, docs/protocol.md#vpn-hub says %q", got, contracts.VPNNoiseProtocol)
 	}
 }
 
@@ -129,7 +129,7 @@ func dhKey(k vpnkey.Pair) noise.DHKey {
 	return noise.DHKey{Private: priv[:], Public: k.Public[:]}
 }
 
-// TestDataPathInteroperatesWithFlynnCipherStates checks SPEC §7's data format against an
+// TestDataPathInteroperatesWithFlynnCipherStates checks docs/protocol.md#vpn-hub's data format against an
 // independent implementation: flynn/noise's own transport CipherStates, driven by a handshake
 // written here without the package's initiator. A datagram sealed by the fast path opens with
 // flynn's Cipher().Decrypt at the counter it carries, and the reverse.

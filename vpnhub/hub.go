@@ -470,7 +470,7 @@ func (h *Hub) handshake(ctx context.Context, conn *quic.Conn) (*session, *contra
 // register makes s its member's current session, replacing any earlier one
 // (vpn-member-replaced). It refuses s while the hub's relay stands by (vpn-hub-standby), when
 // its hello's timestamp is not newer than the last one accepted for its key
-// (vpn-handshake-replayed: SPEC §7, so that a recorded message 1 can never displace a live
+// (vpn-handshake-replayed: docs/protocol.md#vpn-hub, so that a recorded message 1 can never displace a live
 // session), or when the membership changed under the handshake (vpn-member-removed). open is
 // false when the hub is stopping.
 func (h *Hub) register(s *session) (ref *contracts.Refusal, open bool) {

@@ -169,7 +169,7 @@ func TestHandshakeRefusalsOverTheWire(t *testing.T) {
 	th.mustDial(t, ka, "node-a")
 }
 
-// Issue 17 / issue 15 finding 9: a message 1 seen once (the client verifies no certificate, so
+// A message 1 seen once (the client verifies no certificate, so
 // whoever sits on the path can read it inside QUIC) can be sent again later from anywhere. Its
 // timestamp is not newer than the one the hub accepted for the key, so the hub refuses it
 // (vpn-handshake-replayed) and the member's live session stays.
@@ -204,7 +204,7 @@ func TestReplayedMessage1DoesNotDisconnectTheMember(t *testing.T) {
 	}
 }
 
-// SPEC §7: the hub keeps, per member key, the greatest timestamp it accepted and refuses a message
+// docs/protocol.md#vpn-hub: the hub keeps, per member key, the greatest timestamp it accepted and refuses a message
 // 1 whose timestamp is not greater; a newer one replaces the live session.
 func TestHandshakeTimestampMustGrow(t *testing.T) {
 	th := startHub(t, nil)
@@ -233,7 +233,7 @@ func TestHandshakeTimestampMustGrow(t *testing.T) {
 	}
 }
 
-// SPEC §7: a session that has delivered no authenticated datagram within 15 s of its handshake is
+// docs/protocol.md#vpn-hub: a session that has delivered no authenticated datagram within 15 s of its handshake is
 // closed (vpn-session-silent): a session opened by a replayed message 1, which can never send
 // one, ends instead of being held up by the hub's own QUIC keep-alives. An empty datagram is
 // liveness enough and is forwarded nowhere.
@@ -477,7 +477,7 @@ func dialFrom(t *testing.T, th *testHub, ip string, key vpnkey.Pair, node string
 	return err
 }
 
-// SPEC §7: "Handshakes are rate-limited per source address, never more strictly than WireGuard's
+// docs/protocol.md#vpn-hub: "Handshakes are rate-limited per source address, never more strictly than WireGuard's
 // 20 per second with a burst of 5, so a flood of bogus initiations cannot starve members." Bogus
 // initiators that each stay inside their own source's limit (one handshake each) must not get a
 // member refused whose source has not handshaken at all. The hub's extra global bucket does: at

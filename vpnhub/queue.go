@@ -2,7 +2,7 @@ package vpnhub
 
 import "sync"
 
-// packetQueue is a member's bounded send queue (SPEC §7: sending to a member never blocks the
+// packetQueue is a member's bounded send queue (docs/protocol.md#vpn-hub: sending to a member never blocks the
 // hub). Any number of forward loops push; the member's one send loop pops. When the queue is full
 // a push drops the oldest packet, so a slow member loses its stalest traffic and nobody waits.
 type packetQueue struct {

@@ -7,10 +7,10 @@ import (
 	"time"
 )
 
-// Handshake admission (SPEC §7): a token bucket per source address, never stricter than
+// Handshake admission (docs/protocol.md#vpn-hub): a token bucket per source address, never stricter than
 // WireGuard's 20 per second with a burst of 5. The check runs when QUIC sees a connection's first
 // packet, before any TLS or Noise work. One global bucket measures the load of all sources
-// together but never refuses: SPEC §7 admits every source up to its own 20/s, so that a flood of
+// together but never refuses: docs/protocol.md#vpn-hub admits every source up to its own 20/s, so that a flood of
 // bogus initiations cannot starve members, which a shared refusal bucket would let a few dozen
 // addresses do. While the global bucket is less than half full, new connections must prove their
 // source address with a QUIC Retry (WireGuard's cookie under load), so a spoofed flood cannot

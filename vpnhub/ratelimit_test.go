@@ -27,8 +27,8 @@ func TestHandshakeLimiterIsNeverStricterThanWireGuard(t *testing.T) {
 	}
 }
 
-// The global bucket turns on Retry under load; it refuses no source within its own limit (SPEC
-// §7: never more strictly than 20/s, burst 5 per source). Beyond maxTrackedSources, sources share
+// The global bucket turns on Retry under load; it refuses no source within its own limit (
+// docs/protocol.md#vpn-hub: never more strictly than 20/s, burst 5 per source). Beyond maxTrackedSources, sources share
 // the overflow bucket.
 func TestHandshakeLimiterGlobalLoadTurnsOnRetry(t *testing.T) {
 	now := time.Unix(1000, 0)

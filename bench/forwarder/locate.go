@@ -1,6 +1,6 @@
 package main
 
-// locate finds the correlation of a TypedRequest envelope (SPEC §2) without decoding it: the byte
+// locate finds the correlation of a TypedRequest envelope (docs/protocol.md#framing-typedrequest-over-websocket) without decoding it: the byte
 // span of correlation.id's string token, quotes included, and the raw bytes of correlation.phase
 // between its quotes. It reads only as far as the keys it needs and checks nothing else: the
 // peers at either end judge the rest. ok is false when the frame is not an object whose

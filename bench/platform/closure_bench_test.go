@@ -1,4 +1,4 @@
-// Package platformbench measures the Corestore platform agent's database closures (SPEC §17):
+// Package platformbench measures the Corestore platform agent's database closures (docs/platform.md):
 // a backup's throughput Corestore → relay → Cloudly against the same peers direct, in the same
 // run, and the relay's peak RSS while it carries 4 closures at once, at two closure sizes.
 //

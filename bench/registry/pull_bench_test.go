@@ -1,5 +1,5 @@
 // Package registrybench measures image pulls through the relay's registry forwarding against
-// pulls straight from the registry, in the same run (SPEC §13 style; results in
+// pulls straight from the registry, in the same run (README.md#measuring-it style; results in
 // bench/results/registry.md).
 //
 //	go test -run '^$' -bench BenchmarkPull200MiB -benchtime 1x ./bench/registry/

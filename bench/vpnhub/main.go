@@ -1,4 +1,4 @@
-// Command vpnhub is the VPN hub benchmark (SPEC §13, issue 5): TCP throughput with iperf3 and
+// Command vpnhub is the VPN hub benchmark (README.md#measuring-it): TCP throughput with iperf3 and
 // packets per second between two network namespaces whose only path is a hub in a third, through
 // hubs measured in the same run —
 //

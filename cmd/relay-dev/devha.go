@@ -29,7 +29,7 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// `relay-dev --replicas N` (SPEC §16): N relays in this process, one elected through a Lease on a
+// `relay-dev --replicas N` (docs/ha.md): N relays in this process, one elected through a Lease on a
 // real kube-apiserver and etcd (testenv/kubeapi, from the cached binaries), each with its
 // own Pod object; the simulated nodes reach the leader through a stand-in for the chart's Service
 // that watches the Pods' role label; and every devHAHandoverEvery the leader steps down as on

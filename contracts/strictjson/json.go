@@ -190,14 +190,14 @@ func Opt(key string, dst *[]byte) Field { return Field{key: key, dst: dst, optio
 var ErrShape = errors.New("json: object does not have the members of its shape")
 
 // ReadExact reads raw as one JSON object whose members are exactly fields: each required one,
-// any optional one, no other and none twice. It is how a seed-spelled shape is read (SPEC: exact
+// any optional one, no other and none twice. It is how a seed-spelled shape is read (docs/protocol.md#sources-and-conventions: exact
 // where the seeds are exact). Values are sub-slices of raw, trimmed of surrounding whitespace;
 // nothing is allocated but an error.
 func ReadExact(raw []byte, fields ...Field) error { return readFields(raw, fields, true) }
 
 // ReadTolerant reads the members fields name from the JSON object raw and ignores every other
 // member, which is checked as JSON and nothing else. It is how a project-defined shape is read
-// (SPEC: tolerant where this project guessed). A member it reads may not appear twice; a member it
+// (docs/protocol.md#sources-and-conventions: tolerant where this project guessed). A member it reads may not appear twice; a member it
 // ignores may.
 func ReadTolerant(raw []byte, fields ...Field) error { return readFields(raw, fields, false) }
 

@@ -7,7 +7,7 @@ import (
 	"time"
 )
 
-// BenchmarkHA measures SPEC §16's goals on two relay processes, ten nodes and the real API
+// BenchmarkHA measures docs/ha.md's goals on two relay processes, ten nodes and the real API
 // server; each iteration is one of each:
 //
 //   - handover-refused-max-ms and -p50-ms: the longest run of refused requests of any node across a graceful

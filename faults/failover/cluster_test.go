@@ -1,4 +1,4 @@
-// Package failover runs several relays per cluster (SPEC §16) as real processes: the built relay
+// Package failover runs several relays per cluster (docs/ha.md) as real processes: the built relay
 // binary with --ha-lease-name, against a real kube-apiserver and etcd (testenv/kubeapi),
 // the simulated Cloudly and nodes, and a stand-in for the chart's Service that forwards each new
 // connection to the Pod labelled relay.serve.zone/role=leader. The Cloudly stand-in fails the
@@ -41,7 +41,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-// Short election timings for tests, in SPEC §16's proportions (defaults 6 s, 4 s, 500 ms): the
+// Short election timings for tests, in docs/ha.md's proportions (defaults 6 s, 4 s, 500 ms): the
 // renew deadline well inside the lease, several retries inside the renew deadline.
 const (
 	leaseDuration = 4 * time.Second
@@ -227,7 +227,7 @@ func (p *relayProc) spawn() (*process, error) {
 		"--kubeconfig", c.kubeconfig, "--ha-replication-listen", "127.0.0.1:0", "--ha-replication-key-file", c.key)
 	pr.cmd.Args = append(pr.cmd.Args, c.hubArgs()...)
 	pr.cmd.Args = append(pr.cmd.Args, p.extra...)
-	// The downward API of the chart's Pod template (SPEC §16).
+	// The downward API of the chart's Pod template (docs/ha.md).
 	pr.cmd.Env = append(os.Environ(), "POD_NAME="+p.name, "POD_NAMESPACE="+namespace, "POD_IP=127.0.0.1")
 	stderr, err := pr.cmd.StderrPipe()
 	if err != nil {

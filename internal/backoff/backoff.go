@@ -1,5 +1,5 @@
 // Package backoff is the one retry schedule of the relay and its clients (project-defined,
-// SPEC §4): exponential from 250 ms to a 30 s cap with full jitter — each wait is uniform in
+// docs/protocol.md#upstream-session): exponential from 250 ms to a 30 s cap with full jitter — each wait is uniform in
 // [0, min(cap, base·2^attempt)] — so a fleet that lost its peer together does not return together.
 // It does no I/O and reads no clock; randomness is injected.
 package backoff

@@ -1,5 +1,5 @@
 // Package budget is the relay's one memory budget for bytes held on behalf of downstream peers
-// (SPEC §15): messages being received, queued answers, requests and stream frames waiting to be
+// (docs/hostile.md): messages being received, queued answers, requests and stream frames waiting to be
 // written, registrations at Cloudly, connections not yet upgraded. A Budget is the process-wide
 // pool; each connection charges a Share of it, capped but not reserved. It does no I/O: it counts,
 // refuses, makes a charge wait for room, and names the connection to evict when the pool is

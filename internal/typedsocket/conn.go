@@ -18,7 +18,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Defaults of SPEC §2. A zero Options field means its default.
+// Defaults of docs/protocol.md#framing-typedrequest-over-websocket. A zero Options field means its default.
 const (
 	DefaultPingInterval  = 15 * time.Second
 	DefaultDeadTimeout   = 45 * time.Second
@@ -47,7 +47,7 @@ type Handler interface {
 	ServeRequest(c *Conn, r *Request)
 }
 
-// StreamHandler takes the peer's VirtualStream frames (SPEC §5.1) on the read loop, in the order
+// StreamHandler takes the peer's VirtualStream frames (docs/protocol.md#streams) on the read loop, in the order
 // the peer sent them. It must not block.
 type StreamHandler interface {
 	ServeStream(c *Conn, f *StreamFrame)
@@ -136,7 +136,7 @@ type Reply struct {
 	Response json.RawMessage
 	Err      error
 	Retry    json.RawMessage
-	// Charge, on an answer, is the share that holds its bytes until written (SPEC §15): the
+	// Charge, on an answer, is the share that holds its bytes until written (docs/hostile.md): the
 	// downstream peer the answer comes from. nil: the connection's own Options.Share.
 	Charge Share
 	// Wait, on an answer charged to Charge, makes the answer wait for room in that share instead
@@ -394,7 +394,7 @@ const readChunk = 4 << 10
 
 // readMessage reads the next message whole. With a share, the buffer a message is read into is
 // charged before each growth, so a peer that withholds a message's last byte holds only what the
-// budget allowed (SPEC §15: no byte outside the budget); the caller releases what it returns as
+// budget allowed (docs/hostile.md: no byte outside the budget); the caller releases what it returns as
 // charged. While the pool has no room the read waits, so the peer's bytes wait on its own socket.
 // The share's cap does not stop a read: a request past it is refused by name once read.
 func (c *Conn) readMessage() (websocket.MessageType, []byte, Share, int, error) {
@@ -542,7 +542,7 @@ func (c *Conn) dispatch(env Envelope, refusal error) {
 		n > int64(c.opts.MaxInflight) && c.sendq.answerBytes() > c.opts.MaxQueueBytes:
 		// The peer has more unwritten frames than its share (or, uncharged, answers than the
 		// queue may hold) and sends again: it sends and does not read. Closing is the only bound
-		// left on what it can make us hold (SPEC §15).
+		// left on what it can make us hold (docs/hostile.md).
 		c.inflight.Add(-1) // this request is never answered: it ends with the connection
 		c.opts.Logger.Warn().Str("outcome", "flooding").Msg("peer sends requests and reads no answers: closing")
 		c.cancel(fmt.Errorf("%w: the peer reads no answers", ErrClosed))
@@ -731,7 +731,7 @@ func (c *Conn) RefuseStream(f *StreamFrame, err error) bool {
 // maxRefusal bounds the relay's own refusals, charged whatever the caps (budget Share.Refusal).
 const maxRefusal = 1 << 10
 
-// answer queues a response, charged before it is queued (SPEC §15) and never past a cap: an
+// answer queues a response, charged before it is queued (docs/hostile.md) and never past a cap: an
 // answer that does not fit its share is replaced by the refusal relay-node-busy, or waits for room
 // when rep.Wait says so; only the relay's own small refusals are charged whatever the caps, since
 // refusing a refusal would leave the request unanswered. Responses are never refused for queue

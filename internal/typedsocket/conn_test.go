@@ -369,7 +369,7 @@ func TestInflightLimit(t *testing.T) {
 	}
 }
 
-// TestInflightCountsEveryRequest: issue 15 finding 1. A request answered from the read loop — a
+// TestInflightCountsEveryRequest: a request answered from the read loop — a
 // malformed one that names its id, a stream frame refused — counts as in flight like any other,
 // so the count never goes below zero and the inflight bound holds for it too.
 func TestInflightCountsEveryRequest(t *testing.T) {

@@ -1,5 +1,5 @@
 // Package typedsocket is the TypedRequest-over-WebSocket framing the relay speaks on every socket
-// (SPEC §2, project-defined framing of the seeds' TypedSocket transport): one JSON envelope per
+// (docs/protocol.md#framing-typedrequest-over-websocket, project-defined framing of the seeds' TypedSocket transport): one JSON envelope per
 // WebSocket text message, requests and answers in both directions, correlated by id.
 //
 // A Conn owns one WebSocket. Its read loop decodes each message and either hands a request to the

@@ -28,7 +28,7 @@ func (p Phase) String() string {
 	return "invalid"
 }
 
-// Envelope is one TypedRequest message (SPEC §2). Bodies stay raw JSON: sub-slices of the frame
+// Envelope is one TypedRequest message (docs/protocol.md#framing-typedrequest-over-websocket). Bodies stay raw JSON: sub-slices of the frame
 // they were read from, never decoded into maps or re-encoded.
 type Envelope struct {
 	Method   string
@@ -38,7 +38,7 @@ type Envelope struct {
 	Response json.RawMessage // the answer body (phase response, no error); nil or "null" is no body
 	Error    *Error          // the answer's error (phase response)
 	Retry    json.RawMessage // optional retry hint of an answer, passed through raw
-	StreamID string          // a stream frame's streamId (SPEC §5.1)
+	StreamID string          // a stream frame's streamId (docs/protocol.md#streams)
 	// RelayNodeID is the envelope member relayNodeId (project-defined) a request is written with:
 	// on a node's request the relay forwards to Cloudly, the node of the connection it came on, so
 	// that Cloudly knows the physical peer behind the relay's one socket. "" writes none. Decode
@@ -92,7 +92,7 @@ func ErrorFrom(err error) *Error {
 	return &Error{Text: "relay-internal: the relay failed to handle the request", Data: json.RawMessage("null")}
 }
 
-// MaxMethodLen and MaxIDLen bound the two strings of an envelope a receiver echoes (SPEC §2: a
+// MaxMethodLen and MaxIDLen bound the two strings of an envelope a receiver echoes (docs/protocol.md#framing-typedrequest-over-websocket: a
 // method is any string of 1 to 256 bytes).
 const (
 	MaxMethodLen = 256
@@ -111,7 +111,7 @@ type DecodeError struct {
 
 func (e *DecodeError) Error() string { return "malformed envelope: " + e.Reason }
 
-// Decode reads one envelope as the published TypedRequest library writes it (SPEC §2). Unknown
+// Decode reads one envelope as the published TypedRequest library writes it (docs/protocol.md#framing-typedrequest-over-websocket). Unknown
 // envelope keys (authInfo, localData, serverData, …) are ignored and never forwarded, null or not;
 // a repeated key among the envelope's own members is refused. A stream frame needs no
 // correlation. An answer may carry neither response nor error (no body). Decode allocates only

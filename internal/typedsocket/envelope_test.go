@@ -48,7 +48,7 @@ func TestDecodeResponses(t *testing.T) {
 	if err != nil || again.Error.Text != fail.Error.Text || string(again.Error.Data) != string(fail.Error.Data) {
 		t.Fatalf("error round trip: %+v %v", again, err)
 	}
-	// An error sent without data travels on without data: no "data":null is invented (SPEC §2).
+	// An error sent without data travels on without data: no "data":null is invented (docs/protocol.md#framing-typedrequest-over-websocket).
 	noData, err := Decode([]byte(`{"method":"m","response":null,"correlation":{"id":"x","phase":"response"},"error":{"text":"t"}}`))
 	if err != nil || noData.Error == nil || noData.Error.Data != nil {
 		t.Fatalf("error without data: %+v %v", noData, err)
@@ -59,7 +59,7 @@ func TestDecodeResponses(t *testing.T) {
 }
 
 // TestDecodeLibraryFrames reads frames exactly as the published TypedRequest library (3.3.0)
-// writes them: SPEC §2's list of what real peers send.
+// writes them: docs/protocol.md#framing-typedrequest-over-websocket's list of what real peers send.
 func TestDecodeLibraryFrames(t *testing.T) {
 	t.Run("localData and serverData present, null included", func(t *testing.T) {
 		env, err := Decode([]byte(`{"method":"m","request":{"a":1},"response":null,"correlation":{"id":"c1","phase":"request"},"localData":null,"serverData":{"x":1}}`))

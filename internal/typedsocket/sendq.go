@@ -5,7 +5,7 @@ import (
 	"time"
 )
 
-// Share charges the bytes a connection holds on behalf of a downstream peer (SPEC §15);
+// Share charges the bytes a connection holds on behalf of a downstream peer (docs/hostile.md);
 // *budget.Share implements it. A frame queued with a share is released from it exactly once: when
 // it has been written, or when it is dropped because the connection ended.
 type Share interface {

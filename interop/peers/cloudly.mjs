@@ -162,7 +162,7 @@ function accept(ws) {
 
   // No handler for registerClusterVpnHub (project-defined): the router answers the relay's hub
   // report with the library's own "There is no available method for this call on the server
-  // side", and the relay must stay attached all the same (SPEC §4: outbound guesses fail small).
+  // side", and the relay must stay attached all the same (docs/protocol.md#upstream-session: outbound guesses fail small).
 
   // The relay pulls the route table after attaching; none is computed yet, as the simulator says.
   serve(peer, 'getClusterRouteTable', async () => ({ table: null }));

@@ -1,6 +1,6 @@
 // Package kubeapi runs a real Kubernetes control plane for tests: one etcd and one
 // kube-apiserver on loopback, with static-token users (an admin in system:masters and a user
-// for the relays that RBAC confines to a Role), so that the relay's high-availability code (§16:
+// for the relays that RBAC confines to a Role), so that the relay's high-availability code (docs/ha.md:
 // a client-go Lease election, Pod labels) is tested against the API server it will meet in a
 // cluster rather than against a fake clientset. No kubelet, controller manager or scheduler runs:
 // Pod objects are created by the test, their status written through the status subresource.

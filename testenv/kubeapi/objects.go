@@ -20,7 +20,7 @@ const FakeNode = "kubeapi-fake-node"
 // RelayRules is what SetupNamespace grants the Relay user by default: what client-go's LeaseLock
 // calls on leases (Get, Create, Update: see tools/leaderelection/resourcelock/leaselock.go), and
 // on pods get and patch (a relay reads the holder's Pod and labels its own) plus list and watch
-// (for a Service stand-in that follows the role label). The chart's Role (§16) grants pods only
+// (for a Service stand-in that follows the role label). The chart's Role (docs/ha.md) grants pods only
 // get and patch; a test proving the chart's Role passes those rules to SetupNamespace.
 func RelayRules() []rbacv1.PolicyRule {
 	return []rbacv1.PolicyRule{

@@ -614,7 +614,7 @@ func (c *Cloudly) registerRelay(conn *typedsocket.Conn, body json.RawMessage) (j
 
 // judgeOneAttachedLocked records, as a violation, a registration accepted on conn while another
 // socket whose registration was accepted is still open: two relays attached to one cluster at
-// once (SPEC §16: the invariant every HA test checks here). A socket counts as closed from the
+// once (docs/ha.md: the invariant every HA test checks here). A socket counts as closed from the
 // moment it ends on this side (its context is cancelled), before its goroutines have unwound.
 // The registration is still accepted, as Cloudly takes the newest connection.
 func (c *Cloudly) judgeOneAttachedLocked(conn *typedsocket.Conn) {
@@ -654,7 +654,7 @@ func (c *Cloudly) AttachedSockets() int {
 	return n
 }
 
-// registerHub serves registerClusterVpnHub (project-defined, SPEC §4 step 2): the hub of the
+// registerHub serves registerClusterVpnHub (project-defined, docs/protocol.md#attaching): the hub of the
 // cluster this Cloudly serves, read exactly; the newest replaces the one before. It answers {}.
 // The gate has already checked it comes from the attached relay.
 func (c *Cloudly) registerHub(body json.RawMessage) (json.RawMessage, error) {

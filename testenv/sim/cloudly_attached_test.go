@@ -13,7 +13,7 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/await"
 )
 
-// Two relays attached to one cluster at once is what SPEC §16 forbids: the stand-in judges it.
+// Two relays attached to one cluster at once is what docs/ha.md forbids: the stand-in judges it.
 // A registration accepted while another accepted socket is open counts, and is a violation; one
 // accepted after that socket has closed does not.
 func TestSimCloudlyCountsTwoAttachedAtOnce(t *testing.T) {

@@ -46,7 +46,7 @@ func wantText(t *testing.T, err error, prefix string) {
 	}
 }
 
-// Cloudly's order on a socket (SPEC §4): registerCloudlyClientSession { protocol, jwt } first,
+// Cloudly's order on a socket (docs/protocol.md#upstream-session): registerCloudlyClientSession { protocol, jwt } first,
 // then registerClusterRelay with a registrationSequence that advances, and only then forwarded
 // node traffic. The stand-in used to accept each of these out of order.
 func TestSimCloudlyJudgesTheRelaysOrder(t *testing.T) {
@@ -112,7 +112,7 @@ func TestSimNodeJudgesTheRelaysPushes(t *testing.T) {
 	}
 }
 
-// The stand-in reads the relay registration exact-key, as the seed's validator does (SPEC §4 step
+// The stand-in reads the relay registration exact-key, as the seed's validator does (docs/protocol.md#upstream-session step
 // 2): a registration carrying any member the seed does not spell is refused and recorded as a
 // violation. It learns the hub from registerClusterVpnHub alone, and only from the attached relay.
 func TestSimCloudlyJudgesTheRegistrationExactlyAndLearnsTheHubFromItsOwnCall(t *testing.T) {

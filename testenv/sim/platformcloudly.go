@@ -23,7 +23,7 @@ import (
 	"code.foss.global/serve.zone/relay/internal/vstream"
 )
 
-// Cloudly's side of the relay's platform agent (SPEC §17): getClusterPlatformDesiredState,
+// Cloudly's side of the relay's platform agent (docs/platform.md): getClusterPlatformDesiredState,
 // backupServiceDatabaseClosure (the closure received as a VirtualStream, checked as it arrives
 // and never held whole), restoreServiceDatabaseClosure (the closure written as a VirtualStream the
 // way the library's writer does: each chunk waits for its answer, a keep-alive every second, the

@@ -17,7 +17,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
 )
 
-// The Corestore stand-in's platform side (SPEC §17, project-defined): PUT /platform/desired-state,
+// The Corestore stand-in's platform side (docs/platform.md, project-defined): PUT /platform/desired-state,
 // GET /platform/backups?state=ready, GET /platform/backups/<id>/closure (served as the backup media
 // type), POST /platform/backups/<id>/delivered, GET /platform/restores?state=wanted and
 // PUT /platform/restores/<id>/closure (the media type, the descriptor in Serve-Zone-Descriptor).

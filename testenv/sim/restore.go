@@ -21,7 +21,7 @@ import (
 )
 
 // The Cloudly side of an isolated restore: the grant authority and a driver that runs a whole
-// restore through the relay with the five node-control methods (SPEC §9).
+// restore through the relay with the five node-control methods (docs/protocol.md#isolated-restore-and-corestore).
 //
 // The seeds say the grant is a compact RS256 grant naming one operation, expiring within minutes,
 // binding the cluster, the node name, the resource mappings and the archive manifest; they do not

@@ -18,7 +18,7 @@ import (
 )
 
 // Streams are the simulator's side of the published TypedRequest library's VirtualStream
-// (SPEC §5.1), as much of it as carrying bytes through the relay needs, on the wire as the library
+// (docs/protocol.md#streams), as much of it as carrying bytes through the relay needs, on the wire as the library
 // puts it there: the peer that put the marker in its body sends chunk frames, each answered by the
 // other side before the next is sent; frames carry no envelope correlation, answers are matched by
 // cycleId and keep the request's phase; a chunk's answer sets request to null; the last chunk

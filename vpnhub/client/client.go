@@ -36,7 +36,7 @@ type Config struct {
 	HandshakeTimeout  time.Duration // 0: 5 s
 	IdleTimeout       time.Duration // 0: 30 s
 	// KeepAliveInterval is how long a session may send nothing before it sends an empty
-	// keep-alive datagram; 0: contracts.VPNKeepAliveInterval (SPEC §7). Tests shorten it.
+	// keep-alive datagram; 0: contracts.VPNKeepAliveInterval (docs/protocol.md#vpn-hub). Tests shorten it.
 	KeepAliveInterval time.Duration
 	Logger            zerolog.Logger
 	// QUICTracer, when set, traces the QUIC connection (qlog); for diagnosis only.

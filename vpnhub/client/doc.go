@@ -1,4 +1,4 @@
-// Package client is the Go client of the cluster's managed VPN hub (SPEC §7): it dials the hub as
+// Package client is the Go client of the cluster's managed VPN hub (docs/protocol.md#vpn-hub): it dials the hub as
 // one member, runs the Noise IK handshake, and sends and receives IP packets as QUIC datagrams
 // (Client, Conn); Tunnel keeps a member joined and carries packets between the hub and a Device,
 // a Linux TUN interface (TUN, golang.zx2c4.com/wireguard/tun's) in production. It is used by the tests, the simulator and the

@@ -14,7 +14,7 @@ var (
 	// ErrPacketTooLarge is a packet larger than the session's MTU.
 	ErrPacketTooLarge = errors.New("vpnhub client: packet larger than the session mtu")
 	// ErrHandshake is a handshake that broke off: a message 2 the client cannot read, or a payload
-	// that breaks SPEC §7.
+	// that breaks docs/protocol.md#vpn-hub.
 	ErrHandshake = wire.ErrHandshake
 	// ErrNoDatagrams is a QUIC connection without DATAGRAM support on both sides.
 	ErrNoDatagrams = wire.ErrNoDatagrams

@@ -35,7 +35,7 @@ type Device interface {
 const deviceOffset = 16
 
 // Tunnel keeps one member joined and carries IP packets between a Device and the hub. It dials
-// again after every lost session and every refusal, vpn-member-replaced included (SPEC §7: a
+// again after every lost session and every refusal, vpn-member-replaced included (docs/protocol.md#vpn-hub: a
 // refusal arrives in an unauthenticated QUIC close frame, so it may be forged), waiting by the
 // shared backoff schedule (internal/backoff: 250 ms to 30 s, full jitter). The schedule starts
 // again after a session that lasted stableSession, so that two tunnels holding the same key

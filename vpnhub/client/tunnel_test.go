@@ -73,7 +73,7 @@ func TestTunnelCarriesPacketsAndRejoinsAfterRemoval(t *testing.T) {
 	}
 }
 
-// SPEC §7: a client treats every refusal, vpn-member-replaced included, as a reason to redial
+// docs/protocol.md#vpn-hub: a client treats every refusal, vpn-member-replaced included, as a reason to redial
 // with backoff, never to stop. Here the hub really replaced the tunnel's session: the tunnel takes
 // its key back.
 func TestTunnelRedialsAfterBeingReplaced(t *testing.T) {
@@ -133,7 +133,7 @@ func impersonator(t *testing.T) (netip.AddrPort, *atomic.Int64) {
 	return netip.MustParseAddrPort(udp.LocalAddr().String()), &conns
 }
 
-// Issue 17 / issue 15 finding 9: a forged vpn-member-replaced close must not stop the tunnel: it
+// A forged vpn-member-replaced close must not stop the tunnel: it
 // redials, by the backoff schedule rather than at once, and joins the real hub when the path lets
 // it through again.
 func TestTunnelRedialsAfterAForgedReplacedClose(t *testing.T) {
@@ -155,7 +155,7 @@ func TestTunnelRedialsAfterAForgedReplacedClose(t *testing.T) {
 	}
 }
 
-// SPEC §7: a client sends an empty keep-alive datagram right after the handshake and every 10 s
+// docs/protocol.md#vpn-hub: a client sends an empty keep-alive datagram right after the handshake and every 10 s
 // while idle (shortened here), and none while it sends packets anyway.
 func TestConnSendsKeepAlivesWhileIdle(t *testing.T) {
 	checkLeaks(t)

@@ -1,4 +1,4 @@
-// Package vpnkey holds the static Curve25519 key pairs of the managed VPN (SPEC §7): the hub's,
+// Package vpnkey holds the static Curve25519 key pairs of the managed VPN (docs/protocol.md#vpn-hub): the hub's,
 // kept in its key file, and a member's, from its managed VPN credential. It is shared by the hub
 // and its client and depends on neither. A Pair never prints its private half, and no error
 // quotes a key file's content.
@@ -90,7 +90,7 @@ func WriteNewFile(path string) (Pair, error) {
 }
 
 // WriteSecretFile writes a 32-byte secret in the key file format, as WriteNewFile does: the
-// replicas' shared replication key (SPEC §16) uses it too.
+// replicas' shared replication key (docs/ha.md) uses it too.
 func WriteSecretFile(path string, secret [32]byte) error {
 	f, err := os.OpenFile(path, os.O_WRONLY|os.O_CREATE|os.O_EXCL|syscall.O_NOFOLLOW, 0o600)
 	if err != nil {

@@ -35,7 +35,7 @@ func TestKeyFile(t *testing.T) {
 		}
 	})
 
-	// Issue 15, finding 11: a created key file reaches the disk, with its directory entry, before
+	// A created key file reaches the disk, with its directory entry, before
 	// the hub reports the key; a crash must not leave an empty file or none.
 	t.Run("synced with its directory when created", func(t *testing.T) {
 		dir := t.TempDir()
@@ -67,7 +67,7 @@ func TestKeyFile(t *testing.T) {
 		}
 	})
 
-	// Issue 15, finding 11: the key file is opened without following a symbolic link, so a link
+	// The key file is opened without following a symbolic link, so a link
 	// planted at its path can neither hand the hub another key nor make it write one elsewhere.
 	t.Run("a symbolic link is refused", func(t *testing.T) {
 		dir := t.TempDir()
@@ -95,7 +95,7 @@ func TestKeyFile(t *testing.T) {
 		}
 	})
 
-	// Issue 15, finding 11: a key file group or world may read is loaded (the node credentials
+	// A key file group or world may read is loaded (the node credentials
 	// name its key) with a warning.
 	t.Run("group or world access is warned about", func(t *testing.T) {
 		dir := t.TempDir()

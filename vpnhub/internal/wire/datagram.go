@@ -10,7 +10,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// Data datagrams (SPEC §7): an 8-byte big-endian counter, then ChaCha20-Poly1305 of the packet
+// Data datagrams (docs/protocol.md#vpn-hub): an 8-byte big-endian counter, then ChaCha20-Poly1305 of the packet
 // under one direction's Noise transport key, nonce = 4 zero bytes ‖ counter little-endian (Noise's
 // ChaChaPoly nonce), no associated data. An empty packet is a keep-alive. Sealer and Opener hold
 // their own nonce buffer, so sealing and opening allocate nothing (flynn/noise's

@@ -1,4 +1,4 @@
-// Package wire is what the VPN hub and its client must agree on byte for byte (SPEC §7), with no
+// Package wire is what the VPN hub and its client must agree on byte for byte (docs/protocol.md#vpn-hub), with no
 // I/O and no state beyond one direction's keys: the Noise IK handshake's two halves
 // (handshake.go), the length framing of handshake messages (framing.go), sealing and opening data
 // datagrams with their replay window (datagram.go, replay.go), the throwaway QUIC TLS

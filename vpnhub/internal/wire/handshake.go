@@ -11,7 +11,7 @@ import (
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
-// The two halves of SPEC §7's Noise IK handshake, with no I/O of their own: callers move the bytes
+// The two halves of docs/protocol.md#vpn-hub's Noise IK handshake, with no I/O of their own: callers move the bytes
 // (framing.go) and judge the payloads. The hub's judgement of message 1 lives in the hub
 // (vpnhub/handshake.go); here is only the cryptography both sides must agree on.
 
@@ -25,7 +25,7 @@ func ProtocolName() string {
 }
 
 // ErrHandshake is a handshake that broke off: a message that does not open, or a payload that
-// breaks SPEC §7.
+// breaks docs/protocol.md#vpn-hub.
 var ErrHandshake = errors.New("vpnhub: handshake failed")
 
 // TransportKeys are one session's two Noise transport keys as seen by one side.

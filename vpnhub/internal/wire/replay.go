@@ -2,7 +2,7 @@ package wire
 
 import "math"
 
-// The receive side's sliding replay window (SPEC §7: at least 2048 counters). A bitmap ring of
+// The receive side's sliding replay window (docs/protocol.md#vpn-hub: at least 2048 counters). A bitmap ring of
 // replayWords 64-bit words, the newest of them holding the highest counter accepted: a counter is
 // new when it is above that, or within ReplayWindowSize below it and not yet marked. The window is
 // checked before the AEAD opens a datagram and marked only after it authenticated, so a forged

@@ -23,7 +23,7 @@ func (n *naiveWindow) accept(c uint64) bool {
 
 func TestReplayWindowIsAtLeast2048(t *testing.T) {
 	if ReplayWindowSize < 2048 {
-		t.Fatalf("ReplayWindowSize = %d; SPEC §7 wants at least 2048", ReplayWindowSize)
+		t.Fatalf("ReplayWindowSize = %d; docs/protocol.md#vpn-hub wants at least 2048", ReplayWindowSize)
 	}
 	var w ReplayWindow
 	w.Accept(5000)

@@ -13,7 +13,7 @@ import (
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
-// QUIC's TLS carries no trust here (SPEC §7): the hub presents a throwaway self-signed
+// QUIC's TLS carries no trust here (docs/protocol.md#vpn-hub): the hub presents a throwaway self-signed
 // certificate and the client does not verify it. The Noise handshake authenticates both sides.
 
 // HubTLSConfig returns the hub's TLS configuration with a fresh self-signed certificate.
@@ -44,7 +44,7 @@ func HubTLSConfig() (*tls.Config, error) {
 func ClientTLSConfig() *tls.Config {
 	return &tls.Config{
 		MinVersion:         tls.VersionTLS13,
-		InsecureSkipVerify: true, // SPEC §7: Noise authenticates the hub, not TLS
+		InsecureSkipVerify: true, // docs/protocol.md#vpn-hub: Noise authenticates the hub, not TLS
 		NextProtos:         []string{contracts.VPNHubALPN},
 	}
 }
