@@ -61,6 +61,18 @@ func (e *env) admin(path string) (int, string) {
 	return resp.StatusCode, string(b)
 }
 
+// ctxHung bounds a wait that ends when the relay or a simulated peer signals something: past it,
+// something hung. It is no claim about speed; a busy machine may take many seconds for what a
+// quiet one does at once, and must not fail the test for it.
+func ctxHung(t *testing.T) context.Context {
+	ctx, cancel := context.WithTimeout(context.Background(), hungAfter)
+	t.Cleanup(cancel)
+	return ctx
+}
+
+// hungAfter is how long ctxHung waits.
+const hungAfter = 2 * time.Minute
+
 func ctx5(t *testing.T) context.Context {
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	t.Cleanup(cancel)

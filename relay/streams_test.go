@@ -31,7 +31,7 @@ type rawNode struct {
 // dialRaw connects and registers node id with a registration frame Cloudly accepts.
 func dialRaw(t *testing.T, e *env, id string) *rawNode {
 	t.Helper()
-	ws, _, err := websocket.Dial(ctx5(t), e.url, nil)
+	ws, _, err := websocket.Dial(ctxHung(t), e.url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -48,14 +48,14 @@ func dialRaw(t *testing.T, e *env, id string) *rawNode {
 
 func (n *rawNode) write(frame string) {
 	n.t.Helper()
-	if err := n.ws.Write(ctx5(n.t), websocket.MessageText, []byte(frame)); err != nil {
+	if err := n.ws.Write(ctxHung(n.t), websocket.MessageText, []byte(frame)); err != nil {
 		n.t.Fatal(err)
 	}
 }
 
 func (n *rawNode) readRaw() []byte {
 	n.t.Helper()
-	_, b, err := n.ws.Read(ctx5(n.t))
+	_, b, err := n.ws.Read(ctxHung(n.t))
 	if err != nil {
 		n.t.Fatalf("read: %v", err)
 	}
@@ -94,13 +94,13 @@ func TestStreams(t *testing.T) {
 
 	t.Run("a node's stream reaches Cloudly byte-identical", func(t *testing.T) {
 		n := e.node("node-a")
-		if err := n.PushImage(ctx5(t), data, 256<<10); err != nil {
+		if err := n.PushImage(ctxHung(t), data, 256<<10); err != nil {
 			t.Fatal(err)
 		}
 	})
 	t.Run("Cloudly's stream reaches a node byte-identical", func(t *testing.T) {
 		n := e.node("node-b")
-		if err := e.cloudly.PushImage(ctx5(t), "node-b", data, 256<<10); err != nil {
+		if err := e.cloudly.PushImage(ctxHung(t), "node-b", data, 256<<10); err != nil {
 			t.Fatal(err)
 		}
 		if n.StreamsReceived() != 1 {

@@ -66,6 +66,7 @@ type Cloudly struct {
 	unavailable   atomic.Bool  // refuse the relay's sockets, as an unreachable Cloudly would
 	disabled      atomic.Bool  // the operator disabled the relay: config pushes carry relay: null
 	configPushes  atomic.Int64 // pushClusterRelayConfig answered without error
+	deadTimeout   atomic.Int64 // nanoseconds: the sockets' typedsocket DeadTimeout; zero: its default
 }
 
 // afterCall is a request Cloudly sends on the relay's socket right after accepting its registration.
@@ -185,6 +186,11 @@ func (c *Cloudly) SetAvailable(ok bool) {
 // Available reports whether Cloudly accepts the relay's sockets: false from SetAvailable(false)
 // until SetAvailable(true), before the relay's socket is dropped.
 func (c *Cloudly) Available() bool { return !c.unavailable.Load() }
+
+// SetDeadTimeout sets how long the relay's sockets accepted from now on may be silent before
+// this Cloudly drops them (typedsocket's DeadTimeout, 45 s by default). A test that stalls
+// Cloudly's read loop on purpose, for as long as a busy machine takes, sets it out of the way.
+func (c *Cloudly) SetDeadTimeout(d time.Duration) { c.deadTimeout.Store(int64(d)) }
 
 // SetSlowness delays every answer by d.
 func (c *Cloudly) SetSlowness(d time.Duration) { c.slowness.Store(int64(d)) }
@@ -325,6 +331,7 @@ func (c *Cloudly) accept(w http.ResponseWriter, r *http.Request) {
 		Handler:   typedsocket.HandlerFunc(c.serve),
 		Streams:   typedsocket.StreamHandlerFunc(c.serveStream),
 		ReadLimit: 64 << 20, MaxQueue: 1 << 16, MaxQueueBytes: 256 << 20, MaxInflight: 1 << 16, Logger: c.log,
+		DeadTimeout: time.Duration(c.deadTimeout.Load()),
 	})
 	c.mu.Lock()
 	c.conn = conn
