@@ -514,19 +514,7 @@ func TestStandbyKeepsAliveAndDropsASilentLeader(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Unix(1_800_000_000, 0))
 	ln := listen(t)
 	defer ln.Close()
-	accepted := make(chan *channel, 1)
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		ch, err := handshake(conn, testKey, false)
-		if err != nil {
-			conn.Close()
-			return
-		}
-		accepted <- ch
-	}()
+	accepted := acceptOne(ln)
 	standby := startStandby(t, clk, newMemPart(), ln.Addr().String(), "relay-b")
 	ch := <-accepted
 	defer ch.conn.Close()
@@ -579,19 +567,7 @@ func TestStandbyKeepsAliveAndDropsASilentLeader(t *testing.T) {
 func TestStandbyIsReadyOnlyWithACompleteCopy(t *testing.T) {
 	ln := listen(t)
 	defer ln.Close()
-	accepted := make(chan *channel, 1)
-	go func() {
-		conn, err := ln.Accept()
-		if err != nil {
-			return
-		}
-		ch, err := handshake(conn, testKey, false)
-		if err != nil {
-			conn.Close()
-			return
-		}
-		accepted <- ch
-	}()
+	accepted := acceptOne(ln)
 	copyOf := newMemPart()
 	standby := startStandby(t, nil, copyOf, ln.Addr().String(), "relay-b")
 	if standby.r.copyReady() == nil {
@@ -612,6 +588,25 @@ func TestStandbyIsReadyOnlyWithACompleteCopy(t *testing.T) {
 	}
 	ch.writeFrame(record{synced: true}.frame())
 	await.Until(t, "ready once the leader said the copy is whole", waitFor, func() bool { return standby.r.copyReady() == nil })
+}
+
+// acceptOne plays a leader's side of one replication channel: it accepts a standby's dial on ln
+// and completes the handshake, and sends the channel.
+func acceptOne(ln net.Listener) <-chan *channel {
+	accepted := make(chan *channel, 1)
+	go func() {
+		conn, err := ln.Accept()
+		if err != nil {
+			return
+		}
+		ch, err := handshake(conn, testKey, false)
+		if err != nil {
+			conn.Close()
+			return
+		}
+		accepted <- ch
+	}()
+	return accepted
 }
 
 // flakyListener fails its first Accept.
