@@ -688,3 +688,26 @@ func TestCloseWritesWhatIsQueuedFirst(t *testing.T) {
 		t.Fatalf("the peer read %d of the %d requests queued before Close", g, n)
 	}
 }
+
+// TestPendingCountsCallsUntilAnswered: Pending counts this side's calls from CallAsync until their
+// answer is back.
+func TestPendingCountsCallsUntilAnswered(t *testing.T) {
+	_, cli := pair(t, Options{Handler: reversing(3)}, Options{})
+	answered := make(chan error, 3)
+	for i := range 3 {
+		if _, err := cli.CallAsync("m"+strconv.Itoa(i), json.RawMessage(`{}`), func(r Reply) { answered <- r.Err }); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 && cli.Pending() != i+1 {
+			t.Fatalf("%d pending after %d calls the peer holds", cli.Pending(), i+1)
+		}
+	}
+	for range 3 {
+		if err := <-answered; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cli.Pending(); n != 0 {
+		t.Fatalf("%d pending once every call was answered", n)
+	}
+}
