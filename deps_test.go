@@ -57,13 +57,14 @@ var layers = map[string]layer{
 	"corestore":            {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"registry":             {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":               {floor: parts, own: []string{"contracts", "feature", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
-	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun"}},
+	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun", "k8s.io/utils"}},
 	"vpnhub/vpntest":       {floor: parts, own: []string{"contracts", "vpnhub/vpnkey"}, third: []string{"github.com/rs/zerolog", "go.uber.org/goleak"}, testsOnly: true},
 	"ha":                   {floor: parts, own: []string{"feature", "internal/backoff"}, third: []string{"github.com/flynn/noise", "github.com/go-logr/logr", "github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go", "k8s.io/klog", "k8s.io/utils"}},
 	"status":               {floor: parts, third: []string{"github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog"}}, // the admin listener and status page: reads a snapshot the core fills
 	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket", "status"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync", "golang.org/x/time"}},
 	"testenv":              {floor: harness},
 	"testenv/await":        {floor: harness},
+	"testenv/memnet":       {floor: harness},
 	"testenv/sim":          {floor: harness, own: []string{"contracts", "contracts/strictjson", "internal/typedsocket", "internal/vstream", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv/kubeapi":      {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 	"interop":              {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither

@@ -14,6 +14,7 @@ import (
 	"golang.org/x/sync/errgroup"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/escrow"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/await"
 	"code.foss.global/serve.zone/relay/testenv/relaytest"
@@ -69,7 +70,14 @@ func TestEscrowReleasesThroughTheRelayWhileCloudlyIsDown(t *testing.T) {
 		t.Fatalf("hold answer %s: %v", resp, err)
 	}
 
-	time.Sleep(700 * time.Millisecond) // a release while attached would come at once: time for one to show
+	// The escrow holds the run, its first window current already, and knows the relay attached:
+	// it releases nothing (escrow's own tests pin that it never does while attached).
+	if !waitFor(10*time.Second, func() bool { st := escrowStatus(t, e.Relay); return st.Runs == 1 && st.Renewals == 12 }) {
+		t.Fatalf("the escrow does not report the run held: %+v", escrowStatus(t, e.Relay))
+	}
+	if st := escrowStatus(t, e.Relay); st.Releasing || st.NextRelease != nil || st.ReleasesWhileDetached != 0 {
+		t.Fatalf("the escrow releases while the relay is attached: %+v", st)
+	}
 	if n := node.Received(contracts.MethodApplyRuntimeNetworkDnsLeaseRenewal); n != 0 {
 		t.Fatalf("%d renewals released while attached", n)
 	}
@@ -80,6 +88,9 @@ func TestEscrowReleasesThroughTheRelayWhileCloudlyIsDown(t *testing.T) {
 		t.Fatalf("no renewal after the cut (logs:\n%s)", logs.String())
 	}
 	first := renewals.Receipts()[0]
+	if first.At.Before(cut) {
+		t.Fatalf("sequence %d released %v before the cut, while attached", first.Sequence, cut.Sub(first.At))
+	}
 	if first.Status != contracts.ApplyStatusAccepted {
 		t.Fatalf("first release %+v, %v after the cut", first, first.At.Sub(cut))
 	}
@@ -109,15 +120,18 @@ func TestEscrowReleasesThroughTheRelayWhileCloudlyIsDown(t *testing.T) {
 	if !waitFor(10*time.Second, e.Relay.Upstream().Attached) {
 		t.Fatal("the relay did not see itself attached again")
 	}
+	// The escrow, told the relay is attached again, releases nothing more: it reports itself not
+	// releasing, with nothing due (escrow's own tests pin that a slot opening while attached
+	// releases nothing).
+	if !waitFor(10*time.Second, func() bool { return !escrowStatus(t, e.Relay).Releasing }) {
+		t.Fatalf("the escrow still releases after the re-attach: %+v", escrowStatus(t, e.Relay))
+	}
 	released := len(renewals.Receipts())
-	now := time.Now().UnixMilli()
-	if j := slotAfter(windows, now); j >= 0 {
-		time.Sleep(time.Until(time.UnixMilli(windows[j].NotBefore)) + 500*time.Millisecond) // a slot passing attached is the behaviour
-		if got := len(renewals.Receipts()); got != released {
-			t.Fatalf("%d renewals released after re-attach", got-released)
-		}
-	} else {
-		t.Log("re-attach came after the run's last slot; nothing left to check")
+	if st := escrowStatus(t, e.Relay); st.NextRelease != nil {
+		t.Fatalf("after the re-attach the escrow has a release due: %+v", st)
+	}
+	if got := len(renewals.Receipts()); got != released {
+		t.Fatalf("%d renewals released after re-attach", got-released)
 	}
 
 	// Nothing of a run but node, count, sequences and windows reaches the logs.
@@ -141,13 +155,16 @@ func newestCurrent(ws []contracts.DnsWindow, now int64) int64 {
 	return seq
 }
 
-func slotAfter(ws []contracts.DnsWindow, now int64) int {
-	for i, w := range ws {
-		if w.NotBefore > now+200 {
-			return i
+// escrowStatus is the escrow's part of the relay's status snapshot.
+func escrowStatus(t *testing.T, r *relay.Relay) escrow.Status {
+	t.Helper()
+	for _, p := range r.Snapshot(time.Now()).Parts {
+		if st, ok := p.Status.(escrow.Status); ok {
+			return st
 		}
 	}
-	return -1
+	t.Fatal("no escrow part in the relay's status")
+	return escrow.Status{}
 }
 
 // A node that rotates after Cloudly handed the relay its run (a new session binding in the same
@@ -266,7 +283,17 @@ func benchEscrowThroughRelay(b *testing.B, nodes int) {
 		b.Fatalf("holding took too long: t0 is %v away", time.Until(t0))
 	}
 	cloudly.SetAvailable(false)
-	time.Sleep(time.Until(t0.Add(bursts*step - step/2))) // the benchmark measures the releases due in this window
+	// The releases due in the window, up to half a step before the next slot: every node's three
+	// admitted, or the window's end (the counts below then say what was missing). Each delay is
+	// read from its node's receipt, not from this wait.
+	await.Within(time.Until(t0.Add(bursts*step-step/2)), func() bool {
+		for _, c := range counters {
+			if c.Admitted() < bursts {
+				return false
+			}
+		}
+		return true
+	})
 
 	var delays []time.Duration
 	admitted := 0

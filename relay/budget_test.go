@@ -268,8 +268,17 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	for range 50 {
 		e.cloudly.CallAsync("applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"`+strings.Repeat("p", 32<<10)+`"}`), func(typedsocket.Reply) {})
 	}
+	refused := e.Metric("relay_downstream_refusals_total", "name", string(contracts.RelayMethodLocalOnly))
 	stalled.ws.Write(ctx, websocket.MessageText, []byte(`{"method":"m","request":0,"correlation":{"id":"x","phase":"request"}}`))
-	time.Sleep(100 * time.Millisecond) // the request may wait for budget unread: no event says where it is
+	stalled.ws.Write(ctx, websocket.MessageText, []byte(`{"method":"openRuntimeAssignmentExec","request":{},"correlation":{"id":"y","phase":"request"}}`))
+	// Where the close must find the malformed request: read and refused, its answer queued behind
+	// the fifty requests the node never reads (the relay reads a connection's messages in order
+	// and refuses the next one itself: once it has, it has read this one), or its read waiting for
+	// room in the budget.
+	e.eventually("the stalled node's requests read, or a read waiting for budget", func() bool {
+		return e.Metric("relay_downstream_refusals_total", "name", string(contracts.RelayMethodLocalOnly)) > refused ||
+			e.Metric("relay_downstream_budget_waiters") > 0
+	})
 	stalled.ws.CloseNow()
 	// Node requests queued to Cloudly while it reads nothing, dropped with its socket.
 	hold := make(chan struct{})
@@ -280,8 +289,11 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	}
 	// A registration in flight at Cloudly when its socket goes.
 	lost := newNode(t, e, "node-lost")
+	// The stalling call and the twenty batches are pending at Cloudly: once one more is, the
+	// registration is queued to it or sent.
+	e.eventually("the twenty batches pending at Cloudly", func() bool { return e.Metric("relay_upstream_pending_calls") == 21 })
 	lost.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, lost.RegistrationBody(), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
-	time.Sleep(100 * time.Millisecond) // no event says a request is queued to a Cloudly that reads nothing: time to queue it
+	e.eventually("the registration pending at Cloudly", func() bool { return e.Metric("relay_upstream_pending_calls") == 22 })
 	go e.cloudly.Drop()
 	close(hold)
 	// A registration answered (refused) once Cloudly is back.

@@ -200,6 +200,14 @@ func (u *upstream) queueLen() int {
 	return 0
 }
 
+// pendingCalls is the number of calls to Cloudly awaiting its answer.
+func (u *upstream) pendingCalls() int {
+	if s := u.sock.Load(); s != nil {
+		return s.conn.Pending()
+	}
+	return 0
+}
+
 // upstreamError names a local failure of a call to Cloudly; Cloudly's own errors pass untouched.
 func upstreamError(err error, method string) error {
 	switch {

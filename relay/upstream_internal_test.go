@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -21,6 +20,7 @@ import (
 	"code.foss.global/serve.zone/relay/feature"
 	"code.foss.global/serve.zone/relay/internal/backoff"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/testenv/memnet"
 )
 
 // fakeHost is the relay side of the seam, recording what the upstream tells it.
@@ -88,7 +88,7 @@ func (c *pipeCloudly) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	if fail {
 		return nil, errors.New("connection refused")
 	}
-	client, server := memPipe()
+	client, server := memnet.Pipe()
 	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := websocket.Accept(w, r, nil)
 		if err != nil {
@@ -107,7 +107,7 @@ func (c *pipeCloudly) dial(ctx context.Context, _, _ string) (net.Conn, error) {
 	c.mu.Lock()
 	c.servers = append(c.servers, srv)
 	c.mu.Unlock()
-	go srv.Serve(&oneConn{c: server})
+	go srv.Serve(memnet.Once(server))
 	return client, nil
 }
 
@@ -139,123 +139,6 @@ func (c *pipeCloudly) dialTimes() []time.Time {
 	defer c.mu.Unlock()
 	return append([]time.Time(nil), c.dials...)
 }
-
-// memPipe is a connected pair of in-memory connections whose writes never block, as a TCP
-// socket's buffers would take them (net.Pipe's writes wait for the reader: two read loops
-// answering each other's pings on one would block each other for ever). Its reads wait on a
-// channel, so a goroutine waiting for bytes is durably blocked in a synctest bubble.
-func memPipe() (net.Conn, net.Conn) {
-	a, b := newMemHalf(), newMemHalf()
-	return &memConn{in: a, out: b}, &memConn{in: b, out: a}
-}
-
-// memHalf is one direction: bytes written and not read yet.
-type memHalf struct {
-	mu     sync.Mutex
-	buf    []byte // guarded by mu
-	closed bool   // guarded by mu
-	ready  chan struct{}
-}
-
-func newMemHalf() *memHalf { return &memHalf{ready: make(chan struct{}, 1)} }
-
-func (h *memHalf) signal() {
-	select {
-	case h.ready <- struct{}{}:
-	default:
-	}
-}
-
-type memConn struct {
-	in, out *memHalf
-}
-
-func (c *memConn) Read(p []byte) (int, error) {
-	for {
-		c.in.mu.Lock()
-		if len(c.in.buf) > 0 {
-			n := copy(p, c.in.buf)
-			c.in.buf = c.in.buf[n:]
-			more := len(c.in.buf) > 0
-			c.in.mu.Unlock()
-			if more {
-				c.in.signal()
-			}
-			return n, nil
-		}
-		closed := c.in.closed
-		c.in.mu.Unlock()
-		if closed {
-			return 0, io.EOF
-		}
-		<-c.in.ready
-	}
-}
-
-func (c *memConn) Write(p []byte) (int, error) {
-	c.out.mu.Lock()
-	if c.out.closed {
-		c.out.mu.Unlock()
-		return 0, net.ErrClosed
-	}
-	c.out.buf = append(c.out.buf, p...)
-	c.out.mu.Unlock()
-	c.out.signal()
-	return len(p), nil
-}
-
-func (c *memConn) Close() error {
-	for _, h := range []*memHalf{c.in, c.out} {
-		h.mu.Lock()
-		h.closed = true
-		h.mu.Unlock()
-		h.signal()
-	}
-	return nil
-}
-
-func (c *memConn) LocalAddr() net.Addr              { return &net.TCPAddr{} }
-func (c *memConn) RemoteAddr() net.Addr             { return &net.TCPAddr{} }
-func (c *memConn) SetDeadline(time.Time) error      { return nil }
-func (c *memConn) SetReadDeadline(time.Time) error  { return nil }
-func (c *memConn) SetWriteDeadline(time.Time) error { return nil }
-
-// oneConn is a listener that accepts one connection, then blocks until closed.
-type oneConn struct {
-	mu     sync.Mutex
-	c      net.Conn
-	closed chan struct{}
-}
-
-func (l *oneConn) Accept() (net.Conn, error) {
-	l.mu.Lock()
-	c := l.c
-	l.c = nil
-	if l.closed == nil {
-		l.closed = make(chan struct{})
-	}
-	closed := l.closed
-	l.mu.Unlock()
-	if c != nil {
-		return c, nil
-	}
-	<-closed
-	return nil, net.ErrClosed
-}
-func (l *oneConn) Close() error {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.closed == nil {
-		l.closed = make(chan struct{})
-	}
-	select {
-	case <-l.closed:
-	default:
-		close(l.closed)
-	}
-	return nil
-}
-func (l *oneConn) Addr() net.Addr { return &net.TCPAddr{} }
 
 var offer, _ = contracts.RelayOffer.MarshalJSON()
 

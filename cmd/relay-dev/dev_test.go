@@ -71,10 +71,10 @@ func TestDevRefusesBadCounts(t *testing.T) {
 }
 
 // TestDevHeapStaysFlat runs the `relay-dev` scenario — the relay and the simulated peers in this
-// process — on a fast outage cycle and compares the live heap in the middle of the second outage
-// with the live heap in the middle of a later one (the same point of the cycle, while traffic is
-// quiet): at least six cycles and twelve restores later, with hundreds of grants, requests,
-// renewals and streams between. Whatever the relay or a peer keeps of each of them shows as growth;
+// process — on a fast outage cycle and compares the live heap in the second outage, once every
+// node has had its current renewal from escrow, with the live heap at that point of a later one
+// (the same point of the cycle, while traffic is quiet): at least six cycles and twelve restores
+// later, with hundreds of grants, requests, renewals and streams between. Whatever the relay or a peer keeps of each of them shows as growth;
 // what the peers keep by design is bounded (the staging of 16 restores, a stream cut by an outage
 // for a minute) and stays under the 2 MiB allowed. Keeping every restore control alone, as the
 // Corestore stand-in did, grows it by over 3 MiB. The test also checks that the story repeats:
@@ -125,7 +125,14 @@ func TestDevHeapStaysFlat(t *testing.T) {
 		if seen < first {
 			continue
 		}
-		time.Sleep(d.sc.Timing.Outage / 2) // the heap is measured mid-outage: the wait is the measurement's
+		// The heap is read at the same point of every outage: the relay has detached and every node
+		// has admitted the renewal current at the cut (a relay too slow for that within the outage
+		// is caught at the next one, where the cut comes again).
+		if !await.Within(time.Until(deadline(ctx)), func() bool {
+			return !d.relay.Upstream().Attached() && d.sc.Snapshot().OutageReleased >= nodes
+		}) {
+			t.Fatalf("outage %d: the relay never released every node's current renewal while detached: %s", seen, d.sc.Snapshot().Summary())
+		}
 		runtime.GC()
 		var m runtime.MemStats
 		runtime.ReadMemStats(&m)

@@ -67,6 +67,9 @@ func (b *Budget) Underflows() int64 { return b.underflows.Load() }
 func (b *Budget) Evictions() int64 { return b.evictions.Load() }
 func (b *Budget) Refusals() int64  { return b.refusals.Load() }
 
+// Waiters counts the charges waiting for room now (ChargeWait, ChargeIncoming, WaitFor).
+func (b *Budget) Waiters() int64 { return b.waiters.Load() }
+
 // Waiting reports, for a share's peer, the bytes it holds that wait on the peer's own socket and
 // whether the peer has read nothing lately. A share without one is never evicted.
 type Waiting func() (ownBytes int64, stalled bool)

@@ -124,9 +124,15 @@ func TestChargeWaitWaitsForRoom(t *testing.T) {
 			t.Fatal("a charge past the share's cap did not wait")
 		default:
 		}
+		if n := b.Waiters(); n != 1 {
+			t.Fatalf("%d waiters while one charge waits", n)
+		}
 		s.Release(64 << 10)
 		if !<-got || s.Used() != 32<<10 {
 			t.Fatalf("after the release: share holds %d", s.Used())
+		}
+		if n := b.Waiters(); n != 0 {
+			t.Fatalf("%d waiters once the charge was taken", n)
 		}
 		done := make(chan struct{})
 		go func() { got <- s.ChargeWait(64<<10, nil, done) }()

@@ -209,6 +209,13 @@ func (c *Conn) Done() <-chan struct{} { return c.done }
 // Inflight is the number of the peer's requests whose answer has not been written yet.
 func (c *Conn) Inflight() int64 { return c.inflight.Load() }
 
+// Pending is the number of this side's calls whose answer has not come yet, queued or sent.
+func (c *Conn) Pending() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pending)
+}
+
 // Pongs decides, for the WebSocket library, whether to answer a peer's ping (the library's
 // OnPingReceived option, in websocket.AcceptOptions or DialOptions); the connection built with
 // Options.Pongs set to it sets it up. The library writes the pong from the read loop and ends the

@@ -5,14 +5,16 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/http/httptest"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/coder/websocket"
@@ -21,6 +23,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/testenv/await"
+	"code.foss.global/serve.zone/relay/testenv/memnet"
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
@@ -55,21 +58,83 @@ func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
 	return srv, cli
 }
 
-// echo answers each request with its own body, after a random delay, from another goroutine, so
-// answers leave in a different order than requests arrived.
+// pipeServer connects a server Conn to a client WebSocket over an in-memory pipe, for a test in a
+// synctest bubble: nothing reads the client's socket until the caller does. Both end with the test.
+func pipeServer(t *testing.T, srvOpts Options) (*Conn, *websocket.Conn) {
+	t.Helper()
+	client, server := memnet.Pipe()
+	accepted := make(chan *Conn, 1)
+	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		ws, err := websocket.Accept(w, r, nil)
+		if err != nil {
+			return
+		}
+		c := New(ws, srvOpts)
+		accepted <- c
+		c.Run(context.Background())
+	})}
+	served := make(chan struct{})
+	go func() { hs.Serve(memnet.Once(server)); close(served) }()
+	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return client, nil }}
+	ws, _, err := websocket.Dial(context.Background(), "ws://pipe/", &websocket.DialOptions{HTTPClient: &http.Client{Transport: tr}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := <-accepted
+	t.Cleanup(func() {
+		ws.CloseNow()
+		srv.CloseNow()
+		<-srv.Done()
+		hs.Close()
+		<-served
+		tr.CloseIdleConnections()
+	})
+	return srv, ws
+}
+
+// pipePair is pair over an in-memory pipe, for a test in a synctest bubble.
+func pipePair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
+	t.Helper()
+	srv, ws := pipeServer(t, srvOpts)
+	cli = New(ws, cliOpts)
+	go cli.Run(context.Background())
+	t.Cleanup(func() { cli.CloseNow(); <-cli.Done() })
+	return srv, cli
+}
+
+// echo answers each request with its own body, from another goroutine.
 func echo() HandlerFunc {
+	return func(_ *Conn, r *Request) { go r.Respond(r.Body) }
+}
+
+// reversing answers each request with its own body, holding requests until batch of them have
+// arrived and then answering those last first, so that answers leave in a different order than
+// requests arrived, every time. The caller sends a multiple of batch requests.
+func reversing(batch int) HandlerFunc {
+	var mu sync.Mutex
+	var held []*Request
 	return func(_ *Conn, r *Request) {
-		go func() {
-			time.Sleep(time.Duration(rand.IntN(2000)) * time.Microsecond) // answers out of order: the delay is the behaviour
-			r.Respond(r.Body)
-		}()
+		mu.Lock()
+		held = append(held, r)
+		var full []*Request
+		if len(held) == batch {
+			full, held = held, nil
+		}
+		mu.Unlock()
+		if full != nil {
+			go func() {
+				for _, r := range slices.Backward(full) {
+					r.Respond(r.Body)
+				}
+			}()
+		}
 	}
 }
 
 func TestThousandConcurrentCallsBothWays(t *testing.T) {
-	// Room for every call at once: the test is about correlation, not back-pressure.
-	opts := Options{Handler: echo(), MaxQueue: 2000}
-	srv, cli := pair(t, opts, opts)
+	// Room for every call at once: the test is about correlation, not back-pressure. Each side
+	// answers its 1000 requests fifty at a time, last first.
+	srv, cli := pair(t, Options{Handler: reversing(50), MaxQueue: 2000}, Options{Handler: reversing(50), MaxQueue: 2000})
 	var g errgroup.Group
 	for i := range 1000 {
 		for _, c := range []*Conn{srv, cli} {
@@ -331,14 +396,26 @@ func TestSilentPeerIsDropped(t *testing.T) {
 	}
 }
 
-// TestLivePeerSurvivesPings: a peer that answers pings is kept however quiet it is otherwise.
+// TestLivePeerSurvivesPings: a peer that answers pings is kept however quiet it is otherwise. In a
+// synctest bubble the test lives through the time a silent peer with three times the live pair's
+// dead timeout takes to be dropped: 25 ping intervals, past three of the pair's dead timeouts.
 func TestLivePeerSurvivesPings(t *testing.T) {
-	opts := Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 150 * time.Millisecond, Handler: echo()}
-	_, cli := pair(t, opts, opts)
-	time.Sleep(500 * time.Millisecond) // 25 ping intervals, past three dead timeouts: living through them is the behaviour
-	if _, err := cli.Call(context.Background(), "m", json.RawMessage(`{}`)); err != nil {
-		t.Fatalf("a quiet but live peer was dropped: %v", err)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		opts := Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 150 * time.Millisecond, Handler: echo()}
+		_, cli := pipePair(t, opts, opts)
+		silent, _ := pipeServer(t, Options{PingInterval: 20 * time.Millisecond, DeadTimeout: 490 * time.Millisecond}) // its peer reads nothing
+		start := time.Now()
+		<-silent.Done()
+		if lived := time.Since(start); lived < 500*time.Millisecond || lived > 520*time.Millisecond {
+			t.Fatalf("the silent peer was dropped after %s, want the first ping interval past its dead timeout", lived)
+		}
+		if err := context.Cause(silent.Context()); !strings.Contains(err.Error(), "peer silent") {
+			t.Fatalf("the silent peer's cause = %v", err)
+		}
+		if _, err := cli.Call(context.Background(), "m", json.RawMessage(`{}`)); err != nil {
+			t.Fatalf("a quiet but live peer was dropped: %v", err)
+		}
+	})
 }
 
 func TestInflightLimit(t *testing.T) {
@@ -609,5 +686,28 @@ func TestCloseWritesWhatIsQueuedFirst(t *testing.T) {
 	<-cli.Done()
 	if g := got.Load(); g != n {
 		t.Fatalf("the peer read %d of the %d requests queued before Close", g, n)
+	}
+}
+
+// TestPendingCountsCallsUntilAnswered: Pending counts this side's calls from CallAsync until their
+// answer is back.
+func TestPendingCountsCallsUntilAnswered(t *testing.T) {
+	_, cli := pair(t, Options{Handler: reversing(3)}, Options{})
+	answered := make(chan error, 3)
+	for i := range 3 {
+		if _, err := cli.CallAsync("m"+strconv.Itoa(i), json.RawMessage(`{}`), func(r Reply) { answered <- r.Err }); err != nil {
+			t.Fatal(err)
+		}
+		if i < 2 && cli.Pending() != i+1 {
+			t.Fatalf("%d pending after %d calls the peer holds", cli.Pending(), i+1)
+		}
+	}
+	for range 3 {
+		if err := <-answered; err != nil {
+			t.Fatal(err)
+		}
+	}
+	if n := cli.Pending(); n != 0 {
+		t.Fatalf("%d pending once every call was answered", n)
 	}
 }

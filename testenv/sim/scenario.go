@@ -25,6 +25,9 @@ type Counts struct {
 	Requests       int64 // requests answered end to end, both directions
 	VPNPackets     int64 // packets delivered between VPN clients
 	EscrowReleased int64 // DNS lease renewals nodes admitted from escrow
+	// OutageReleased is how many of them nodes admitted since the latest outage began: once it
+	// reaches the nodes' number in an outage, every node has had the renewal current at the cut.
+	OutageReleased int64
 	RouteTables    int64 // route tables the ingress received
 	Restores       int64 // isolated restores completed end to end
 	Streams        int64 // VirtualStreams received whole, both directions
@@ -93,6 +96,7 @@ type Scenario struct {
 	in                 atomic.Pointer[Ingress]
 	renewals           atomic.Pointer[[]*RenewalCounter] // published by Run before any traffic
 	outages            atomic.Int64
+	outageFrom         atomic.Int64 // released() as the latest outage began
 	recoveries         atomic.Int64
 	vpn                []*VPNNode // set by Run before any traffic
 	vpnJoined          atomic.Bool
@@ -166,6 +170,7 @@ func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
 func (s *Scenario) Snapshot() Counts {
 	c := Counts{Nodes: s.registered.Load(), Requests: s.requests.Load(), Restores: s.restores.Load(), Streams: s.streams.Load(),
 		Outages: s.outages.Load(), Recoveries: s.recoveries.Load(), EscrowReleased: s.released()}
+	c.OutageReleased = c.EscrowReleased - s.outageFrom.Load()
 	if in := s.in.Load(); in != nil {
 		c.RouteTables = in.TablesReceived()
 	}
@@ -375,6 +380,7 @@ func (s *Scenario) cycles(ctx context.Context, nodes []*Node, in *Ingress) {
 
 		before := registrations(nodes, in)
 		released := s.released()
+		s.outageFrom.Store(released) // before the count: a snapshot that sees the outage sees its start
 		s.outages.Add(1)
 		s.say("outage %d: Cloudly goes away for %s; the relay detaches and releases the renewals it holds", outage, t.Outage)
 		s.Cloudly.SetAvailable(false)

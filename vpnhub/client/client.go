@@ -13,6 +13,7 @@ import (
 	"github.com/quic-go/quic-go"
 	"github.com/quic-go/quic-go/qlogwriter"
 	"github.com/rs/zerolog"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
@@ -38,7 +39,10 @@ type Config struct {
 	// KeepAliveInterval is how long a session may send nothing before it sends an empty
 	// keep-alive datagram; 0: contracts.VPNKeepAliveInterval (docs/protocol.md#vpn-hub). Tests shorten it.
 	KeepAliveInterval time.Duration
-	Logger            zerolog.Logger
+	// Clock runs the keep-alive cadence and a Tunnel's redial waits; nil is the wall clock. Tests
+	// inject one they move. The handshake's and QUIC's own timeouts run on the wall clock.
+	Clock  clock.WithTicker
+	Logger zerolog.Logger
 	// QUICTracer, when set, traces the QUIC connection (qlog); for diagnosis only.
 	QUICTracer func(ctx context.Context, isClient bool, connID quic.ConnectionID) qlogwriter.Trace
 }
@@ -73,6 +77,9 @@ func New(cfg Config) (*Client, error) {
 	}
 	if cfg.KeepAliveInterval <= 0 {
 		cfg.KeepAliveInterval = contracts.VPNKeepAliveInterval
+	}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
 	}
 	switch {
 	case !cfg.Hub.IsValid():
@@ -175,7 +182,7 @@ func (cl *Client) handshake(ctx context.Context, qc *quic.Conn, deadline time.Ti
 	if err != nil {
 		return nil, err
 	}
-	c := newConn(qc, stream, welcome, min(welcome.MTU, own), keys, cl.cfg.KeepAliveInterval)
+	c := newConn(qc, stream, welcome, min(welcome.MTU, own), keys, cl.cfg.Clock.NewTicker(cl.cfg.KeepAliveInterval/2))
 	if cl.batch != nil {
 		c.flow = cl.batch.Flow(cl.cfg.Hub)
 	}
@@ -204,12 +211,13 @@ type Conn struct {
 	flow    *quicsock.Flow // set at construction: the hub's datagrams drainLoop reports; nil: none
 }
 
-func newConn(qc *quic.Conn, stream *quic.Stream, w contracts.VPNWelcome, mtu int, keys wire.TransportKeys, keepAlive time.Duration) *Conn {
+// newConn starts the session's keep-alives on tick, which it stops once the session ends.
+func newConn(qc *quic.Conn, stream *quic.Stream, w contracts.VPNWelcome, mtu int, keys wire.TransportKeys, tick clock.Ticker) *Conn {
 	c := &Conn{
 		qc: qc, stream: stream, welcome: w, mtu: mtu,
 		seal: wire.NewSealer(keys.Send, w.MTU), open: wire.NewOpener(keys.Recv), inbox: newInbox(inboxLen),
 	}
-	go c.keepAliveLoop(keepAlive)
+	go c.keepAliveLoop(tick)
 	return c
 }
 
@@ -239,9 +247,8 @@ func (c *Conn) drainLoop() {
 
 // keepAliveLoop sends an empty keep-alive datagram right away (the hub closes a session that has
 // not authenticated a datagram within 15 s of its handshake) and then whenever nothing was sent
-// for a whole interval, looking twice an interval so that no idle gap exceeds it.
-func (c *Conn) keepAliveLoop(interval time.Duration) {
-	tick := time.NewTicker(interval / 2)
+// for a whole interval, looking twice an interval (tick) so that no idle gap exceeds it.
+func (c *Conn) keepAliveLoop(tick clock.Ticker) {
 	defer tick.Stop()
 	idle := true // send the first one now
 	for {
@@ -253,7 +260,7 @@ func (c *Conn) keepAliveLoop(interval time.Duration) {
 		select {
 		case <-c.qc.Context().Done():
 			return
-		case <-tick.C:
+		case <-tick.C():
 		}
 		c.sendMu.Lock()
 		idle, c.sent = !c.sent, false

@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/vpnhub"
@@ -251,3 +252,74 @@ func (p *udpProxy) switchTo(target netip.AddrPort) {
 	p.former.Delete(target)
 	p.target.Store(&target)
 }
+
+// handClock is a clock the test moves by hand (Config.Clock). Each NewTimer is announced on timers
+// and fires when the test fires it; a ticker ticks when the test calls tick. Now and Since are the
+// wall clock's. It serves one keep-alive loop.
+type handClock struct {
+	clock.RealClock
+	timers chan *handTimer
+	ticks  chan time.Time
+	ready  chan struct{} // a token each time the keep-alive loop waits for its next tick
+}
+
+func newHandClock() *handClock {
+	return &handClock{timers: make(chan *handTimer, 64), ticks: make(chan time.Time), ready: make(chan struct{}, 1)}
+}
+
+func (k *handClock) NewTimer(d time.Duration) clock.Timer {
+	tm := &handTimer{d: d, c: make(chan time.Time, 1)}
+	k.timers <- tm
+	return tm
+}
+
+func (k *handClock) NewTicker(time.Duration) clock.Ticker { return handTicker{k} }
+
+// tick waits until the keep-alive loop waits for its next tick, having done all the last one
+// asked, then runs before (when set) and hands the loop the tick.
+func (k *handClock) tick(t *testing.T, before func()) {
+	t.Helper()
+	select {
+	case <-k.ready:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no keep-alive loop waits for a tick")
+	}
+	if before != nil {
+		before()
+	}
+	k.ticks <- time.Now()
+}
+
+// timer is the next timer the code under test asked for.
+func (k *handClock) timer(t *testing.T) *handTimer {
+	t.Helper()
+	select {
+	case tm := <-k.timers:
+		return tm
+	case <-time.After(15 * time.Second):
+		t.Fatal("no timer asked for")
+		return nil
+	}
+}
+
+type handTimer struct {
+	d time.Duration // what the code asked to wait
+	c chan time.Time
+}
+
+func (h *handTimer) C() <-chan time.Time      { return h.c }
+func (h *handTimer) Stop() bool               { return true }
+func (h *handTimer) Reset(time.Duration) bool { return true }
+func (h *handTimer) fire()                    { h.c <- time.Now() }
+
+type handTicker struct{ k *handClock }
+
+// C is read each time the loop waits for a tick: it leaves the token that says so.
+func (h handTicker) C() <-chan time.Time {
+	select {
+	case h.k.ready <- struct{}{}:
+	default:
+	}
+	return h.k.ticks
+}
+func (handTicker) Stop() {}

@@ -90,7 +90,7 @@ func (t *Tunnel) Run(ctx context.Context) error {
 	for {
 		conn, err := t.Client.Dial(ctx)
 		if err == nil {
-			joined := time.Now()
+			joined := t.Client.cfg.Clock.Now()
 			t.joins.Add(1)
 			log.Info().Str("controlAddress", conn.ControlAddress().String()).Int("mtu", conn.MTU()).Str("outcome", "joined").Msg("vpn session up")
 			t.cur.Store(conn)
@@ -100,7 +100,7 @@ func (t *Tunnel) Run(ctx context.Context) error {
 			err = t.toDevice(ctx, conn)
 			t.cur.Store(nil)
 			conn.Close()
-			if time.Since(joined) >= stableSession || hubLostState(err) {
+			if t.Client.cfg.Clock.Since(joined) >= stableSession || hubLostState(err) {
 				wait.Reset()
 			}
 		}
@@ -116,12 +116,12 @@ func (t *Tunnel) Run(ctx context.Context) error {
 		}
 		sleep := wait.Next()
 		log.Warn().Str("outcome", outcome).Dur("wait", sleep).Str("error", err.Error()).Msg("vpn session down")
-		timer := time.NewTimer(sleep)
+		timer := t.Client.cfg.Clock.NewTimer(sleep)
 		select {
 		case <-ctx.Done():
 			timer.Stop()
 			return nil
-		case <-timer.C:
+		case <-timer.C():
 		}
 	}
 }

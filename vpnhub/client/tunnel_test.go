@@ -6,6 +6,7 @@ import (
 	"errors"
 	"net"
 	"net/netip"
+	"slices"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
+	"code.foss.global/serve.zone/relay/internal/backoff"
 	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 )
 
@@ -133,68 +135,91 @@ func impersonator(t *testing.T) (netip.AddrPort, *atomic.Int64) {
 	return netip.MustParseAddrPort(udp.LocalAddr().String()), &conns
 }
 
-// A forged vpn-member-replaced close must not stop the tunnel: it
-// redials, by the backoff schedule rather than at once, and joins the real hub when the path lets
-// it through again.
+// A forged vpn-member-replaced close must not stop the tunnel: it redials, by the backoff schedule
+// rather than at once — each redial only once the wait the schedule drew is over, the waits' ceiling
+// doubling from 250 ms (never started again, as a session that lasted would start it) — and joins
+// the real hub when the path lets it through again. The tunnel's clock is the test's.
 func TestTunnelRedialsAfterAForgedReplacedClose(t *testing.T) {
 	checkLeaks(t)
 	ka := testKey(t, 2)
 	th := startHub(t, testMember(ka, "node-a", 2))
 	forger, forged := impersonator(t)
 	path := newUDPProxy(t, forger)
-	tu, _, joins := runTunnel(t, th.client(t, ka, "node-a", path.addr(), nil))
-	eventually(t, "a forged close", func() bool { return forged.Load() >= 1 })
-	time.Sleep(time.Second) // the redials' count in a second is the behaviour: the backoff's schedule
-	if n := forged.Load(); n < 2 || n > 8 {
-		t.Fatalf("%d dials in the second after a forged vpn-member-replaced; want a few, by the backoff schedule", n)
+	clk := newHandClock()
+	tu, _, joins := runTunnel(t, th.client(t, ka, "node-a", path.addr(), func(c *Config) { c.Clock = clk }))
+	const rounds = 7
+	var waits []time.Duration
+	var wait *handTimer
+	for k := range rounds {
+		wait = clk.timer(t)
+		if n := forged.Load(); n != int64(k+1) {
+			t.Fatalf("%d dials before the wait after forged close %d was over", n, k+1)
+		}
+		if ceiling := backoff.Base << k; wait.d > ceiling {
+			t.Fatalf("wait %d drawn %s, past the schedule's ceiling %s", k+1, wait.d, ceiling)
+		}
+		waits = append(waits, wait.d)
+		if k < rounds-1 {
+			wait.fire()
+		}
+	}
+	// Full jitter: a wait may be short by chance, but with the schedule started again after each
+	// close every one would be under its first ceiling; with the ceilings doubling, all of the last
+	// five are that short about once in a million runs.
+	if slices.IndexFunc(waits[2:], func(d time.Duration) bool { return d > backoff.Base }) < 0 {
+		t.Fatalf("waits %v: none past %s, the schedule was started again", waits, backoff.Base)
 	}
 	path.switchTo(th.Addr())
+	wait.fire()
 	joined(t, joins, 35*time.Second)
-	if tu.Joins() != 1 {
-		t.Fatalf("%d joins", tu.Joins())
+	if tu.Joins() != 1 || forged.Load() != rounds {
+		t.Fatalf("%d joins, %d forged closes", tu.Joins(), forged.Load())
 	}
 }
 
-// docs/protocol.md#vpn-hub: a client sends an empty keep-alive datagram right after the handshake and every 10 s
-// while idle (shortened here), and none while it sends packets anyway.
+// docs/protocol.md#vpn-hub: a client sends an empty keep-alive datagram right after the handshake
+// and whenever it sent nothing for an interval, and none while it sends packets anyway. The
+// keep-alive cadence runs on the test's clock: a tick is half an interval.
 func TestConnSendsKeepAlivesWhileIdle(t *testing.T) {
 	checkLeaks(t)
 	ka, kb := testKey(t, 2), testKey(t, 3)
 	th := startHub(t, testMember(ka, "node-a", 2), testMember(kb, "node-b", 3))
-	b := th.dial(t, kb, "node-b")
+	b := th.dial(t, kb, "node-b") // on the wall clock at 10 s: a keep-alive after its handshake only
 	defer b.Close()
 	const interval = 200 * time.Millisecond
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	a, err := th.client(t, ka, "node-a", netip.AddrPort{}, func(c *Config) { c.KeepAliveInterval = interval }).Dial(ctx)
+	clk := newHandClock()
+	a, err := th.client(t, ka, "node-a", netip.AddrPort{}, func(c *Config) { c.KeepAliveInterval = interval; c.Clock = clk }).Dial(ctx)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer a.Close()
-	start := time.Now()
+	// Before any tick: right after the handshakes.
 	eventually(t, "the keep-alives right after the handshakes", func() bool { return th.metric(t, "relay_vpnhub_keepalives_total") >= 2 })
-	if waited := time.Since(start); waited > interval {
-		t.Fatalf("the first keep-alives took %s", waited)
-	}
-	base := th.metric(t, "relay_vpnhub_keepalives_total")
-	time.Sleep(10 * interval) // idle for ten intervals: the keep-alives' count over them is the behaviour
-	idle := th.metric(t, "relay_vpnhub_keepalives_total") - base
-	// a sends one per interval, b (at 10 s) none: 10, give or take scheduling.
-	if idle < 7 || idle > 11 {
-		t.Fatalf("%v keep-alives in %s idle at one per %s", idle, 10*interval, interval)
-	}
-	base = th.metric(t, "relay_vpnhub_keepalives_total")
-	busyTick := time.NewTicker(interval / 10) // busy: a packet every tenth of an interval
-	defer busyTick.Stop()
-	for end := time.Now().Add(10 * interval); time.Now().Before(end); <-busyTick.C {
-		if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("busy"))); err != nil {
-			t.Fatal(err)
+	keepAlives := func(from float64, want int) {
+		t.Helper()
+		eventually(t, "the keep-alives", func() bool { return th.metric(t, "relay_vpnhub_keepalives_total")-from >= float64(want) })
+		if got := th.metric(t, "relay_vpnhub_keepalives_total") - from; got != float64(want) {
+			t.Fatalf("%v keep-alives, want %d", got, want)
 		}
 	}
-	if busy := th.metric(t, "relay_vpnhub_keepalives_total") - base; busy > 1 {
-		t.Fatalf("%v keep-alives while sending every %s", busy, interval/10)
+	base := th.metric(t, "relay_vpnhub_keepalives_total")
+	for i := 1; i <= 10; i++ { // idle: one per interval
+		clk.tick(t, nil)
+		clk.tick(t, nil)
+		keepAlives(base, i)
 	}
-	if got := th.metric(t, "relay_vpnhub_forwarded_packets_total"); got < 50 {
-		t.Fatalf("forwarded %v packets", got)
+	base = th.metric(t, "relay_vpnhub_keepalives_total")
+	const busy = 20
+	for range busy { // a packet before every tick: none
+		clk.tick(t, func() {
+			if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("busy"))); err != nil {
+				t.Fatal(err)
+			}
+		})
 	}
+	clk.tick(t, nil) // nothing sent since the last tick: one, the first since the packets
+	keepAlives(base, 1)
+	eventually(t, "the busy packets forwarded", func() bool { return th.metric(t, "relay_vpnhub_forwarded_packets_total") >= busy/2 })
 }
