@@ -24,6 +24,9 @@ import (
 // at most the relay's per-source limit of each; the holders take whatever else the relay allows.
 type attack struct {
 	addr     string
+	budget   int64
+	mode     string       // RELAY_FAULTS_ATTACKERS: "" in this process, else in a child scheduled so
+	child    *attackChild // the child running the attack (attacker_process_test.go), once started
 	stopc    chan struct{}
 	stopOnce sync.Once
 	wg       sync.WaitGroup
@@ -57,7 +60,8 @@ const hoardPerConn = 4 * relay.AnonymousShare
 // newAttack prepares the anonymous peers of a relay at addr with budget, and every frame they send
 // (masked once: the relay does not judge a client's masking keys).
 func newAttack(addr string, budget int64, inputs [][]byte) *attack {
-	a := &attack{addr: addr, stopc: make(chan struct{}), filled: make(chan struct{}), perSource: relay.DefaultMaxUnregisteredPerSource}
+	a := &attack{addr: addr, budget: budget, mode: attackersMode(), stopc: make(chan struct{}), filled: make(chan struct{}),
+		perSource: relay.DefaultMaxUnregisteredPerSource}
 	// Hoarders enough to hold four times the budget at four shares each (half the relay's
 	// connections at most: the holders keep the rest).
 	a.hoarderSources = min(int(4*budget/(hoardPerConn*int64(a.perSource))), relay.MaxUnregistered/2/a.perSource)
@@ -130,6 +134,10 @@ func (a *attack) stopped() bool {
 func (a *attack) stop() {
 	a.stopOnce.Do(func() {
 		close(a.stopc)
+		if a.child != nil {
+			a.stopChild()
+			return
+		}
 		a.wg.Wait()
 		for _, c := range a.httpConns {
 			c.conn.Close()
@@ -139,6 +147,10 @@ func (a *attack) stop() {
 
 // start launches every kind of anonymous peer.
 func (a *attack) start() {
+	if a.mode != "" {
+		a.startChild(a.mode)
+		return
+	}
 	a.startHTTP()
 	// Holders first: as many connections as the relay allows. The others use their own sources
 	// and so find room once the holders have stepped back from the limit.
@@ -473,6 +485,9 @@ func (a *attack) startHTTP() {
 
 // httpStillOpen counts the idle HTTP connections the relay has not closed, and names their kinds.
 func (a *attack) httpStillOpen() (open, total int, kinds map[string]int) {
+	if a.child != nil {
+		return a.childHTTP()
+	}
 	kinds = map[string]int{}
 	for _, c := range a.httpConns {
 		if !peerClosed(c.conn) {
@@ -484,6 +499,9 @@ func (a *attack) httpStillOpen() (open, total int, kinds map[string]int) {
 }
 
 func (a *attack) summary() string {
+	if a.child != nil {
+		return a.childSummary()
+	}
 	return fmt.Sprintf("attack: %d connections held at most (%d upgrades refused 503), %d corpus frames read by the relay (%d of %d distinct) "+
 		"(%d hoarding connections, %d ended by a frame), %d registrations on %d connections",
 		a.peak.Load(), a.refused503.Load(), a.framesSent.Load(), a.distinct.Load(), len(a.frames), a.hoarded.Load(), a.ended.Load(),
