@@ -137,9 +137,9 @@ func (r *Reader) StreamFrame(frame []byte) {
 	if l == nil {
 		return
 	}
-	answer := contracts.StreamAnswer{StreamID: l.ID(), CycleID: f.Request.CycleID, Purpose: "feedback", Request: f.RequestRaw}
+	answer := answerFor(l.ID(), f)
 	if refusal := r.Err(); refusal != nil {
-		answer.Request, answer.Refusal = nil, AsRefusal(refusal)
+		answer.Request, answer.Purpose, answer.KeepAlive, answer.Refusal = nil, "feedback", false, AsRefusal(refusal)
 		l.Send(contracts.AppendStreamAnswer(nil, answer))
 		return
 	}
@@ -149,9 +149,7 @@ func (r *Reader) StreamFrame(frame []byte) {
 			r.refuse(l, answer, err)
 		}
 	case "keepAlive":
-		answer.Purpose, answer.KeepAlive = "keepAlive", true
-		if f.Request.HasKeepAlive && !f.Request.KeepAlive {
-			answer.KeepAlive = false
+		if !answer.KeepAlive {
 			r.mu.Lock()
 			r.aborted = true
 			r.mu.Unlock()
@@ -162,6 +160,36 @@ func (r *Reader) StreamFrame(frame []byte) {
 		answer.Backpressure = len(r.chunks) >= r.opts.Queue
 		l.Send(contracts.AppendStreamAnswer(nil, answer))
 	}
+}
+
+// Answer is the answer a reader with room gives a writer's request frame (a chunk, a keep-alive,
+// a feedback request), as the library's reader builds it: same streamId and cycleId, a keep-alive
+// answered keepAlive (false when the writer ended the stream), anything else feedback without
+// backpressure, a chunk's answer with request null. ok is false for a frame that is no request
+// (an answer is never answered back) or not readable. A Reader answers its own stream's frames;
+// Answer is for an end that chooses to answer a frame of a stream it keeps no Reader for as an
+// open stream would (the simulator's stand-ins): the library itself hands such a frame back
+// unchanged.
+func Answer(frame []byte) (answer []byte, ok bool) {
+	f, err := contracts.ReadStreamFrameBody(frame)
+	if err != nil || f.Response.Present || !f.Request.Present {
+		return nil, false
+	}
+	a := answerFor(f.Request.StreamID, f)
+	if f.Request.MainPurpose == "chunk" {
+		a.Request = nil
+	}
+	return contracts.AppendStreamAnswer(nil, a), true
+}
+
+// answerFor is the answer to request frame f on stream id, before the reader's state is read:
+// the request echoed, feedback, or keepAlive for a keep-alive (false when f ends the stream).
+func answerFor(id string, f contracts.StreamFrameBody) contracts.StreamAnswer {
+	a := contracts.StreamAnswer{StreamID: id, CycleID: f.Request.CycleID, Purpose: "feedback", Request: f.RequestRaw}
+	if f.Request.MainPurpose == "keepAlive" {
+		a.Purpose, a.KeepAlive = "keepAlive", !(f.Request.HasKeepAlive && !f.Request.KeepAlive)
+	}
+	return a
 }
 
 // queue holds a chunk for Read, charged to the budget, unless the reader is closed.

@@ -3,10 +3,12 @@ package sim
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -81,29 +83,44 @@ func postControl(t *testing.T, c *Corestore, op string, control []byte) int {
 // streamLinger has passed since its last chunk, and every stream at once when its path is gone; a
 // stream still moving is kept until then.
 func TestStreamsForgetAbandonedStreams(t *testing.T) {
-	s := newStreams()
-	s.chunk("half", "aGFsZg==") // never closed
-	s.chunk("closed", "d2hvbGU=")
-	s.chunk("closed", contracts.StreamClosingBit) // closed, and nobody asks for it
-	later := time.Now().Add(streamLinger + time.Second)
-	s.mu.Lock()
-	s.incoming["moving"] = &inbound{data: []byte("x"), last: later} // a chunk just came
-	s.sweepLocked(later)
-	kept := len(s.incoming) + len(s.closed)
-	_, moving := s.incoming["moving"]
-	s.mu.Unlock()
-	if kept != 1 || !moving {
-		t.Fatalf("kept %d streams (moving kept: %v); want only the moving one", kept, moving)
-	}
-	s.chunk("closed-too", contracts.StreamClosingBit)
-	s.abandon() // the path they came over is gone: Cloudly's socket ended, or the relay detached
-	s.mu.Lock()
-	kept = len(s.incoming) + len(s.closed)
-	s.mu.Unlock()
-	if kept != 0 {
-		t.Fatalf("kept %d streams whose path is gone", kept)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		s := newStreams()
+		chunk := func(id string, data []byte) {
+			s.read(&recordLink{id: id}).StreamFrame(contracts.AppendChunkFrame(nil, id, id+"-c", data, data != nil, data == nil))
+			synctest.Wait() // its reader took it
+		}
+		kept := func() (readers, closed []string) {
+			s.mu.Lock()
+			defer s.mu.Unlock()
+			return slices.Sorted(maps.Keys(s.readers)), slices.Sorted(maps.Keys(s.closed))
+		}
+		chunk("half", []byte("half")) // never closed
+		chunk("closed", []byte("whole"))
+		chunk("closed", nil) // closed, and nobody asks for it
+		if r, c := kept(); !slices.Equal(r, []string{"half"}) || !slices.Equal(c, []string{"closed"}) {
+			t.Fatalf("reading %v, read %v; want [half] and [closed]", r, c)
+		}
+		// Inside the bubble the clock is synctest's: this moves it past the linger at once.
+		time.Sleep(streamLinger + time.Second)
+		chunk("moving", []byte("x")) // a chunk just came
+		if r, c := kept(); !slices.Equal(r, []string{"moving"}) || len(c) != 0 {
+			t.Fatalf("reading %v, read %v; want only the moving one", r, c)
+		}
+		chunk("closed-too", nil)
+		s.abandon() // the path they came over is gone: Cloudly's socket ended, or the relay detached
+		synctest.Wait()
+		if r, c := kept(); len(r)+len(c) != 0 {
+			t.Fatalf("kept %v and %v, whose path is gone", r, c)
+		}
+	})
 }
+
+// recordLink is a stream's path that takes what is sent on it and keeps none of it.
+type recordLink struct{ id string }
+
+func (l *recordLink) ID() string              { return l.id }
+func (l *recordLink) Send(frame []byte) error { return nil }
+func (l *recordLink) Done() <-chan struct{}   { return nil }
 
 func TestNewestKeepsTheNewestInOrder(t *testing.T) {
 	var r newest[int]

@@ -1,52 +1,66 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"crypto/rand"
 	"crypto/sha256"
-	"encoding/base64"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
+	"code.foss.global/serve.zone/relay/internal/vstream"
 )
 
 // Streams are the simulator's side of the published TypedRequest library's VirtualStream
-// (docs/protocol.md#streams), as much of it as carrying bytes through the relay needs, on the wire as the library
-// puts it there: the peer that put the marker in its body sends chunk frames, each answered by the
-// other side before the next is sent; frames carry no envelope correlation, answers are matched by
-// cycleId and keep the request's phase; a chunk's answer sets request to null; the last chunk
-// carries the closing bit. Chunk data travels as base64 strings (the library sends a Uint8Array's
-// JSON form; the relay reads neither).
+// (docs/protocol.md#streams). The carriage itself — chunk frames each answered before the next,
+// answers matched by cycleId, keep-alives, the closing chunk, the chunk encodings — is
+// internal/vstream's, the same code the platform agent streams with; what is here is the
+// simulator's policy on top of it:
 //
-// A stream whose path is gone is forgotten at once (abandon: Cloudly's socket ended, or the relay
-// said it detached); one nobody waits for — its request was lost, or its receiver gave up before
-// the closing chunk — streamLinger after its last chunk. A long run keeps only the streams in
-// flight.
+//   - a stream is read from its first chunk, whether or not the request carrying its marker has
+//     arrived (typedsocket serves stream frames and requests on different paths), and its bytes are
+//     kept until a receiver asks for them;
+//   - a request frame of a stream this side keeps no end of (a keep-alive, a feedback request)
+//     is answered as an open stream would answer it (vstream.Answer): the relay's tests read
+//     those answers;
+//   - a stream whose path is gone is forgotten at once (abandon: Cloudly's socket ended, or the
+//     relay said it detached); one nobody waits for — its request was lost, or its receiver gave
+//     up before the closing chunk — streamLinger after its last chunk. A long run keeps only the
+//     streams in flight;
+//   - sinks (a side of its own takes a stream's frames whole: the platform stand-in's), a tap that
+//     sees every frame, and a pace between the chunks this side writes.
 type streams struct {
 	mu        sync.Mutex
-	answers   map[string]chan struct{} // guarded by mu: cycleId → closed when answered
-	incoming  map[string]*inbound      // guarded by mu: streamId → bytes received so far
-	waiters   map[string]chan []byte   // guarded by mu: streamId → gets the bytes once closed
-	closed    map[string]*inbound      // guarded by mu: streams closed before anyone waited
-	tap       func(frame []byte)       // guarded by mu: sees every stream frame as it arrived, when set
-	sinks     map[string]streamSink    // guarded by mu: streams a side of its own takes whole (the platform's)
-	lastSweep time.Time                // guarded by mu
+	readers   map[string]*vstream.Reader // guarded by mu: streams being read, by streamId
+	waiters   map[string]chan received   // guarded by mu: streamId → gets the stream once it ended
+	closed    map[string]*closedStream   // guarded by mu: streams read whole before anyone waited
+	stop      chan struct{}              // guarded by mu: closed by abandon, for the readers it began
+	tap       func(frame []byte)         // guarded by mu: sees every stream frame as it arrived, when set
+	sinks     map[string]streamSink      // guarded by mu: streams an end takes whole (writers, readers, the platform's)
+	lastSweep time.Time                  // guarded by mu
 
 	completed atomic.Int64 // streams received whole
 	pace      atomic.Int64 // nanoseconds to wait between two chunks sent (a slow writer)
 }
 
-// inbound is a stream's bytes so far and when its last chunk came.
-type inbound struct {
+// received is a stream's bytes once it ended, or why it ended early.
+type received struct {
 	data []byte
-	last time.Time
+	err  error
+}
+
+// closedStream is a stream read whole and when it ended.
+type closedStream struct {
+	data []byte
+	at   time.Time
 }
 
 // streamLinger is how long a stream nobody waits for is kept after its last chunk: as long as a
@@ -54,32 +68,31 @@ type inbound struct {
 const streamLinger = typedsocket.DefaultCallTimeout
 
 func newStreams() *streams {
-	return &streams{answers: make(map[string]chan struct{}), incoming: make(map[string]*inbound), sinks: make(map[string]streamSink),
-		waiters: make(map[string]chan []byte), closed: make(map[string]*inbound), lastSweep: time.Now()}
+	return &streams{readers: make(map[string]*vstream.Reader), sinks: make(map[string]streamSink),
+		waiters: make(map[string]chan received), closed: make(map[string]*closedStream), stop: make(chan struct{}), lastSweep: time.Now()}
 }
 
-// abandon forgets every stream being received and every one closed that nobody asked for: they
-// came over a path that is gone (Cloudly's socket ended, or the relay said it detached), and no
-// more of them will arrive.
+// abandon forgets every stream being read and every one read that nobody asked for: they came
+// over a path that is gone (Cloudly's socket ended, or the relay said it detached), and no more
+// of them will arrive.
 func (s *streams) abandon() {
 	s.mu.Lock()
-	clear(s.incoming)
+	close(s.stop)
+	s.stop = make(chan struct{})
 	clear(s.closed)
 	s.mu.Unlock()
 }
 
-// sweepLocked forgets the streams whose last chunk came more than streamLinger ago; at most once
-// a second.
+// sweepLocked forgets the streams read whole more than streamLinger ago that nobody asked for;
+// at most once a second. (A stream still being read ends by its reader's idle bound.)
 func (s *streams) sweepLocked(now time.Time) {
 	if now.Sub(s.lastSweep) < time.Second {
 		return
 	}
 	s.lastSweep = now
-	for _, m := range []map[string]*inbound{s.incoming, s.closed} {
-		for id, in := range m {
-			if now.Sub(in.last) > streamLinger {
-				delete(m, id)
-			}
+	for id, c := range s.closed {
+		if now.Sub(c.at) > streamLinger {
+			delete(s.closed, id)
 		}
 	}
 }
@@ -93,23 +106,6 @@ func newStreamID() string {
 	var b [12]byte
 	rand.Read(b[:])
 	return "sim-stream-" + hex.EncodeToString(b[:])
-}
-
-// streamCycle is the request or response member of a stream frame.
-type streamCycle struct {
-	StreamID     string  `json:"streamId"`
-	CycleID      string  `json:"cycleId"`
-	Cycle        string  `json:"cycle"`
-	MainPurpose  string  `json:"mainPurpose"`
-	Next         bool    `json:"next"`
-	Backpressure bool    `json:"backpressure"`
-	ChunkData    *string `json:"chunkData,omitempty"`
-}
-
-type streamFrame struct {
-	Method   string       `json:"method"`
-	Request  *streamCycle `json:"request"`
-	Response *streamCycle `json:"response"`
 }
 
 // streamSink takes every frame of one stream, on the read loop; it must not block.
@@ -127,8 +123,9 @@ func (s *streams) dropSink(id string) {
 	s.mu.Unlock()
 }
 
-// serve takes one stream frame from the connection: a frame of a stream a sink takes, an answer
-// to a chunk this side sent, or a chunk of a stream the other side sends, which it answers.
+// serve takes one stream frame from the connection: a frame of a stream an end on this side
+// holds (a writer's answer, a reader's chunk), the first chunk of a stream the other side
+// writes, which begins its reader, or a request of a stream this side keeps no end of, answered.
 func (s *streams) serve(c *typedsocket.Conn, f *typedsocket.StreamFrame) {
 	s.mu.Lock()
 	tap, sink := s.tap, s.sinks[f.StreamID]
@@ -140,106 +137,59 @@ func (s *streams) serve(c *typedsocket.Conn, f *typedsocket.StreamFrame) {
 		sink(c, f.Frame)
 		return
 	}
-	var fr streamFrame
-	if json.Unmarshal(f.Frame, &fr) != nil {
-		return
-	}
-	if fr.Response != nil && fr.Response.Cycle == "response" {
-		s.mu.Lock()
-		ch := s.answers[fr.Response.CycleID]
-		delete(s.answers, fr.Response.CycleID)
-		s.mu.Unlock()
-		if ch != nil {
-			close(ch)
-		}
-		return
-	}
-	if fr.Request == nil || fr.Request.Cycle != "request" {
-		return
-	}
-	req := fr.Request
-	if req.MainPurpose == "chunk" && req.ChunkData != nil {
-		s.chunk(req.StreamID, *req.ChunkData)
-	}
-	answer, _ := json.Marshal(streamFrame{Method: contracts.MethodVirtualStream, Response: &streamCycle{
-		StreamID: req.StreamID, CycleID: req.CycleID, Cycle: "response", MainPurpose: "feedback"}})
-	c.SendFrame(answer)
-}
-
-func (s *streams) chunk(id, data string) {
-	now := time.Now()
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.sweepLocked(now)
-	in := s.incoming[id]
-	if in == nil {
-		in = &inbound{}
-	}
-	in.last = now
-	if data == contracts.StreamClosingBit {
-		delete(s.incoming, id)
-		s.completed.Add(1)
-		if w := s.waiters[id]; w != nil {
-			delete(s.waiters, id)
-			w <- in.data
-		} else {
-			s.closed[id] = in
-		}
-		return
-	}
-	b, err := base64.StdEncoding.DecodeString(data)
+	body, err := contracts.ReadStreamFrameBody(f.Frame)
 	if err != nil {
 		return
 	}
-	in.data = append(in.data, b...)
-	s.incoming[id] = in
-}
-
-// send writes data to the stream in chunks of chunkSize, each answered before the next, then the
-// closing chunk.
-func (s *streams) send(ctx context.Context, c *typedsocket.Conn, id string, data []byte, chunkSize int) error {
-	for len(data) > 0 {
-		if pace := time.Duration(s.pace.Load()); pace > 0 {
-			select {
-			case <-time.After(pace):
-			case <-ctx.Done():
-				return context.Cause(ctx)
-			}
-		}
-		n := min(chunkSize, len(data))
-		if err := s.sendChunk(ctx, c, id, base64.StdEncoding.EncodeToString(data[:n]), len(data) > n); err != nil {
-			return err
-		}
-		data = data[n:]
+	if body.Request.Present && !body.Response.Present && body.Request.MainPurpose == "chunk" && body.Request.StreamID == f.StreamID {
+		s.read(simLink{c, f.StreamID}).StreamFrame(f.Frame)
+		return
 	}
-	return s.sendChunk(ctx, c, id, contracts.StreamClosingBit, false)
+	if answer, ok := vstream.Answer(f.Frame); ok {
+		c.SendFrame(answer)
+	}
 }
 
-func (s *streams) sendChunk(ctx context.Context, c *typedsocket.Conn, id, chunk string, next bool) error {
-	cycle := newStreamID()
-	frame, _ := json.Marshal(streamFrame{Method: contracts.MethodVirtualStream, Request: &streamCycle{
-		StreamID: id, CycleID: cycle, Cycle: "request", MainPurpose: "chunk", Next: next, ChunkData: &chunk}})
-	answered := make(chan struct{})
+// read begins reading the stream on l: its reader takes the stream's frames from now on, and
+// its bytes are kept for receive once it ended.
+func (s *streams) read(l vstream.Link) *vstream.Reader {
+	id := l.ID()
 	s.mu.Lock()
-	s.answers[cycle] = answered
-	s.mu.Unlock()
-	defer func() {
+	defer s.mu.Unlock()
+	s.sweepLocked(time.Now())
+	if rd := s.readers[id]; rd != nil { // a frame raced the sink's setting
+		return rd
+	}
+	rd := vstream.NewReader(vstream.ReaderOptions{Idle: streamLinger, Stop: s.stop, Peer: "the writer"})
+	rd.Attach(l)
+	s.readers[id] = rd
+	s.sinks[id] = func(_ *typedsocket.Conn, frame []byte) { rd.StreamFrame(frame) }
+	go func() {
+		var got bytes.Buffer
+		_, err := io.Copy(&got, rd)
+		rd.Close()
+		now := time.Now()
 		s.mu.Lock()
-		delete(s.answers, cycle)
-		s.mu.Unlock()
+		defer s.mu.Unlock()
+		delete(s.readers, id)
+		delete(s.sinks, id)
+		if err == nil {
+			s.completed.Add(1)
+		}
+		if w := s.waiters[id]; w != nil {
+			delete(s.waiters, id)
+			w <- received{got.Bytes(), err}
+			return
+		}
+		if err == nil {
+			s.sweepLocked(now)
+			s.closed[id] = &closedStream{data: got.Bytes(), at: now}
+		}
 	}()
-	if err := c.SendFrame(frame); err != nil {
-		return fmt.Errorf("stream %s: %w", id, err)
-	}
-	select {
-	case <-answered:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("stream %s: no answer to a chunk: %w", id, context.Cause(ctx))
-	}
+	return rd
 }
 
-// receive waits until the stream has been closed and returns its bytes.
+// receive waits until the stream has been read whole and returns its bytes.
 func (s *streams) receive(ctx context.Context, id string) ([]byte, error) {
 	s.mu.Lock()
 	if got, ok := s.closed[id]; ok {
@@ -247,19 +197,64 @@ func (s *streams) receive(ctx context.Context, id string) ([]byte, error) {
 		s.mu.Unlock()
 		return got.data, nil
 	}
-	w := make(chan []byte, 1)
+	w := make(chan received, 1)
 	s.waiters[id] = w
 	s.mu.Unlock()
 	select {
 	case got := <-w:
-		return got, nil
+		if got.err != nil {
+			return nil, fmt.Errorf("stream %s not closed: %w", id, got.err)
+		}
+		return got.data, nil
 	case <-ctx.Done():
+		err := context.Cause(ctx)
 		s.mu.Lock()
 		delete(s.waiters, id)
-		delete(s.incoming, id)
+		rd := s.readers[id]
 		s.mu.Unlock()
-		return nil, fmt.Errorf("stream %s not closed: %w", id, context.Cause(ctx))
+		if rd != nil {
+			rd.Fail(contracts.RelayRequestInvalid.Refuse("the receiver gave up on the stream"))
+		}
+		return nil, fmt.Errorf("stream %s not closed: %w", id, err)
 	}
+}
+
+// send writes data to the stream as the library's writer does (vstream), chunkSize bytes a
+// chunk, each answered before the next, then the closing chunk; ended, when closed, says the
+// call carrying the stream was answered.
+func (s *streams) send(ctx context.Context, c *typedsocket.Conn, id string, data []byte, chunkSize int, ended <-chan struct{}) error {
+	w := vstream.NewWriter(vstream.WriterOptions{ChunkBytes: chunkSize, Stop: ctx.Done(), Ended: ended, Peer: "the receiver"})
+	s.setSink(id, func(_ *typedsocket.Conn, frame []byte) { w.StreamFrame(frame) })
+	defer s.dropSink(id)
+	_, err := w.Write(simLink{c, id}, &pacedReader{ctx: ctx, pace: &s.pace, r: bytes.NewReader(data)})
+	if errors.Is(err, vstream.ErrStopped) {
+		err = context.Cause(ctx)
+	}
+	if err != nil {
+		return fmt.Errorf("stream %s: %w", id, err)
+	}
+	return nil
+}
+
+// pacedReader waits pace before each read: the writer reads one chunk at a time, so that is a
+// wait between two chunks sent (a slow writer).
+type pacedReader struct {
+	ctx  context.Context
+	pace *atomic.Int64
+	r    io.Reader
+}
+
+func (p *pacedReader) Read(b []byte) (int, error) {
+	if d := time.Duration(p.pace.Load()); d > 0 {
+		t := time.NewTimer(d)
+		defer t.Stop()
+		select {
+		case <-t.C:
+		case <-p.ctx.Done():
+			return 0, context.Cause(p.ctx)
+		}
+	}
+	return p.r.Read(b)
 }
 
 // The method the simulator streams with: the seeds' example of a request-side stream
@@ -318,10 +313,11 @@ func (s *streams) pushImage(ctx context.Context, c *typedsocket.Conn, session js
 	id := newStreamID()
 	body, _ := json.Marshal(map[string]any{"session": session, "imageStream": streamMarker(id), "byteLength": len(data)})
 	answer := make(chan typedsocket.Reply, 1)
-	if _, err := c.CallAsync(MethodPushImageVersion, body, func(r typedsocket.Reply) { answer <- r }); err != nil {
+	ended := make(chan struct{})
+	if _, err := c.CallAsync(MethodPushImageVersion, body, func(r typedsocket.Reply) { answer <- r; close(ended) }); err != nil {
 		return err
 	}
-	if err := s.send(ctx, c, id, data, chunkSize); err != nil {
+	if err := s.send(ctx, c, id, data, chunkSize, ended); err != nil && !errors.Is(err, vstream.ErrEndedEarly) {
 		return err
 	}
 	select {
