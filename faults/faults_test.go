@@ -33,7 +33,12 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(flooderEnv) != "" {
+		os.Exit(flooderMain()) // this binary re-run as TestFaultVPNHandshakeFlood's attacker
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func long() bool { return os.Getenv("RELAY_FAULTS") == "long" }
 
