@@ -305,6 +305,8 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		defer stalled.Close()
 		nodes := register(t, e, nodeCount, "node-")
 		var busy atomic.Int64
+		filled := make(chan struct{})
+		fill := sync.OnceFunc(func() { close(filled) })
 		stop := make(chan struct{})
 		var flood sync.WaitGroup
 		flood.Add(1)
@@ -322,6 +324,7 @@ func TestFaultNodeNeverReads(t *testing.T) {
 				e.Cloudly.CallAsync("applyRuntimeAssignment", body, func(r typedsocket.Reply) {
 					if errors.Is(r.Err, contracts.RelayNodeBusy) {
 						busy.Add(1)
+						fill()
 					}
 				})
 			}
@@ -329,6 +332,12 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		var ta tally
 		senders := sendUntil(nodes, &ta, 5*time.Millisecond, stop)
 		phase(size(3*time.Second, 20*time.Second))
+		// The fault lasts its length and on until the stalled node's queue has filled once: a
+		// starved machine may take longer to send the calls that fill it. The bound is for a hang.
+		select {
+		case <-filled:
+		case <-time.After(floodHang):
+		}
 		close(stop)
 		senders.Wait()
 		flood.Wait()
