@@ -85,7 +85,7 @@ func TestFaultHostileLoad(t *testing.T) {
 		case <-a.filled:
 			h.fillTime = time.Since(attackStart)
 			lat.phase.Store(phaseAttack)
-		case <-time.After(size(30*time.Second, 60*time.Second)):
+		case <-time.After(attackHang): // a hang: the holders connect as fast as the machine lets them
 			t.Errorf("the holders never had their connections (%d held)", a.held.Load())
 		}
 		// The hoarders take their places (each source's limit) before the attack is sustained.
@@ -94,8 +94,9 @@ func TestFaultHostileLoad(t *testing.T) {
 		phase(sustain)
 		// Every corpus frame is read by the relay at least once before the attack ends. The enders
 		// cycle through the frames, so one whose upgrade was refused comes round again; under the
-		// full race-detected suite on two cores a cycle can take tens of seconds.
-		waitFor(size(90*time.Second, 180*time.Second), a.allDelivered)
+		// full race-detected suite on two cores a cycle can take tens of seconds, and with the
+		// cores taken by other work, minutes. The attack lasts until then: attackHang is for a hang.
+		waitFor(attackHang, a.allDelivered)
 		lat.phase.Store(phaseAfter)
 		h.cpuAttack = (rp.cpu() - cpu0).Seconds() / time.Since(attackStart).Seconds()
 		h.selfAttack = (selfCPU() - self0).Seconds() / time.Since(attackStart).Seconds()
@@ -157,6 +158,10 @@ func TestFaultHostileLoad(t *testing.T) {
 	h.writeP99(t)
 	h.check(t, nodeCount)
 }
+
+// attackHang bounds the waits for the holders to connect and for the relay to have read every
+// corpus frame: a hang, not a busy machine.
+const attackHang = 10 * time.Minute
 
 // p99Env, when set, names a file the fault appends its p99 figures to as a JSON line
 // ({"calm","attacked"} in nanoseconds, and the requests each counted): the benchmark judges them.
