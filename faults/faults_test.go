@@ -33,7 +33,12 @@ import (
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
 
-func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+func TestMain(m *testing.M) {
+	if os.Getenv(flooderEnv) != "" {
+		os.Exit(flooderMain()) // this binary re-run as TestFaultVPNHandshakeFlood's attacker
+	}
+	goleak.VerifyTestMain(m)
+}
 
 func long() bool { return os.Getenv("RELAY_FAULTS") == "long" }
 
@@ -300,6 +305,8 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		defer stalled.Close()
 		nodes := register(t, e, nodeCount, "node-")
 		var busy atomic.Int64
+		filled := make(chan struct{})
+		fill := sync.OnceFunc(func() { close(filled) })
 		stop := make(chan struct{})
 		var flood sync.WaitGroup
 		flood.Add(1)
@@ -317,6 +324,7 @@ func TestFaultNodeNeverReads(t *testing.T) {
 				e.Cloudly.CallAsync("applyRuntimeAssignment", body, func(r typedsocket.Reply) {
 					if errors.Is(r.Err, contracts.RelayNodeBusy) {
 						busy.Add(1)
+						fill()
 					}
 				})
 			}
@@ -324,6 +332,12 @@ func TestFaultNodeNeverReads(t *testing.T) {
 		var ta tally
 		senders := sendUntil(nodes, &ta, 5*time.Millisecond, stop)
 		phase(size(3*time.Second, 20*time.Second))
+		// The fault lasts its length and on until the stalled node's queue has filled once: a
+		// starved machine may take longer to send the calls that fill it. The bound is for a hang.
+		select {
+		case <-filled:
+		case <-time.After(floodHang):
+		}
 		close(stop)
 		senders.Wait()
 		flood.Wait()

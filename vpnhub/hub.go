@@ -59,6 +59,10 @@ type Config struct {
 	HandshakeBurst       int
 	GlobalHandshakeRate  float64 // 0: DefaultGlobalHandshakeRate
 	GlobalHandshakeBurst int     // 0: DefaultGlobalHandshakeBurst
+	// MaxHandshakes bounds the handshakes in progress at once, from a connection's first packet
+	// to the judgement of its message 1; a connection beyond it is refused (busy) before any TLS
+	// work. 0: DefaultMaxHandshakes.
+	MaxHandshakes int
 
 	// QUICTracer, when set, traces every QUIC connection (qlog). For diagnosis only: it costs an
 	// event per packet.
@@ -84,6 +88,7 @@ type Hub struct {
 	ln       *quic.Listener
 	endpoint contracts.VPNHubEndpoint
 	limiter  *handshakeLimiter
+	slots    handshakeSlots
 	logs     logLimiter
 
 	view atomic.Pointer[membershipView] // swapped under mu; read lock-free by handshakes
@@ -130,6 +135,9 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 	if cfg.GlobalHandshakeBurst <= 0 {
 		cfg.GlobalHandshakeBurst = DefaultGlobalHandshakeBurst
 	}
+	if cfg.MaxHandshakes <= 0 {
+		cfg.MaxHandshakes = DefaultMaxHandshakes
+	}
 	if cfg.Key.Public == ([32]byte{}) {
 		return nil, errors.New("vpnhub: no static key")
 	}
@@ -171,7 +179,7 @@ func Listen(cfg Config, opts Options) (*Hub, error) {
 			NoisePublicKey: contracts.EncodeKey32(cfg.Key.Public)},
 		limiter:  newHandshakeLimiter(cfg.HandshakeRate, cfg.HandshakeBurst, cfg.GlobalHandshakeRate, cfg.GlobalHandshakeBurst, opts.Clock.Now),
 		sessions: make(map[[32]byte]*session), lastHello: make(map[[32]byte]int64), routes: make(map[uint32]*session),
-		batch: batch,
+		batch: batch, slots: newHandshakeSlots(cfg.MaxHandshakes),
 	}
 	resetKey, tokenKey := quicKeys(&cfg.Key)
 	h.tr = &quic.Transport{Conn: conn, ConnContext: h.admit, VerifySourceAddress: func(net.Addr) bool { return h.limiter.underPressure() },
@@ -370,21 +378,42 @@ func (h *Hub) Close() error {
 	return h.tr.Conn.Close()
 }
 
-// admit is QUIC's ConnContext: handshake admission before any TLS or Noise work.
+// admit is QUIC's ConnContext: handshake admission before any TLS or Noise work. A handshake
+// admitted holds one of the hub's handshake slots until its message 1 is judged or its connection
+// ends (ratelimit.go).
 func (h *Hub) admit(ctx context.Context, info *quic.ClientInfo) (context.Context, error) {
+	outcome := outcomeRateLimited
 	ap, err := netip.ParseAddrPort(info.RemoteAddr.String())
 	if err == nil && h.limiter.allow(ap.Addr()) {
-		return ctx, nil
+		release, ok := h.slots.take()
+		if ok {
+			context.AfterFunc(ctx, release) // the connection ended before its message 1 was judged
+			return context.WithValue(ctx, slotKey{}, release), nil
+		}
+		outcome = outcomeBusy
 	}
-	h.m.handshake(outcomeRateLimited)
+	h.m.handshake(outcome)
 	if e := h.log.Debug(); e != nil {
 		if h.logs.allow(int(dropReasons), h.clock.Now()) {
-			e.Str("remote", info.RemoteAddr.String()).Str("outcome", outcomeRateLimited).Msg("vpn handshake refused")
+			e.Str("remote", info.RemoteAddr.String()).Str("outcome", outcome).Msg("vpn handshake refused")
 		} else {
 			e.Discard()
 		}
 	}
+	if outcome == outcomeBusy {
+		return nil, errors.New("vpnhub: too many handshakes in progress")
+	}
 	return nil, errors.New("vpnhub: handshake rate limit")
+}
+
+// slotKey is the context key of a connection's handshake slot: its release function.
+type slotKey struct{}
+
+// releaseSlot gives back conn's handshake slot, if it holds one.
+func releaseSlot(conn *quic.Conn) {
+	if release, ok := conn.Context().Value(slotKey{}).(func()); ok {
+		release()
+	}
 }
 
 // serveConn runs one connection: the Noise handshake, then the session.
@@ -393,6 +422,7 @@ func (h *Hub) serveConn(ctx context.Context, conn *quic.Conn) {
 	stop := context.AfterFunc(ctx, func() { conn.CloseWithError(contracts.VPNCloseCodeNone, "hub shutting down") })
 	s, ref, err := h.handshake(ctx, conn)
 	stop()
+	releaseSlot(conn) // message 1 is judged: what follows is a member's session or a close
 	open := true
 	if s != nil {
 		// The session is routable before message 2 leaves, so that once the member's handshake

@@ -13,9 +13,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
+	"github.com/quic-go/quic-go"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/vpnhub/client"
+	"code.foss.global/serve.zone/relay/vpnhub/internal/wire"
 	"code.foss.global/serve.zone/relay/vpnhub/vpnkey"
 )
 
@@ -504,4 +506,66 @@ func TestBogusSourcesWithinTheirOwnLimitDoNotStarveAMember(t *testing.T) {
 	if unknown, limited := th.handshakes("vpn-member-unknown"), th.handshakes(outcomeRateLimited); unknown != 20 || limited != 0 {
 		t.Fatalf("20 strangers inside their own limits: %v refused vpn-member-unknown, %v rate-limited; want 20 and 0", unknown, limited)
 	}
+}
+
+// dialQUIC completes a QUIC handshake with the hub and sends no message 1: a handshake the hub
+// holds in progress until its Noise stage times out or the connection closes.
+func dialQUIC(t *testing.T, th *testHub) (*quic.Conn, error) {
+	t.Helper()
+	udp, err := net.ListenUDP("udp4", &net.UDPAddr{IP: net.IPv4(127, 0, 0, 1)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tr := &quic.Transport{Conn: udp}
+	t.Cleanup(func() { tr.Close(); udp.Close() })
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	return tr.Dial(ctx, net.UDPAddrFromAddrPort(th.Addr()), wire.ClientTLSConfig(), &quic.Config{EnableDatagrams: true})
+}
+
+// A flood keeps handshakes in progress, not just starts them: each costs the hub goroutines of
+// QUIC, TLS and Noise work, which the Go scheduler serves alike with the members' packets. So no
+// more than MaxHandshakes are in progress at once: one more is refused at QUIC's first packet
+// (CONNECTION_REFUSED, counted busy), while established members' packets flow as before; a slot
+// is held from the first packet until message 1 is judged (the members that joined hold none) or
+// the connection ends, and is then free for a member to join.
+func TestHandshakesInProgressAreBounded(t *testing.T) {
+	checkLeaks(t)
+	th := startHub(t, func(c *Config, _ *Options) { c.MaxHandshakes, c.HandshakeTimeout = 2, time.Minute })
+	kc := testKey(t, 4)
+	th.push(t, 1, testMember(testKey(t, 2), "node-a", 2), testMember(testKey(t, 3), "node-b", 3), testMember(kc, "node-c", 4))
+	a, b := th.mustDial(t, testKey(t, 2), "node-a"), th.mustDial(t, testKey(t, 3), "node-b")
+
+	var held []*quic.Conn
+	for range 2 {
+		qc, err := dialQUIC(t, th)
+		if err != nil {
+			t.Fatalf("a handshake within MaxHandshakes, beside two members' sessions: %v", err)
+		}
+		held = append(held, qc)
+	}
+	_, err := th.dial(t, kc, "node-c", testAuthority)
+	var te *quic.TransportError
+	if !errors.As(err, &te) || te.ErrorCode != quic.ConnectionRefused || !te.Remote {
+		t.Fatalf("a handshake beyond MaxHandshakes in progress: %v; want the hub's CONNECTION_REFUSED", err)
+	}
+	if busy := th.handshakes(outcomeBusy); busy < 1 { // per Initial packet, as rate-limited is
+		t.Fatalf("handshakes busy = %v, want at least 1", busy)
+	}
+	if err := a.WritePacket(ipv4Packet(addrA, addrB, []byte("while busy"))); err != nil {
+		t.Fatal(err)
+	}
+	if got := receiveWithin(b, 10*time.Second); !bytes.Equal(got, ipv4Packet(addrA, addrB, []byte("while busy"))) {
+		t.Fatalf("a member's packet while the handshake slots are taken: b received %q", got)
+	}
+
+	held[0].CloseWithError(0, "")
+	eventually(t, "the closed handshake's slot is free", func() bool { return len(th.slots) < 2 })
+	c, err := th.dial(t, kc, "node-c", testAuthority)
+	if err != nil {
+		t.Fatalf("a member's handshake once a slot is free: %v", err)
+	}
+	c.Close()
+	held[1].CloseWithError(0, "")
+	eventually(t, "every slot is free", func() bool { return len(th.slots) == 0 })
 }

@@ -52,6 +52,7 @@ func (r dropReason) String() string { return dropReasonNames[r] }
 const (
 	outcomeAccepted    = "accepted"
 	outcomeRateLimited = "rate-limited"
+	outcomeBusy        = "busy"   // Config.MaxHandshakes handshakes were in progress
 	outcomeBroken      = "broken" // timed out, I/O failed, a frame or the QUIC connection unusable
 )
 
@@ -72,7 +73,7 @@ func newMetrics() *metrics {
 		generation: prometheus.NewGauge(prometheus.GaugeOpts{Namespace: ns, Subsystem: sub, Name: "membership_generation",
 			Help: "Generation of the membership the hub holds (-1: none yet)."}),
 		handshakes: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "handshakes_total",
-			Help: "Handshakes by outcome: accepted, a refusal name, rate-limited or broken."}, []string{"outcome"}),
+			Help: "Handshakes by outcome: accepted, a refusal name, rate-limited, busy or broken."}, []string{"outcome"}),
 		packets: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "forwarded_packets_total",
 			Help: "Packets forwarded from one member to another."}),
 		bytes: prometheus.NewCounter(prometheus.CounterOpts{Namespace: ns, Subsystem: sub, Name: "forwarded_bytes_total",
@@ -88,7 +89,7 @@ func newMetrics() *metrics {
 	for r := dropNone + 1; r < dropReasons; r++ {
 		m.dropBy[r] = m.drops.WithLabelValues(r.String())
 	}
-	handshakes := []string{outcomeAccepted, outcomeRateLimited, outcomeBroken}
+	handshakes := []string{outcomeAccepted, outcomeRateLimited, outcomeBusy, outcomeBroken}
 	var closes []string
 	for _, n := range contracts.VPNRefusals() {
 		if n != contracts.VPNMemberReplaced && n != contracts.VPNSessionSilent { // never a handshake's
@@ -127,7 +128,7 @@ func (m *metrics) drop(r dropReason) {
 	m.dropBy[r].Inc()
 }
 
-// handshake counts one handshake by outcome: accepted, a refusal name, rate-limited or broken.
+// handshake counts one handshake by outcome: accepted, a refusal name, rate-limited, busy or broken.
 func (m *metrics) handshake(outcome string) {
 	m.handshakes.WithLabelValues(outcome).Inc()
 }

@@ -23,6 +23,7 @@ const (
 	DefaultGlobalHandshakeRate  = 500 // per second, all sources together
 	DefaultGlobalHandshakeBurst = 100
 	maxTrackedSources           = 4096 // buckets swept of idle sources beyond this
+	DefaultMaxHandshakes        = 16   // handshakes in progress at once
 )
 
 type bucket struct {
@@ -107,6 +108,31 @@ func (l *handshakeLimiter) sweepLocked(now time.Time) {
 
 // underPressure reports whether new connections should prove their address with a Retry.
 func (l *handshakeLimiter) underPressure() bool { return l.pressure.Load() }
+
+// handshakeSlots bound the handshakes in progress. Each costs the hub CPU in several goroutines
+// of quic-go's and crypto/tls's (key exchange, certificate signature) and then the Noise
+// responder's, and Go's scheduler shares the process's CPU among runnable goroutines alike: with
+// no bound, the hundreds a flood keeps in progress queue every member's packet behind them (on a
+// starved machine, for longer than a session's idle timeout). The rate limits above bound how
+// often a source may start a handshake, not how many are in progress: a thousand sources inside
+// their own limits keep a thousand going. With the slots, the handshakes' share of the hub's work
+// is at most MaxHandshakes's goroutines, whatever the flood; a connection beyond them is refused
+// before any TLS work, which costs one CONNECTION_REFUSED packet from quic-go's server goroutine.
+// Packets of established connections never wait for a slot: quic-go routes them by connection ID
+// before its server sees a packet.
+type handshakeSlots chan struct{}
+
+func newHandshakeSlots(n int) handshakeSlots { return make(handshakeSlots, n) }
+
+// take takes a slot if one is free; release gives it back, once however often it is called.
+func (s handshakeSlots) take() (release func(), ok bool) {
+	select {
+	case s <- struct{}{}:
+		return sync.OnceFunc(func() { <-s }), true
+	default:
+		return nil, false
+	}
+}
 
 // logLimiter lets one log line per key through per interval: per-packet and per-handshake events
 // are logged at most that often.
