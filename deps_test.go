@@ -64,6 +64,7 @@ var layers = map[string]layer{
 	"relay":                {floor: core, own: []string{"contracts", "feature", "internal/backoff", "internal/budget", "internal/typedsocket", "status"}, third: []string{"github.com/coder/websocket", "github.com/prometheus/client_golang", "github.com/prometheus/client_model", "github.com/rs/zerolog", "golang.org/x/sync", "golang.org/x/time"}},
 	"testenv":              {floor: harness},
 	"testenv/await":        {floor: harness},
+	"testenv/frames":       {floor: harness},
 	"testenv/sim":          {floor: harness, own: []string{"contracts", "contracts/strictjson", "internal/typedsocket", "internal/vstream", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv/kubeapi":      {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 	"interop":              {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither
