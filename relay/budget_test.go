@@ -315,14 +315,21 @@ func heapInUse() uint64 {
 }
 
 // floodUntilRefused sends size-byte requests from n without waiting for answers until the relay
-// refuses one, and returns once that refusal is back.
+// refuses one, and returns once that refusal is back. It keeps at most about 1 MiB queued on the
+// node's side: what the node has queued when the first refusal comes back is read and refused for
+// nothing, and with the node's whole queue (16 MiB) that was most of this test's time.
 func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size int) {
 	t.Helper()
 	body := []byte(`{"session":{"nodeId":"` + n.ID + `"},"logs":"` + strings.Repeat("x", size-64) + `"}`)
+	ahead := max(1, 1<<20/size)
 	var refused atomic.Bool
 	for sent := 0; !refused.Load(); {
 		if sent > 1<<16 {
 			t.Fatalf("%d requests of %d bytes sent and none refused", sent, size)
+		}
+		if n.Conn().QueueLen() >= ahead {
+			e.eventually("a refusal, or room in the flooder's own send queue", func() bool { return refused.Load() || n.Conn().QueueLen() < ahead })
+			continue
 		}
 		_, err := n.Conn().CallAsync(method, body, func(r typedsocket.Reply) {
 			if r.Err != nil && !errors.Is(r.Err, typedsocket.ErrClosed) {
