@@ -65,6 +65,7 @@ var layers = map[string]layer{
 	"testenv":              {floor: harness},
 	"testenv/await":        {floor: harness},
 	"testenv/memnet":       {floor: harness},
+	"testenv/frames":       {floor: harness},
 	"testenv/sim":          {floor: harness, own: []string{"contracts", "contracts/strictjson", "internal/typedsocket", "internal/vstream", "vpnhub/client", "vpnhub/vpnkey"}, third: []string{"github.com/coder/websocket", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"testenv/kubeapi":      {floor: harness, third: []string{"k8s.io/api", "k8s.io/apimachinery", "k8s.io/client-go"}},
 	"interop":              {floor: harness, own: []string{"contracts"}}, // runs Node.js peers and a relay binary; imports neither

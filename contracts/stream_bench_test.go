@@ -4,12 +4,13 @@ import (
 	"testing"
 
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
+	"code.foss.global/serve.zone/relay/testenv/frames"
 )
 
 // BenchmarkReadStreamFrameID reads a chunk frame's streamId from its request body, as Decode does
 // after reading the frame.
 func BenchmarkReadStreamFrameID(b *testing.B) {
-	frame := libraryChunkFrame(64<<10, false)
+	frame := frames.ChunkFrame(64<<10, false)
 	var request []byte
 	if _, err := strictjson.ReadObject(frame); err != nil {
 		b.Fatal(err)
@@ -30,7 +31,7 @@ func BenchmarkReadStreamFrameID(b *testing.B) {
 // does for each one it forwards.
 func BenchmarkLookupSession(b *testing.B) {
 	var request []byte
-	if err := strictjson.ReadTolerant([]byte(sessionRequestFrame), strictjson.Req("request", &request)); err != nil {
+	if err := strictjson.ReadTolerant([]byte(frames.SessionRequest), strictjson.Req("request", &request)); err != nil {
 		b.Fatal(err)
 	}
 	b.SetBytes(int64(len(request)))

@@ -3,6 +3,8 @@ package contracts
 import (
 	"bytes"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/testenv/frames"
 )
 
 // FuzzStreamSearches holds HasStreamMarker and IsStreamClosing to what they were (stream.go at
@@ -17,7 +19,7 @@ func FuzzStreamSearches(f *testing.F) {
 	} {
 		f.Add([]byte(s))
 	}
-	f.Add(libraryChunkFrame(50, false))
+	f.Add(frames.ChunkFrame(50, false))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		if got, want := IsStreamClosing(b), bytes.Contains(b, streamClosingBit); got != want {
 			t.Fatalf("IsStreamClosing(%q) = %v, bytes.Contains %v", b, got, want)
@@ -32,7 +34,7 @@ func FuzzStreamSearches(f *testing.F) {
 // HasStreamMarker of every body it forwards; "contains" is the substring search they replaced,
 // measured in the same run.
 func BenchmarkStreamSearches(b *testing.B) {
-	for _, in := range scanInputs() {
+	for _, in := range frames.Inputs() {
 		for _, s := range []struct {
 			name   string
 			needle []byte
@@ -41,18 +43,18 @@ func BenchmarkStreamSearches(b *testing.B) {
 			{"closing", streamClosingBit, IsStreamClosing},
 			{"marker", streamMarkerKey, HasStreamMarker},
 		} {
-			b.Run(in.name+"/"+s.name+"/contains", func(b *testing.B) {
-				b.SetBytes(int64(len(in.raw)))
+			b.Run(in.Name+"/"+s.name+"/contains", func(b *testing.B) {
+				b.SetBytes(int64(len(in.Raw)))
 				for b.Loop() {
-					if bytes.Contains(in.raw, s.needle) {
+					if bytes.Contains(in.Raw, s.needle) {
 						b.Fatal("found")
 					}
 				}
 			})
-			b.Run(in.name+"/"+s.name+"/current", func(b *testing.B) {
-				b.SetBytes(int64(len(in.raw)))
+			b.Run(in.Name+"/"+s.name+"/current", func(b *testing.B) {
+				b.SetBytes(int64(len(in.Raw)))
 				for b.Loop() {
-					if s.search(in.raw) {
+					if s.search(in.Raw) {
 						b.Fatal("found")
 					}
 				}

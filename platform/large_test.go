@@ -143,6 +143,11 @@ func TestClosureOverTheLimit(t *testing.T) {
 	if rc.Complete || !rc.Aborted || rc.Bytes > limit || rc.Bytes == 0 {
 		t.Fatalf("the unannounced closure reached Cloudly as %+v", rc)
 	}
+	// Likewise the restore's refusal reaches Cloudly's writer after the relay has counted it.
+	h.waitFor("Cloudly hearing the restore refused", func() bool {
+		served, _ := h.Cloudly.Platform().Served("bk-huge")
+		return served.Refusal != "" || served.Complete
+	})
 	served, _ := h.Cloudly.Platform().Served("bk-huge")
 	if !strings.HasPrefix(served.Refusal, string(contracts.RelayRequestInvalid)+": ") || served.Complete {
 		t.Fatalf("Cloudly's restore stream ended as %+v", served)

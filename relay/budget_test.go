@@ -104,9 +104,10 @@ func TestPeerMemoryBudget(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				// 1 MiB of requests is ~10 000: far past the 256 in flight whose 16 KiB answers
-				// fill the budget. More would only spend this shared machine's CPU.
-				flood(n.ws, frame, 1<<20)
+				// Twice the 256 in flight whose answers fill the budget: the relay refuses the
+				// rest relay-node-busy, and each refusal costs this shared machine's CPU and
+				// proves nothing more.
+				flood(n.ws, frame, 2*256*len(frame))
 			}()
 		}
 		// Meanwhile an honest node that reads its answers is carried: answered, never refused nor
@@ -138,7 +139,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 	t.Run("forwarded request bodies are not held while Cloudly thinks", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		const method = "reportRuntimeAssignmentLogs"
-		const count, size = 24, 1 << 20
+		const count, size = 12, 1 << 20 // bodies held would show as 12 MiB, the bound is 4
 		release, allAtCloudly := make(chan struct{}), make(chan struct{})
 		var atCloudly atomic.Int64
 		e.cloudly.HandleAsync(method, func(_ json.RawMessage, reply func(json.RawMessage, error)) {
@@ -182,14 +183,17 @@ func TestPeerMemoryBudget(t *testing.T) {
 	// every other node is refused relay-upstream-busy. docs/protocol.md#node-runtime-sessions: "A slow node never delays another
 	// node or Cloudly's socket"; a flooding node must not either. Here Cloudly stops reading for a
 	// while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
-	// node's 1 MiB log batch must still be taken.
+	// node's log batch must still be taken. The share and the message bound are an eighth of the
+	// defaults' (4 MiB, 1 MiB), as is the batch: the same rule, filled with megabytes less.
 	t.Run("one node cannot take the whole upstream queue", func(t *testing.T) {
 		// Cloudly reads nothing for as long as the flood takes, which on a busy machine can pass
 		// the 45 s after which either side takes a silent peer for gone, and a ping of the relay's
 		// to the flooder, whose writes wait, would end its connection five seconds later. Neither
 		// is what this test is about: neither side pings or gives up on silence here, nor does the
 		// relay time out the requests it holds.
+		const share, maxMessage = relay.RegisteredShare / 8, relay.DefaultMaxMessageBytes / 8
 		x := relaytest.Start(t, relaytest.Options{PingInterval: time.Hour, DeadTimeout: time.Hour, CallTimeout: time.Hour,
+			RegisteredShare: share, Configure: func(c *relay.Config) { c.MaxMessageBytes = maxMessage },
 			Cloudly: func(c *sim.Cloudly) { c.SetDeadTimeout(time.Hour) }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 		stalled, unblock := make(chan struct{}), make(chan struct{})
@@ -213,12 +217,12 @@ func TestPeerMemoryBudget(t *testing.T) {
 		<-stalled
 
 		const method = "reportRuntimeAssignmentLogs"
-		for _, size := range []int{8<<20 - 1024, 64 << 10, 1 << 10} {
+		for _, size := range []int{maxMessage - 1024, 64 << 10, 1 << 10} {
 			floodUntilRefused(t, e, flooder, method, size)
 		}
 
 		outcome := make(chan error, 1)
-		batch := []byte(`{"session":{"nodeId":"node-honest"},"logs":"` + strings.Repeat("y", 1<<20) + `"}`)
+		batch := []byte(`{"session":{"nodeId":"node-honest"},"logs":"` + strings.Repeat("y", maxMessage/8) + `"}`)
 		if _, err := honest.Conn().CallAsync(method, batch, func(r typedsocket.Reply) { outcome <- r.Err }, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
@@ -323,14 +327,21 @@ func heapInUse() uint64 {
 }
 
 // floodUntilRefused sends size-byte requests from n without waiting for answers until the relay
-// refuses one, and returns once that refusal is back.
+// refuses one, and returns once that refusal is back. It keeps at most about 1 MiB queued on the
+// node's side: what the node has queued when the first refusal comes back is read and refused for
+// nothing, and with the node's whole queue (16 MiB) that was most of this test's time.
 func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size int) {
 	t.Helper()
 	body := []byte(`{"session":{"nodeId":"` + n.ID + `"},"logs":"` + strings.Repeat("x", size-64) + `"}`)
+	ahead := max(1, 1<<20/size)
 	var refused atomic.Bool
 	for sent := 0; !refused.Load(); {
 		if sent > 1<<16 {
 			t.Fatalf("%d requests of %d bytes sent and none refused", sent, size)
+		}
+		if n.Conn().QueueLen() >= ahead {
+			e.eventually("a refusal, or room in the flooder's own send queue", func() bool { return refused.Load() || n.Conn().QueueLen() < ahead })
+			continue
 		}
 		_, err := n.Conn().CallAsync(method, body, func(r typedsocket.Reply) {
 			if r.Err != nil && !errors.Is(r.Err, typedsocket.ErrClosed) {

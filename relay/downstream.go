@@ -58,6 +58,7 @@ type downstreamConfig struct {
 	maxPerSource     int              // --max-unregistered-per-source; 0: no limit
 	maxWaiting       int64            // unregistered connections at once (MaxUnregistered)
 	registerDeadline time.Duration    // a connection registers within it or is closed (RegisterDeadline)
+	registeredShare  int64            // what one registered peer may hold (RegisteredShare)
 	maxConns         int              // connections open at once; 0: RLIMIT_NOFILE less fdReserve
 	plaintext        bool             // --insecure-plaintext: no TLS on the listener
 	pace             typedsocket.Pace // --first-frame-timeout, --min-frame-rate: an unregistered connection's messages
@@ -87,6 +88,9 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	}
 	if cfg.registerDeadline <= 0 {
 		cfg.registerDeadline = RegisterDeadline
+	}
+	if cfg.registeredShare <= 0 {
+		cfg.registeredShare = RegisteredShare
 	}
 	if cfg.now == nil {
 		cfg.now = time.Now
@@ -179,7 +183,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Pace:          &d.cfg.pace,                  // until a registration is accepted
 		First:         func(method string) bool { return d.firstMessage(method) },
 		MaxQueue:      nodeMaxQueue,
-		MaxQueueBytes: nodeMaxQueueBytes,
+		MaxQueueBytes: int(d.cfg.registeredShare), // a registered peer's share bounds it first
 		MaxInflight:   nodeMaxInflight,
 		Logger:        d.log,
 		PingInterval:  t.pingInterval,

@@ -17,11 +17,11 @@ import (
 )
 
 // Downstream connection limits. A node's queue is small on purpose: a node that stops reading
-// gets relay-node-busy answers instead of holding the relay's memory.
+// gets relay-node-busy answers instead of holding the relay's memory. Its bytes are bounded by
+// the peer's share (RegisteredShare).
 const (
-	nodeMaxQueue      = 256
-	nodeMaxQueueBytes = RegisteredShare
-	nodeMaxInflight   = 256
+	nodeMaxQueue    = 256
+	nodeMaxInflight = 256
 )
 
 // Shares of the peer memory budget (docs/hostile.md): what the relay may hold for one downstream
@@ -281,7 +281,7 @@ func (p *peer) registeredLocked(ro role) {
 	}
 	p.conn.SetReceiveShare(p.share)
 	p.conn.SetPace(nil) // a registered peer's messages are bounded by its own share
-	p.share.SetLimit(RegisteredShare)
+	p.share.SetLimit(p.d.cfg.registeredShare)
 }
 
 // sourceCounts counts unregistered connections per source address (docs/hostile.md).

@@ -5,6 +5,8 @@ import (
 	"slices"
 	"strings"
 	"testing"
+
+	"code.foss.global/serve.zone/relay/testenv/frames"
 )
 
 // The scanner in json.go must read exactly the language the slow reference (json_ref_test.go)
@@ -127,8 +129,8 @@ var scannerEdgeCases = []string{
 
 func TestScannerMatchesReference(t *testing.T) {
 	inputs := scannerEdgeCases
-	inputs = append(inputs, string(libraryChunkFrame(300, false)), string(libraryChunkFrame(300, true)),
-		sessionRequestFrame, string(routeTableBody(2)))
+	inputs = append(inputs, string(frames.ChunkFrame(300, false)), string(frames.ChunkFrame(300, true)),
+		frames.SessionRequest, string(frames.RouteTable(2)))
 	deep := strings.Repeat(`[`, MaxJSONDepth) + strings.Repeat(`]`, MaxJSONDepth)
 	inputs = append(inputs, deep, "["+deep+"]", strings.Repeat(`{"a":`, MaxJSONDepth)+"1"+strings.Repeat(`}`, MaxJSONDepth))
 	for _, in := range inputs {
@@ -151,12 +153,12 @@ func TestScannerMatchesReference(t *testing.T) {
 		}
 	}
 	// The benchmarks' inputs, whole.
-	for _, in := range scanInputs() {
-		matchReference(t, in.raw, 0)
+	for _, in := range frames.Inputs() {
+		matchReference(t, in.Raw, 0)
 	}
 	// Every prefix of a small frame (each one a different unexpected end), and the frame with each
 	// byte in turn replaced by each byte that means something to a JSON reader.
-	for _, frame := range []string{string(libraryChunkFrame(12, false)), string(libraryChunkFrame(12, true)), sessionRequestFrame} {
+	for _, frame := range []string{string(frames.ChunkFrame(12, false)), string(frames.ChunkFrame(12, true)), frames.SessionRequest} {
 		for n := range len(frame) {
 			matchReference(t, []byte(frame[:n]), 0)
 		}
@@ -174,9 +176,9 @@ func FuzzScannerMatchesReference(f *testing.F) {
 	for _, in := range scannerEdgeCases {
 		f.Add([]byte(in), uint16(0))
 	}
-	f.Add(libraryChunkFrame(40, false), uint16(1))
-	f.Add(libraryChunkFrame(40, true), uint16(0))
-	f.Add([]byte(sessionRequestFrame), uint16(0))
+	f.Add(frames.ChunkFrame(40, false), uint16(1))
+	f.Add(frames.ChunkFrame(40, true), uint16(0))
+	f.Add([]byte(frames.SessionRequest), uint16(0))
 	f.Add([]byte(`[[[[{"a":[1]}]]]]`), uint16(MaxJSONDepth-5))
 	f.Fuzz(func(t *testing.T, in []byte, depth uint16) {
 		matchReference(t, in, int(depth)%(MaxJSONDepth+1))

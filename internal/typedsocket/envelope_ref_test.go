@@ -8,6 +8,7 @@ import (
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/contracts/strictjson"
+	"code.foss.global/serve.zone/relay/testenv/frames"
 )
 
 // referenceDecode is Decode as it was before it read a frame in one pass (envelope.go at 45fa1cf):
@@ -123,7 +124,7 @@ func decodeMatchesReference(t *testing.T, frame []byte) {
 }
 
 func TestDecodeMatchesReference(t *testing.T) {
-	frames := []string{
+	inputs := []string{
 		`{"method":"##VirtualStream##","request":{"streamId":"s","streamId":"t"},"response":{"streamId":"r"}}`,
 		`{"method":"##VirtualStream##","request":{"streamId":"s","streamId":"t"},"response":null}`,
 		`{"method":"##VirtualStream##","request":{"streamId":5},"response":{"streamId":"r"}}`,
@@ -135,12 +136,12 @@ func TestDecodeMatchesReference(t *testing.T) {
 		`{"method":"##VirtualStream##","request":{"streamId":"s",},"response":null}`,
 		`{"method":"m","request":{"streamId":"s","streamId":"t"},"response":null,"correlation":{"id":"1","phase":"request"}}`,
 		`{"method":"##VirtualStream##","request":{"streamId":"` + strings.Repeat("x", 257) + `"},"response":null}`,
-		string(chunkFrame(100, false)), string(chunkFrame(100, true)),
+		string(frames.ChunkFrame(100, false)), string(frames.ChunkFrame(100, true)),
 		`{"method":"m","relayNodeId":"n","request":{},"response":null,"correlation":{"id":"1","phase":"request"}}`,
 		`{"method":"##VirtualStream##","relay\u004eodeId":1,"request":{"streamId":"s"},"response":null,"relayNodeId":"n"}`,
 		`{"method":"m","relayNodeId":"n","response":{},"correlation":{"id":"1","phase":"response"}}`,
 	}
-	for _, f := range frames {
+	for _, f := range inputs {
 		decodeMatchesReference(t, []byte(f))
 		for n := range len(f) {
 			decodeMatchesReference(t, []byte(f[:n]))

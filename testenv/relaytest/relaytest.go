@@ -48,9 +48,11 @@ type Options struct {
 	MaxUnregistered  int
 	RegisterDeadline time.Duration
 	MaxConnections   int // zero: the relay's default (RLIMIT_NOFILE less its reserve)
-	Configure        func(*relay.Config)
-	Quiet            bool               // log nothing (benchmarks): debug logging costs per request
-	Cloudly          func(*sim.Cloudly) // runs before the relay dials
+	// RegisteredShare is what one registered peer may hold; zero: relay.RegisteredShare (32 MiB).
+	RegisteredShare int64
+	Configure       func(*relay.Config)
+	Quiet           bool               // log nothing (benchmarks): debug logging costs per request
+	Cloudly         func(*sim.Cloudly) // runs before the relay dials
 	// LogLevel is the level of Env.Log; zero is debug.
 	LogLevel zerolog.Level
 	// Logs collects the log lines; nil: a new Buffer. Pass one to share it with peers started
@@ -114,7 +116,8 @@ func Start(t testing.TB, o Options) *Env {
 		}
 	}
 	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
-		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections, VPNHub: o.VPNHub})
+		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections, VPNHub: o.VPNHub,
+		RegisteredShare: o.RegisteredShare})
 	if err != nil {
 		t.Fatal(err)
 	}
