@@ -130,7 +130,7 @@ func (cl *Client) Dial(ctx context.Context) (*Conn, error) {
 		Tracer: cl.cfg.QUICTracer,
 	})
 	if err != nil {
-		return nil, fmt.Errorf("vpnhub client: dial hub %s: %w", cl.cfg.Hub, err)
+		return nil, fmt.Errorf("vpnhub client: dial hub %s: %w", cl.cfg.Hub, wire.FromCloseError(err)) // the hub may refuse before the dial has returned
 	}
 	c, err := cl.handshake(hctx, qc, deadline)
 	if err != nil {
