@@ -232,15 +232,25 @@ func TestCloseEndsFillsInProgress(t *testing.T) {
 	rand.Read(blob)
 	srv, digest := stallingUpstream(t, blob)
 	e := startRelay(t, srv.URL, "", nil)
-	errs := make(chan error, 1)
+	// Close may come before the upstream's head has reached the fill (a loaded machine): then
+	// the caller is answered 502; after it, its body is cut short. Either way, no whole answer.
+	type answer struct {
+		status int
+		err    error
+	}
+	answers := make(chan answer, 1)
 	go func() {
-		_, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
-		errs <- err
+		resp, _, err := rawGet(t, e, http.MethodGet, "/v2/r/blobs/"+digest, "", nil)
+		a := answer{err: err}
+		if resp != nil {
+			a.status = resp.StatusCode
+		}
+		answers <- a
 	}()
 	e.Eventually("a fill in progress", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 1 })
 	e.reg.Close() // returns once the fill has ended
-	if err := <-errs; err == nil {
-		t.Fatal("a caller of a fill ended by Close got a whole answer")
+	if a := <-answers; a.err == nil && a.status != http.StatusBadGateway {
+		t.Fatalf("a caller of a fill ended by Close got a whole answer (status %d), want a cut body or 502", a.status)
 	}
 	if got := e.Metric("relay_registry_cache_fill_failures_total", "reason", "closed"); got != 1 {
 		t.Fatalf("closed fill failures = %v", got)
