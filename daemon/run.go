@@ -37,6 +37,7 @@ func cmdRun(ctx context.Context, version string, args []string, stderr io.Writer
 	if limit := setMemoryLimit(); limit > 0 {
 		log.Info().Int64("bytes", limit).Msg("Go memory limit set from the container's")
 	}
+	defer tuneGC(cfg.PeerMemoryBytes)()
 	ctx, stop := signal.NotifyContext(ctx, os.Interrupt, syscall.SIGTERM)
 	defer stop()
 	r, hub, err := BuildParts(cfg, relay.Options{Logger: log}, netip.Addr{}, electorOf(&rc.ha))
