@@ -164,8 +164,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		return // Accept has answered
 	}
 	p := &peer{id: d.peerIDs.Add(1), remote: req.RemoteAddr, source: source, d: d, raw: raw, adm: adm, since: d.cfg.now()}
-	waiting := func() (int64, bool) { return int64(p.conn.QueuedBytes()), p.conn.Stalled(evictionStall) }
-	p.share = d.budget.NewShare(AnonymousShare, waiting, func() {
+	p.share = d.budget.NewShare(AnonymousShare, func() (int64, bool) { return waiting(p.conn) }, func() {
 		d.m.dropped.WithLabelValues("evicted-over-budget").Inc()
 		d.log.Warn().Str("remote", p.remote).Str("node", p.nodeID()).Str("outcome", "evicted").
 			Msg("closing the heaviest connection that reads nothing: the relay's peer memory budget is spent")

@@ -69,9 +69,23 @@ const (
 	AnonymousRegistrationBytes = 16 << 20
 )
 
-// evictionStall is how long a connection with frames queued to it must have written nothing to
-// be evicted when the peer memory budget is spent: a reader drains its queue far faster.
-const evictionStall = 100 * time.Millisecond
+// evictionStall is how long a write to a connection must have moved not one frame for the
+// connection to count as reading nothing, and be evicted, when the peer memory budget is spent. A
+// peer that never reads is stalled for good, so the window costs only how long the budget stays
+// spent before it goes (charges wait or are refused by name meanwhile); an honest node that reads
+// slowly, or whose process — or this one — is not scheduled for a while, pauses well inside it.
+// The window was 100 ms: beside two CPU hogs under the race detector the relay, at 0.04 cores,
+// evicted 19 of 20 honest nodes that way (docs/hostile.md "Honest nodes on a starved machine").
+// Five seconds is fifty times that, five times the second after which a ping from a peer whose
+// writes have not moved goes unanswered (typedsocket's pongStall), and well inside the 45 s a
+// blocked write may last before the connection is dropped as dead.
+const evictionStall = 5 * time.Second
+
+// waiting is what the budget's eviction asks of a connection (budget.Waiting): the bytes queued to
+// it, and whether its peer reads nothing — a write to it has not moved for evictionStall.
+func waiting(c *typedsocket.Conn) (int64, bool) {
+	return int64(c.QueuedBytes()), c.Stalled(evictionStall)
+}
 
 // retryAfterSeconds is the Retry-After of a refused upgrade.
 const retryAfterSeconds = "5"

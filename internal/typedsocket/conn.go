@@ -243,15 +243,14 @@ func (g *Pongs) OnPingReceived(context.Context, []byte) bool {
 	return true
 }
 
-// Stalled reports whether the peer is not reading: frames wait to be written and no write has
-// finished for d.
+// Stalled reports whether the peer is not reading: a write to it is under way and not one frame
+// of it has left for d. Only a write can wait on the peer. Frames merely queued wait for the send
+// loop, which takes them as soon as it runs: while it writes a long batch to a peer that reads
+// slowly, or while this process is not scheduled, they age without the peer being at fault (a
+// starved relay once judged its honest nodes stalled so, and evicted them).
 func (c *Conn) Stalled(d time.Duration) bool {
-	now := time.Now().UnixNano()
-	if p := c.progress.Load(); p != 0 && now-p > int64(d) {
-		return true // inside a write that has not moved for d
-	}
-	w := c.sendq.waitingSince()
-	return w != 0 && now-w > int64(d) // queued frames the send loop has not taken for d
+	p := c.progress.Load()
+	return p != 0 && time.Now().UnixNano()-p > int64(d)
 }
 
 // QueuedBytes is what the frames waiting to be written hold.

@@ -1,9 +1,6 @@
 package typedsocket
 
-import (
-	"sync"
-	"time"
-)
+import "sync"
 
 // Share charges the bytes a connection holds on behalf of a downstream peer (docs/hostile.md);
 // *budget.Share implements it. A frame queued with a share is released from it exactly once: when
@@ -32,7 +29,6 @@ type sendQueue struct {
 	bytes    int     // guarded by mu
 	answers  int     // guarded by mu: bytes of the queued answers
 	closed   bool    // guarded by mu
-	waiting  int64   // guarded by mu: unix nanos since the queue has held frames; 0 when empty
 	maxCount int     // set at construction
 	maxBytes int     // set at construction
 
@@ -77,9 +73,6 @@ func (q *sendQueue) push(f frame, bounded bool) error {
 		f.done()
 		return err
 	}
-	if len(q.frames) == 0 {
-		q.waiting = time.Now().UnixNano()
-	}
 	q.frames = append(q.frames, f)
 	q.bytes += len(f.b)
 	if f.answer {
@@ -99,16 +92,9 @@ func (q *sendQueue) take(dst []frame) []frame {
 	dst = append(dst, q.frames...)
 	clear(q.frames)
 	q.frames = q.frames[:0]
-	q.bytes, q.answers, q.waiting = 0, 0, 0
+	q.bytes, q.answers = 0, 0
 	q.mu.Unlock()
 	return dst
-}
-
-// waitingSince is when the queue last went from empty to holding frames; 0 while it is empty.
-func (q *sendQueue) waitingSince() int64 {
-	q.mu.Lock()
-	defer q.mu.Unlock()
-	return q.waiting
 }
 
 // queuedBytes is what every queued frame holds.
@@ -137,7 +123,7 @@ func (q *sendQueue) close() int {
 	q.mu.Lock()
 	q.closed = true
 	frames := q.frames
-	q.frames, q.bytes, q.answers, q.waiting = nil, 0, 0, 0
+	q.frames, q.bytes, q.answers = nil, 0, 0
 	q.mu.Unlock()
 	answers := 0
 	for i := range frames {
