@@ -28,19 +28,25 @@ import (
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
 
-// pair connects a server Conn and a client Conn over a real loopback WebSocket.
-func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
-	t.Helper()
-	accepted := make(chan *Conn, 1)
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+// serveConns accepts WebSocket upgrades as server Conns with opts, hands each to accepted and
+// runs it until it ends.
+func serveConns(opts Options, accepted chan<- *Conn) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		ws, err := websocket.Accept(w, r, nil)
 		if err != nil {
 			return
 		}
-		c := New(ws, srvOpts)
+		c := New(ws, opts)
 		accepted <- c
 		c.Run(context.Background())
-	}))
+	})
+}
+
+// pair connects a server Conn and a client Conn over a real loopback WebSocket.
+func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
+	t.Helper()
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(serveConns(srvOpts, accepted))
 	ws, _, err := websocket.Dial(context.Background(), "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
 	if err != nil {
 		t.Fatal(err)
@@ -64,15 +70,7 @@ func pipeServer(t *testing.T, srvOpts Options) (*Conn, *websocket.Conn) {
 	t.Helper()
 	client, server := memnet.Pipe()
 	accepted := make(chan *Conn, 1)
-	hs := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		ws, err := websocket.Accept(w, r, nil)
-		if err != nil {
-			return
-		}
-		c := New(ws, srvOpts)
-		accepted <- c
-		c.Run(context.Background())
-	})}
+	hs := &http.Server{Handler: serveConns(srvOpts, accepted)}
 	served := make(chan struct{})
 	go func() { hs.Serve(memnet.Once(server)); close(served) }()
 	tr := &http.Transport{DialContext: func(context.Context, string, string) (net.Conn, error) { return client, nil }}
