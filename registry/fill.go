@@ -228,7 +228,11 @@ func (r *Registry) runFill(f *fill, out *http.Request, cancel context.CancelCaus
 	// starting over finds the next fill, not this one.
 	resp, err := r.follow.Do(out)
 	if err != nil {
-		r.m.fillFailures.WithLabelValues("upstream").Inc()
+		reason := "upstream"
+		if context.Cause(out.Context()) == errClosed {
+			reason = "closed" // Close came before the upstream's head
+		}
+		r.m.fillFailures.WithLabelValues(reason).Inc()
 		f.c.done(f)
 		f.abandon(nil, nil, err)
 		return

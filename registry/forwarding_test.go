@@ -594,22 +594,18 @@ func TestUpstreamTransport(t *testing.T) {
 	// next test), and a caller beyond them waits for one.
 	t.Run("at most MaxFetches upstream requests at once", func(t *testing.T) {
 		const limit, callers = 2, 6
+		// Requests in the upstream's handler, not its connections: a caller given the slot a
+		// finished one left may dial before that one's connection is back in the idle pool.
 		var open, peak atomic.Int64
 		release := make(chan struct{})
 		up := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			n := open.Add(1)
+			defer open.Add(-1)
+			for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
+			}
 			<-release
 			w.Write([]byte("{}"))
 		}))
-		up.Config.ConnState = func(_ net.Conn, st http.ConnState) {
-			switch st {
-			case http.StateNew:
-				n := open.Add(1)
-				for p := peak.Load(); n > p && !peak.CompareAndSwap(p, n); p = peak.Load() {
-				}
-			case http.StateClosed, http.StateHijacked:
-				open.Add(-1)
-			}
-		}
 		up.Start()
 		t.Cleanup(up.Close)
 		var releaseOnce sync.Once
@@ -636,7 +632,7 @@ func TestUpstreamTransport(t *testing.T) {
 			}
 		}
 		if got := peak.Load(); got != limit {
-			t.Fatalf("the upstream saw %d connections at once, want %d", got, limit)
+			t.Fatalf("the upstream served %d requests at once, want %d", got, limit)
 		}
 	})
 	// A per-host cap below the slots would make a request that holds its slot wait for a
