@@ -171,6 +171,11 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	const bound = 10 * time.Second
 	h := newHarness(t, harnessOptions{stall: bound, platform: platform.Options{ListInterval: time.Hour}})
 	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
+	// The closures are set up while detached, so that the attach that follows lists them all at
+	// once: set up while attached, a listing that comes late on a busy machine took the backup to
+	// its stall before the detach, which then ended it as relay-upstream-detached.
+	h.Cloudly.SetAvailable(false)
+	h.waitFor("detached", func() bool { return !h.Relay.Upstream().Attached() })
 	out, in := sim.NewClosureStall(1<<20), sim.NewClosureStall(1<<20)
 	defer out.Release()
 	defer in.Release()
@@ -180,9 +185,7 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.b.Platform().StallNextRestore(in)
 	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 8 << 20})
 	h.b.Platform().WantRestore("bk-in", "svc-2")
-	h.Cloudly.SetAvailable(false) // a new attach lists at once
-	h.waitFor("detached", func() bool { return !h.Relay.Upstream().Attached() })
-	h.Cloudly.SetAvailable(true)
+	h.Cloudly.SetAvailable(true) // a new attach lists at once
 
 	h.await(out.Reached, "the backup reaching the stall")
 	// node-b lists its backup first, then its restore: the backup goes whole while node-a's
