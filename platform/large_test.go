@@ -183,7 +183,10 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.a.Platform().AddBackup("bk-stall", sim.PlatformClosure{ServiceID: "svc-1", Size: 8 << 20})
 	h.b.Platform().AddBackup("bk-free", sim.PlatformClosure{ServiceID: "svc-2", Size: 4 << 20})
 	h.b.Platform().StallNextRestore(in)
-	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 8 << 20})
+	// The restore is larger than the loopback's socket buffers can hold (here up to 32 MiB
+	// received and 4 MiB sent): an 8 MiB one went whole into them while Corestore stood still, so
+	// Cloudly's stream completed before the relay saw the stall.
+	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 64 << 20})
 	h.b.Platform().WantRestore("bk-in", "svc-2")
 	h.Cloudly.SetAvailable(true) // a new attach lists at once
 
@@ -213,10 +216,13 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	if r, _ := h.b.Platform().Restore("bk-in"); r.Settled {
 		t.Fatal("a restore cut short settled")
 	}
-	h.waitFor("Cloudly's writer told", func() bool {
+	h.waitFor("Cloudly's writer ended", func() bool {
 		s, _ := h.Cloudly.Platform().Served("bk-in")
-		return s.Refusal != "" || !s.Complete && s.Bytes > 0
+		return s.Complete || s.Refusal != "" || s.Bytes > 0
 	})
+	if s, _ := h.Cloudly.Platform().Served("bk-in"); s.Complete {
+		t.Fatalf("Cloudly's writer was never told: its stream completed (%d bytes) before the relay saw the stall", s.Bytes)
+	}
 	h.waitFor("node-b's delivery counted", func() bool { return h.Metric("relay_platform_backups_total", "outcome", "delivered") == 1 })
 	if got := h.Metric("relay_platform_backups_total", "outcome", "delivered"); got != 1 {
 		t.Fatalf("backups delivered %v: only node-b's goes whole", got)
