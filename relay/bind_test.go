@@ -29,23 +29,23 @@ func TestNodeRegistration(t *testing.T) {
 		e := start(t, relay.Features{})
 		n := newNode(t, e, "node-a")
 		n.Offer = contracts.ProtocolOffer{InterfacesVersion: "33.0.0", MinimumPeerVersion: "33.0.0"}
-		_, err := n.Register(ctx5(t))
+		_, err := n.Register(ctxHung(t))
 		remote := wantRefusalText(t, err, "protocol-incompatible: major-mismatch: ")
 		refusal, ok := contracts.ReadProtocolRefusal(remote.Data)
 		if !ok || refusal.Reason != contracts.MajorMismatch || refusal.Refusing != contracts.RelayOffer || refusal.Refused != n.Offer {
 			t.Fatalf("refusal data = %s", remote.Data)
 		}
 		n.Offer = contracts.ProtocolOffer{InterfacesVersion: "32.36.0", MinimumPeerVersion: "32.37.0"}
-		_, err = n.Register(ctx5(t))
+		_, err = n.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelayRequestInvalid) // not an offer: a minimum above its own release
 		n.Offer = contracts.ProtocolOffer{InterfacesVersion: "32.40.0", MinimumPeerVersion: "32.37.0"}
-		_, err = n.Register(ctx5(t))
+		_, err = n.Register(ctxHung(t))
 		wantRefusalText(t, err, "protocol-incompatible: self-below-peer-minimum: ")
 		if got := e.cloudly.Received(contracts.MethodRegisterPalletRuntimeSession); got != 0 {
 			t.Fatalf("Cloudly received %d registrations the relay should have refused", got)
 		}
 		// A refused registration changed nothing: the connection may not forward.
-		_, err = n.Call(ctx5(t), "reportRuntimeAssignmentObservation", json.RawMessage(`{}`))
+		_, err = n.Call(ctxHung(t), "reportRuntimeAssignmentObservation", json.RawMessage(`{}`))
 		wantRefusal(t, err, contracts.RelaySessionForeign)
 	})
 
@@ -62,13 +62,13 @@ func TestNodeRegistration(t *testing.T) {
 		if code := websocket.CloseStatus(context.Cause(first.Conn().Context())); code != 4001 {
 			t.Fatalf("close status %d, want 4001 (%v)", code, context.Cause(first.Conn().Context()))
 		}
-		if _, err := e.cloudly.Call(ctx5(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
+		if _, err := e.cloudly.Call(ctxHung(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
 			t.Fatal(err)
 		}
 		if second.Received("applyRuntimeAssignment") != 1 {
 			t.Fatal("Cloudly's request did not reach the newer connection")
 		}
-		if _, err := other.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := other.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("another node was disturbed: %v", err)
 		}
 	})
@@ -77,7 +77,7 @@ func TestNodeRegistration(t *testing.T) {
 		e := start(t, relay.Features{})
 		n := e.node("node-a")
 		n.Generation++
-		resp, err := n.Register(ctx5(t))
+		resp, err := n.Register(ctxHung(t))
 		if err != nil {
 			t.Fatalf("rotation: %v", err)
 		}
@@ -89,12 +89,12 @@ func TestNodeRegistration(t *testing.T) {
 			t.Fatal("rotation closed the connection")
 		default:
 		}
-		if _, err := n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := n.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatal(err)
 		}
 		// One connection carries one node.
 		n.ID, n.Bearer = "node-b", "bearer-node-b"
-		_, err = n.Register(ctx5(t))
+		_, err = n.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelaySessionForeign)
 	})
 
@@ -125,7 +125,7 @@ func TestNodeRegistration(t *testing.T) {
 		e.cloudly.SetSlowness(0)
 		// A round trip on the upstream socket the late answer came by: what the relay did with
 		// that answer, it has done by the time this call reaches node-a.
-		if _, err := e.cloudly.Call(ctx5(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
+		if _, err := e.cloudly.Call(ctxHung(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
 			t.Fatalf("Cloudly → node-a after the dead connection's late registration: %v", err)
 		}
 
@@ -138,7 +138,7 @@ func TestNodeRegistration(t *testing.T) {
 		if got := e.Metric("relay_downstream_nodes"); got != 1 {
 			t.Errorf("relay_downstream_nodes = %v with one connection carrying node-a", got)
 		}
-		if _, err := e.cloudly.Call(ctx5(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
+		if _, err := e.cloudly.Call(ctxHung(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`)); err != nil {
 			t.Fatalf("Cloudly → node-a after the dead connection's late registration: %v", err)
 		}
 	})

@@ -60,7 +60,7 @@ func peakOf(e *relaytest.Env, stop <-chan struct{}) <-chan float64 {
 func TestPeerMemoryBudget(t *testing.T) {
 	t.Run("an anonymous peer sending malformed requests and reading nothing is closed", func(t *testing.T) {
 		e := start(t, relay.Features{})
-		ws, _, err := websocket.Dial(ctx5(t), e.url, nil)
+		ws, _, err := websocket.Dial(ctxHung(t), e.url, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -228,7 +228,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 		}
 		// The relay serves a connection's requests in order and answers this one itself: once its
 		// answer is back, the batch has been queued upstream or refused, and a refusal read first.
-		if _, err := honest.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {
+		if _, err := honest.Call(ctxHung(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {
 			t.Fatalf("probe: %v", err)
 		}
 		select {
@@ -249,7 +249,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 // that the budget returns to exactly zero and never released a byte it did not charge.
 func TestBudgetComesBackToZero(t *testing.T) {
 	e := start(t, relay.Features{})
-	ctx := ctx5(t)
+	ctx := ctxHung(t)
 	a, b := e.node("node-a"), e.node("node-b")
 	// Answers written; node → Cloudly requests written; Cloudly → node requests written.
 	for i := range 20 {
@@ -285,9 +285,23 @@ func TestBudgetComesBackToZero(t *testing.T) {
 	})
 	stalled.ws.CloseNow()
 	// Node requests queued to Cloudly while it reads nothing, dropped with its socket.
-	hold := make(chan struct{})
-	e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) { <-hold; return json.RawMessage(`{}`), nil })
+	hold, stalling := make(chan struct{}), make(chan struct{})
+	e.cloudly.Handle("stallCloudlyReadLoop", func(json.RawMessage) (json.RawMessage, error) {
+		close(stalling)
+		<-hold
+		return json.RawMessage(`{}`), nil
+	})
 	a.Conn().CallAsync("stallCloudlyReadLoop", json.RawMessage(`{"session":{"nodeId":"node-a"}}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
+	// The batches go once Cloudly's read loop stands still: sent before, on a busy machine some
+	// were answered ahead of the stalling call and the twenty were never pending at once.
+	e.eventually("the stalling call at Cloudly", func() bool {
+		select {
+		case <-stalling:
+			return true
+		default:
+			return false
+		}
+	})
 	for range 20 {
 		b.Conn().CallAsync("reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-b"},"logs":"`+strings.Repeat("l", 256<<10)+`"}`), func(typedsocket.Reply) {}, typedsocket.Timeout(time.Minute))
 	}

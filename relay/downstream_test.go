@@ -29,7 +29,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{MaxUnregistered: 2})
 		first := e.Dial("node-a")
 		e.Dial("node-b")
-		ctx := ctx5(t)
+		ctx := ctxHung(t)
 		_, resp, err := websocket.Dial(ctx, e.URL, nil)
 		if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("a third unregistered connection: %v (response %v), want 503 with Retry-After", err, resp)
@@ -92,7 +92,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 2 }})
 		first := e.Dial("node-a")
 		e.Dial("node-b")
-		ctx := ctx5(t)
+		ctx := ctxHung(t)
 		_, resp, err := websocket.Dial(ctx, e.URL, nil)
 		if err == nil || resp == nil || resp.StatusCode != http.StatusServiceUnavailable || resp.Header.Get("Retry-After") == "" {
 			t.Fatalf("a third connection from 127.0.0.1: %v (response %v), want 503 with Retry-After", err, resp)
@@ -111,7 +111,7 @@ func TestUnregisteredConnections(t *testing.T) {
 	t.Run("the registration deadline is absolute, a registration in flight does not extend it", func(t *testing.T) {
 		const deadline = 300 * time.Millisecond
 		e := relaytest.Start(t, relaytest.Options{RegisterDeadline: deadline})
-		ctx := ctx5(t)
+		ctx := ctxHung(t)
 		registered := e.Node("node-a")
 		e.Cloudly.SetSlowness(3 * deadline) // node-b's registration is still with Cloudly at its deadline
 		slow := e.Dial("node-b")
@@ -145,11 +145,11 @@ func TestUnregisteredConnections(t *testing.T) {
 		anon := newNode(t, e, "node-guess")
 		anon.Bearer = "bearer-guessed"
 		for i := range relay.MaxRegistrationsPerConnection {
-			if _, err := anon.Register(ctx5(t)); err == nil || errors.Is(err, contracts.RelayNodeBusy) {
+			if _, err := anon.Register(ctxHung(t)); err == nil || errors.Is(err, contracts.RelayNodeBusy) {
 				t.Fatalf("guess %d: %v, want Cloudly's refusal", i, err)
 			}
 		}
-		_, err := anon.Register(ctx5(t))
+		_, err := anon.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelayNodeBusy)
 		if got := e.cloudly.Received(contracts.MethodRegisterPalletRuntimeSession); got != relay.MaxRegistrationsPerConnection {
 			t.Fatalf("Cloudly judged %d bearer guesses from one connection, want %d", got, relay.MaxRegistrationsPerConnection)
@@ -199,7 +199,7 @@ func TestUnregisteredConnections(t *testing.T) {
 		// A registered node's traffic is not charged to the pool: a 1 MiB log batch is carried.
 		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, nil)
 		n := e.node("node-honest")
-		if _, err := n.Report(ctx5(t), "reportRuntimeAssignmentLogs", map[string]any{"logs": strings.Repeat("y", 1<<20)}); err != nil {
+		if _, err := n.Report(ctxHung(t), "reportRuntimeAssignmentLogs", map[string]any{"logs": strings.Repeat("y", 1<<20)}); err != nil {
 			t.Fatalf("a registered node's log batch while the pool is full: %v", err)
 		}
 	})

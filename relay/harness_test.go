@@ -73,12 +73,6 @@ func ctxHung(t *testing.T) context.Context {
 // hungAfter is how long ctxHung waits.
 const hungAfter = 2 * time.Minute
 
-func ctx5(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-	t.Cleanup(cancel)
-	return ctx
-}
-
 // wantRefusal checks err is a remote error naming the refusal, with text "<name>: …".
 func wantRefusal(t *testing.T, err error, name contracts.RefusalName) *typedsocket.Error {
 	t.Helper()

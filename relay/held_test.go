@@ -94,7 +94,7 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 		if _, err := honest.Conn().CallAsync("reportRuntimeAssignmentObservation", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), func(r typedsocket.Reply) { outcome <- r.Err }, typedsocket.Timeout(time.Minute)); err != nil {
 			t.Fatal(err)
 		}
-		if _, err := honest.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {
+		if _, err := honest.Call(ctxHung(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`)); !errors.Is(err, contracts.RelayMethodLocalOnly) {
 			t.Fatalf("probe: %v", err)
 		}
 		select {
@@ -155,7 +155,7 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 			t.Fatalf("the relay held %.1f MiB for its peers; the budget is %d MiB", p/(1<<20), limit>>20)
 		}
 		// The registered node is carried all the same.
-		if _, err := honest.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := honest.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("a registered node among withheld messages: %v", err)
 		}
 	})
@@ -179,11 +179,11 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 		if _, err := idle[0].Read(make([]byte, 1)); err == nil || errors.Is(err, context.DeadlineExceeded) || isTimeout(err) {
 			t.Fatalf("the oldest idle connection is still open past the cap: %v", err)
 		}
-		if _, err := registered.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := registered.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("a registered node past the cap: %v", err)
 		}
 		// An honest node arriving past the cap is carried.
-		if _, err := e.node("node-late").Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := e.node("node-late").Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("an honest node arriving past the cap: %v", err)
 		}
 	})

@@ -77,7 +77,7 @@ func TestRegistrationIsExactlyTheSeeds(t *testing.T) {
 func TestHubReport(t *testing.T) {
 	t.Run("reported after each accepted registration, exactly in its shape", func(t *testing.T) {
 		e := relaytest.Start(t, relaytest.Options{VPNHub: testHub()})
-		hub, err := e.Cloudly.WaitVPNHub(ctx5(t))
+		hub, err := e.Cloudly.WaitVPNHub(ctxHung(t))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -171,7 +171,7 @@ func TestHubReport(t *testing.T) {
 				}
 				// Every node is carried, both ways.
 				n := e.Node("node-" + string(rune('a'+attach)))
-				if _, err := n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+				if _, err := n.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 					t.Fatalf("attach %d: a node's request after the hub report: %v", attach, err)
 				}
 				if got := e.Metric("relay_upstream_registrations_total", "outcome", "accepted"); got != float64(attach) {
@@ -223,7 +223,7 @@ func TestHubReport(t *testing.T) {
 		var reply func(json.RawMessage, error)
 		select {
 		case reply = <-held:
-		case <-ctx5(t).Done():
+		case <-ctxHung(t).Done():
 			t.Fatal("no hub report reached Cloudly after the second registration")
 		}
 		// The push to carried nodes follows the report on the attach path (upstreamAttached).
@@ -235,7 +235,7 @@ func TestHubReport(t *testing.T) {
 			t.Fatalf("/readyz = %d while the hub report's answer is held", code)
 		}
 		b := e.Node("node-b")
-		if _, err := b.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := b.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("a node's request while the hub report's answer is held: %v", err)
 		}
 		reply(json.RawMessage(`{}`), nil)
@@ -260,7 +260,7 @@ func TestHubReport(t *testing.T) {
 		}})
 		select {
 		case <-held:
-		case <-ctx5(t).Done():
+		case <-ctxHung(t).Done():
 			t.Fatal("no hub report reached Cloudly")
 		}
 		e.Cloudly.Drop()

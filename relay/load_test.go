@@ -26,7 +26,7 @@ import (
 // refused relay-node-busy instead of piling up.
 func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 	e := start(t, relay.Features{})
-	stalled, err := sim.DialStalled(ctx5(t), e.url, "node-stalled")
+	stalled, err := sim.DialStalled(ctxHung(t), e.url, "node-stalled")
 	if err != nil {
 		t.Fatal(err)
 	}

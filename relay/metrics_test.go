@@ -23,8 +23,8 @@ var wantMetrics = []string{
 func TestMetricNames(t *testing.T) {
 	e := start(t, relay.Features{})
 	n := e.node("node-a")
-	n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
-	n.Call(ctx5(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`))
+	n.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil)
+	n.Call(ctxHung(t), "openRuntimeAssignmentExec", json.RawMessage(`{}`))
 	families, err := e.Registry.Gather()
 	if err != nil {
 		t.Fatal(err)

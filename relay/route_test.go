@@ -34,7 +34,7 @@ func TestForwarding(t *testing.T) {
 			return json.RawMessage(answer), nil
 		})
 		n := e.node("node-a")
-		got, err := n.Call(ctx5(t), "reportRuntimeAssignmentObservation", json.RawMessage(weirdBody))
+		got, err := n.Call(ctxHung(t), "reportRuntimeAssignmentObservation", json.RawMessage(weirdBody))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -46,7 +46,7 @@ func TestForwarding(t *testing.T) {
 		}
 
 		n.Handle("readRuntimeAssignmentStats", func(json.RawMessage) (json.RawMessage, error) { return json.RawMessage(answer), nil })
-		got, err = e.cloudly.Call(ctx5(t), "readRuntimeAssignmentStats", json.RawMessage(weirdBody))
+		got, err = e.cloudly.Call(ctxHung(t), "readRuntimeAssignmentStats", json.RawMessage(weirdBody))
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -65,7 +65,7 @@ func TestForwarding(t *testing.T) {
 			return nil, &typedsocket.Error{Text: "assignment-conflict: receipt sequence 3 is not next", Data: json.RawMessage(data)}
 		})
 		n := e.node("node-a")
-		_, err := n.Call(ctx5(t), "reportRuntimeAssignmentTerminalReceipt", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
+		_, err := n.Call(ctxHung(t), "reportRuntimeAssignmentTerminalReceipt", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
 		var remote *typedsocket.Error
 		if !errors.As(err, &remote) || remote.Text != "assignment-conflict: receipt sequence 3 is not next" || string(remote.Data) != data {
 			t.Fatalf("Cloudly's error changed on the way: %#v", err)
@@ -73,7 +73,7 @@ func TestForwarding(t *testing.T) {
 		n.Handle("applyRuntimeAssignment", func(json.RawMessage) (json.RawMessage, error) {
 			return nil, &typedsocket.Error{Text: "node says no", Data: json.RawMessage(data)}
 		})
-		_, err = e.cloudly.Call(ctx5(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
+		_, err = e.cloudly.Call(ctxHung(t), "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
 		if !errors.As(err, &remote) || remote.Text != "node says no" || string(remote.Data) != data {
 			t.Fatalf("the node's error changed on the way: %#v", err)
 		}
@@ -83,7 +83,7 @@ func TestForwarding(t *testing.T) {
 		e := start(t, relay.Features{})
 		a := e.node("node-a")
 		e.node("-node-b") // a leading '-' is a valid node id
-		ctx := ctx5(t)
+		ctx := ctxHung(t)
 
 		_, err := e.cloudly.Call(ctx, "applyRuntimeAssignment", json.RawMessage(`{"session":{"nodeId":"node-zz"}}`))
 		if r := wantRefusal(t, err, contracts.RelayNodeNotCarried); r.Text != "relay-node-not-carried: node-zz" {
@@ -167,7 +167,7 @@ func TestForwarding(t *testing.T) {
 			bodies[m] = json.RawMessage(`{"session":{"nodeId":"node-a"},"nodeId":"node-a"}`)
 		}
 		for _, m := range methods {
-			got, err := n.Call(ctx5(t), m, bodies[m])
+			got, err := n.Call(ctxHung(t), m, bodies[m])
 			if err == nil {
 				t.Errorf("node's %s was forwarded and answered by Cloudly as the relay's own: %s", m, got)
 				continue
@@ -186,7 +186,7 @@ func TestForwarding(t *testing.T) {
 		n := e.node("node-a")
 		e.cloudly.SetAvailable(false)
 		e.eventually("detached", func() bool { return !e.relay.Upstream().Attached() })
-		_, err := n.Call(ctx5(t), "reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
+		_, err := n.Call(ctxHung(t), "reportRuntimeAssignmentLogs", json.RawMessage(`{"session":{"nodeId":"node-a"}}`))
 		wantRefusal(t, err, contracts.RelayUpstreamDetached)
 		select {
 		case <-n.Conn().Done():
@@ -201,7 +201,7 @@ func TestForwarding(t *testing.T) {
 		if string(n.Last(contracts.MethodPushRelayUpstreamChanged)) != `{"attached":true}` {
 			t.Fatalf("pushRelayUpstreamChanged body = %s", n.Last(contracts.MethodPushRelayUpstreamChanged))
 		}
-		if _, err := n.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil); err != nil {
+		if _, err := n.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil); err != nil {
 			t.Fatalf("after re-attaching: %v", err)
 		}
 	})
@@ -209,7 +209,7 @@ func TestForwarding(t *testing.T) {
 	t.Run("bearers and bodies never reach the log", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		n := e.node("node-a")
-		if _, err := n.Call(ctx5(t), "getRuntimeManagedVpnCredential", json.RawMessage(`{"session":{"nodeId":"node-a"},"secretMarker":"sekrit-value"}`)); err != nil {
+		if _, err := n.Call(ctxHung(t), "getRuntimeManagedVpnCredential", json.RawMessage(`{"session":{"nodeId":"node-a"},"secretMarker":"sekrit-value"}`)); err != nil {
 			t.Fatal(err)
 		}
 		logs := e.logs.String()

@@ -34,7 +34,7 @@ func TestSessionOnlyWhereTheSeedsRequireIt(t *testing.T) {
 	}
 	for _, c := range forwarded {
 		t.Run(c.method+" "+c.body+" is forwarded", func(t *testing.T) {
-			if _, err := n.Call(ctx5(t), c.method, json.RawMessage(c.body)); err != nil {
+			if _, err := n.Call(ctxHung(t), c.method, json.RawMessage(c.body)); err != nil {
 				t.Fatalf("refused: %v", err)
 			}
 			if got := string(e.cloudly.Last(c.method)); got != c.body {
@@ -59,7 +59,7 @@ func TestSessionOnlyWhereTheSeedsRequireIt(t *testing.T) {
 	for _, c := range refused {
 		t.Run(c.method+" "+c.body+" is refused "+string(c.name), func(t *testing.T) {
 			before := e.cloudly.Received(c.method)
-			_, err := n.Call(ctx5(t), c.method, json.RawMessage(c.body))
+			_, err := n.Call(ctxHung(t), c.method, json.RawMessage(c.body))
 			wantRefusal(t, err, c.name)
 			if e.cloudly.Received(c.method) != before {
 				t.Fatalf("Cloudly received the refused %s", c.method)
@@ -112,7 +112,7 @@ func TestRelayNodeIDStatesTheConnectionsNode(t *testing.T) {
 	}
 	t.Run("a node rotating on its connection states that connection's node", func(t *testing.T) {
 		n := e.node("node-c")
-		if _, err := n.Register(ctx5(t)); err != nil {
+		if _, err := n.Register(ctxHung(t)); err != nil {
 			t.Fatal(err)
 		}
 		if got := e.cloudly.LastRelayNode(contracts.MethodRegisterPalletRuntimeSession); got != "node-c" {
@@ -136,11 +136,11 @@ func TestRelayNodeIDStatesTheConnectionsNode(t *testing.T) {
 	t.Run("the ingress's registration and the relay's own calls state none", func(t *testing.T) {
 		ic.Designate("node-i", "bearer-i")
 		in := sim.NewIngress("node-i", "bearer-i", zerolog.Nop())
-		if err := in.Connect(ctx5(t), e.url); err != nil {
+		if err := in.Connect(ctxHung(t), e.url); err != nil {
 			t.Fatal(err)
 		}
 		t.Cleanup(in.Close)
-		if _, err := in.Register(ctx5(t)); err != nil {
+		if _, err := in.Register(ctxHung(t)); err != nil {
 			t.Fatal(err)
 		}
 		for _, m := range []string{contracts.MethodRegisterClusterIngress, contracts.MethodRegisterClusterRelay,

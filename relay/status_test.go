@@ -20,11 +20,11 @@ func TestStatusPage(t *testing.T) {
 	e := start(t, relay.Features{})
 	quiet, busy := e.node("node-quiet"), e.node("node-busy")
 	for i := range 5 {
-		if _, err := busy.Report(ctx5(t), "reportRuntimeAssignmentObservation", map[string]any{"i": i}); err != nil {
+		if _, err := busy.Report(ctxHung(t), "reportRuntimeAssignmentObservation", map[string]any{"i": i}); err != nil {
 			t.Fatal(err)
 		}
 	}
-	quiet.Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
+	quiet.Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil)
 
 	code, body := e.admin("/status.json")
 	if code != 200 {
@@ -60,7 +60,7 @@ func TestStatusPage(t *testing.T) {
 // groups at zero folded away, and no secret is shown.
 func TestStatusPageSaysWhyDetached(t *testing.T) {
 	e := start(t, relay.Features{})
-	e.node("node-a").Report(ctx5(t), "reportRuntimeAssignmentObservation", nil)
+	e.node("node-a").Report(ctxHung(t), "reportRuntimeAssignmentObservation", nil)
 	e.cloudly.SetRegistrationRefusal(contracts.RelayNodeForeign.Refuse("node relay-node is not in cluster-sim"))
 	e.cloudly.Drop()
 	var st status.Snapshot

@@ -163,14 +163,14 @@ func TestCustody(t *testing.T) {
 		e.cloudly.Drop()
 		e.eventually("custody ended", func() bool { return esc.custodyEnded() > 0 })
 		n := newNode(t, e, "node-a")
-		_, err := n.Register(ctx5(t))
+		_, err := n.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelayNodeForeign)
 		if got := e.cloudly.NodeRegistrations("node-a"); got != 0 {
 			t.Fatalf("Cloudly saw %d registrations of node-a while custody had ended", got)
 		}
 		e.cloudly.SetRegistrationRefusal(nil)
 		e.waitAttached()
-		if _, err := n.Register(ctx5(t)); err != nil {
+		if _, err := n.Register(ctxHung(t)); err != nil {
 			t.Fatalf("registration after custody resumed: %v", err)
 		}
 	})
@@ -185,7 +185,7 @@ func TestCustody(t *testing.T) {
 			t.Fatal("a refusal outside clusterRelayUndispatchedRefusals ended custody")
 		}
 		n := newNode(t, e, "node-a")
-		_, err := n.Register(ctx5(t))
+		_, err := n.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelayUpstreamDetached) // not attached, but custody is kept
 		e.cloudly.SetRegistrationRefusal(nil)
 	})
@@ -193,7 +193,7 @@ func TestCustody(t *testing.T) {
 	t.Run("the configuration push: relay null ends custody, a relay block resumes it", func(t *testing.T) {
 		esc := &recordingEscrow{}
 		e := start(t, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}})
-		ctx := ctx5(t)
+		ctx := ctxHung(t)
 		push := func(relayBlock any, cluster string) error {
 			_, err := e.cloudly.Call(ctx, contracts.MethodPushClusterRelayConfig, mustJSON(map[string]any{
 				"config": map[string]any{"clusterId": cluster, "relay": relayBlock, "corestores": []any{}}}))
@@ -228,7 +228,7 @@ func TestCustody(t *testing.T) {
 		e.Eventually("the relay answered the configuration push", func() bool { return e.Cloudly.ConfigPushes() >= 1 })
 
 		n := e.Dial("node-a")
-		_, err := n.Register(ctx5(t))
+		_, err := n.Register(ctxHung(t))
 		wantRefusal(t, err, contracts.RelayClusterNotEnabled)
 		if got := e.Cloudly.Received(contracts.MethodRegisterPalletRuntimeSession); got != 0 {
 			t.Fatalf("the disabled relay forwarded %d node registrations to Cloudly; custody was restored by the attach that preceded the push", got)
