@@ -51,7 +51,7 @@ func TestNoCorestoreOrigin(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{noOrigins: true})
 	h.waitFor("the configuration applied", func() bool { return h.Cloudly.ConfigPushes() > 0 })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// The relay answers the push and pull in order: a round trip after the push proves it idled.
 	if _, err := h.Cloudly.Call(ctx, contracts.MethodPushCorestoreCredential, json.RawMessage(`{"nodeId":"node-a","envelope":"x"}`)); !errors.Is(err, contracts.RestoreNodeNotCarried) {
@@ -74,7 +74,7 @@ func TestCredentialRefusals(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{})
 	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	if err := h.Cloudly.Platform().PushCredential(ctx, "node-a", "has a space"); !errors.Is(err, contracts.RelayRequestInvalid) ||
 		strings.Contains(err.Error(), "has a space") {

@@ -18,7 +18,7 @@ import (
 // dialCloudly opens a socket to the sim Cloudly as a relay would, without the relay.
 func dialCloudly(t *testing.T, c *Cloudly) *typedsocket.Conn {
 	t.Helper()
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	ws, _, err := websocket.Dial(ctx, c.URL(), nil)
 	if err != nil {
@@ -154,7 +154,7 @@ func TestSimCloudlyJudgesTheRegistrationExactlyAndLearnsTheHubFromItsOwnCall(t *
 	if ans, err := conn.Call(ctx, contracts.MethodRegisterClusterVpnHub, report); err != nil || string(ans) != `{}` {
 		t.Fatalf("hub report answered %s, %v", ans, err)
 	}
-	wctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+	wctx, cancel := context.WithTimeout(ctx, 30*time.Second)
 	defer cancel()
 	hub, err := c.WaitVPNHub(wctx)
 	if err != nil || hub.Hub.Address != "192.0.2.1" || hub.Hub.QUICPort != 4433 || hub.NoisePublicKey != key {
