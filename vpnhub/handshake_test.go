@@ -20,7 +20,7 @@ func startHandshake(key *vpnkey.Pair, hub [32]byte, authority, node string, rng 
 	return wire.StartHandshake(key, hub, authority, contracts.VPNHello{NodeID: node, Timestamp: 1}, rng)
 }
 
-func TestNoiseProtocolNameIsSPECs(t *testing.T) {
+func TestNoiseProtocolNameIsTheContracts(t *testing.T) {
 	if got := wire.ProtocolName(); got != contracts.VPNNoiseProtocol {
 		t.Fatalf("noise protocol %q, docs/protocol.md#vpn-hub says %q", got, contracts.VPNNoiseProtocol)
 	}
