@@ -153,7 +153,8 @@ func TestHAFailoverDuringCloudlyOutage(t *testing.T) {
 	})
 	for _, d := range f.nodes {
 		if missed := runs.missed(d.renewals.Receipts(), from, want); len(missed) > 0 {
-			t.Errorf("%s missed renewals %v across the failover", d.n.ID, missed)
+			t.Errorf("%s missed renewals %v across the failover (killed at %s); it received:\n%s",
+				d.n.ID, missed, killed.Format(time.StampMilli), runs.explain(d.renewals.Receipts(), from, want))
 		}
 	}
 	c.cloudly.SetAvailable(true)
@@ -337,6 +338,24 @@ func (c *cluster) holdRuns(t testing.TB, f *fleet, start time.Time) escrowRuns {
 // sequenceAt is the sequence whose slot is the newest opened at t.
 func (r escrowRuns) sequenceAt(t time.Time) int64 {
 	return r.FirstSequence + int64(t.Sub(r.Start)/r.Step)
+}
+
+// explain lists the receipts of sequences from…upto and later with the window of each, for a
+// failure to show whether a renewal came early, late or not at all.
+func (r escrowRuns) explain(receipts []sim.RenewalReceipt, from, upto int64) string {
+	windows := r.Windows()
+	var b strings.Builder
+	for s := max(from, r.FirstSequence); s <= upto && s-r.FirstSequence < int64(len(windows)); s++ {
+		w := windows[s-r.FirstSequence]
+		fmt.Fprintf(&b, "\twindow of %d: %s – %s\n", s,
+			time.UnixMilli(w.NotBefore).Format(time.StampMilli), time.UnixMilli(w.ExpiresAt).Format(time.StampMilli))
+	}
+	for _, rc := range receipts {
+		if rc.Sequence >= from {
+			fmt.Fprintf(&b, "\treceipt %d at %s: %s\n", rc.Sequence, rc.At.Format(time.StampMilli), rc.Status)
+		}
+	}
+	return b.String()
 }
 
 // missed lists the sequences from…upto the node did not get while they were current: neither that
