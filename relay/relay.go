@@ -1,6 +1,7 @@
 package relay
 
 import (
+	"context"
 	"crypto/x509"
 	"fmt"
 	"net"
@@ -184,10 +185,14 @@ func (r *Relay) role() string {
 // Upstream is the Cloudly session as parts see it.
 func (r *Relay) Upstream() feature.Upstream { return r.up }
 
-// Listen binds the downstream and admin listeners.
+// Listen binds the downstream and admin listeners. Downstream connections get no TCP keep-alive:
+// every one is bounded by its own timeouts (WebSocket pings and the dead timeout, the HTTP
+// server's), and the four socket options keep-alive takes cost four system calls for every
+// connection accepted, an attacker's included (docs/hostile.md, "Refusal before work").
 func (r *Relay) Listen() error {
 	var err error
-	if r.downLn, err = net.Listen("tcp", r.cfg.Listen); err != nil {
+	lc := net.ListenConfig{KeepAlive: -1}
+	if r.downLn, err = lc.Listen(context.Background(), "tcp", r.cfg.Listen); err != nil {
 		return fmt.Errorf("listen %s: %w", r.cfg.Listen, err)
 	}
 	if err := r.admin.Listen(); err != nil {
@@ -202,6 +207,8 @@ func (r *Relay) DownstreamAddr() net.Addr { return r.downLn.Addr() }
 func (r *Relay) AdminAddr() net.Addr      { return r.admin.Addr() }
 
 func (r *Relay) listenPort() int { return r.downLn.Addr().(*net.TCPAddr).Port }
+
+// peerGone: a downstream connection ended. The parts hear it, and its streams end.
 func (r *Relay) peerGone(p *peer) {
 	for _, w := range r.parts.peerGone {
 		w.PeerGone(p)

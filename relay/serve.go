@@ -167,7 +167,7 @@ func (r *Relay) serveDownstream(w http.ResponseWriter, req *http.Request) {
 	r.down.accept(w, req)
 }
 
-// peerGone: a downstream connection ended. The parts hear it, and its streams end.// drain refuses new requests, tells every node and ingress connection the relay is detaching
+// drain refuses new requests, tells every node and ingress connection the relay is detaching
 // (pushRelayUpstreamChanged { attached: false }), and waits, at most max, for their answers and
 // for every request in flight in either direction to be answered. A peer's requests sent before
 // its answer to the push are read, and answered, before the connection closes; a peer that honours
