@@ -2,6 +2,7 @@ package faults
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -10,6 +11,7 @@ import (
 	"strconv"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"github.com/rs/zerolog"
@@ -45,8 +47,8 @@ type attack struct {
 	junk                    [10][]byte
 	floods                  [4][]byte
 	answered                int           // corpus frames the relay answers; ending ones follow them in frames
-	frames                  []atomic.Bool // by index: read by the relay at least once
-	framesSent, distinct    atomic.Int64  // corpus frames read by the relay; distinct ones
+	frames                  []atomic.Bool // by index: taken by the relay at least once (read, or refused with its connection)
+	framesSent, distinct    atomic.Int64  // corpus frames taken by the relay; distinct ones
 	hoarded, ended          atomic.Int64  // replay connections that held answers; that ended with a frame
 	registrations, regConns atomic.Int64
 	refused503, dialErrors  atomic.Int64
@@ -110,7 +112,8 @@ func newAttack(addr string, budget int64, inputs [][]byte) *attack {
 	return a
 }
 
-// delivered records that the relay read corpus frame i.
+// delivered records that the relay took corpus frame i: read it, or closed the connection that
+// carried it (send).
 func (a *attack) delivered(i int) {
 	a.framesSent.Add(1)
 	if !a.frames[i].Swap(true) {
@@ -118,7 +121,7 @@ func (a *attack) delivered(i int) {
 	}
 }
 
-// allDelivered reports whether the relay read every corpus frame at least once.
+// allDelivered reports whether the relay took every corpus frame at least once.
 func (a *attack) allDelivered() bool { return a.distinct.Load() == int64(len(a.frames)) }
 
 func (a *attack) stopped() bool {
@@ -399,8 +402,10 @@ func (a *attack) end(w int, next *atomic.Int64, retry chan int) {
 }
 
 // send upgrades a connection from source, writes buf and keeps the connection in q (which closes
-// its oldest beyond the per-source limit). It reports whether buf was written.
-// With said, it then shuts its sending side: the peer has said all it will.
+// its oldest beyond the per-source limit). It reports whether the relay took buf: it was written
+// whole, or the relay closed the connection while it was written — under load the relay closes an
+// unregistered connection at its first message it would refuse, reading nothing more, and that is
+// its answer to the rest. With said, it then shuts its sending side: the peer has said all it will.
 func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *fifo) bool {
 	for attempt := 0; ; attempt++ {
 		c, err := upgrade(source, a.addr, narrow)
@@ -411,7 +416,7 @@ func (a *attack) send(source netip.Addr, buf net.Buffers, narrow, said bool, q *
 				c.(*net.TCPConn).CloseWrite()
 			}
 			q.push(c)
-			return err == nil
+			return err == nil || errors.Is(err, syscall.ECONNRESET) || errors.Is(err, syscall.EPIPE)
 		}
 		if isRefused(err) {
 			a.refused503.Add(1)
@@ -502,7 +507,7 @@ func (a *attack) summary() string {
 	if a.child != nil {
 		return a.childSummary()
 	}
-	return fmt.Sprintf("attack: %d connections held at most (%d upgrades refused 503), %d corpus frames read by the relay (%d of %d distinct) "+
+	return fmt.Sprintf("attack: %d connections held at most (%d upgrades refused 503), %d corpus frames taken by the relay (%d of %d distinct) "+
 		"(%d hoarding connections, %d ended by a frame), %d registrations on %d connections",
 		a.peak.Load(), a.refused503.Load(), a.framesSent.Load(), a.distinct.Load(), len(a.frames), a.hoarded.Load(), a.ended.Load(),
 		a.registrations.Load(), a.regConns.Load())

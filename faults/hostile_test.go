@@ -92,7 +92,8 @@ func TestFaultHostileLoad(t *testing.T) {
 		waitFor(size(10*time.Second, 120*time.Second), func() bool { return a.hoarded.Load() >= int64(a.hoarderSources*a.perSource) })
 		h.hoardTime = time.Since(attackStart)
 		phase(sustain)
-		// Every corpus frame is read by the relay at least once before the attack ends. The enders
+		// Every corpus frame is taken by the relay at least once before the attack ends (read, or
+		// refused unread with the connection that carried it). The enders
 		// cycle through the frames, so one whose upgrade was refused comes round again; under the
 		// full race-detected suite on two cores a cycle can take tens of seconds, and with the
 		// cores taken by other work, minutes. The attack lasts until then: attackHang is for a hang.
@@ -205,7 +206,7 @@ type hostile struct {
 	heapLive             int64          // the largest live heap a GC reported
 	liveCalm             int64          // the same before the attack
 	attack               string
-	everyFrame           bool // the relay read every corpus frame at least once
+	everyFrame           bool // the relay took every corpus frame at least once
 	after                map[string]float64
 }
 
@@ -250,7 +251,7 @@ func (h hostile) check(t *testing.T, nodes int) {
 		t.Errorf("%v budget underflows", u)
 	}
 	if !h.everyFrame {
-		t.Errorf("the relay did not read every corpus frame: the attack was cut short")
+		t.Errorf("the relay did not take every corpus frame: the attack was cut short")
 	}
 }
 

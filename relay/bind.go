@@ -48,8 +48,11 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 	if rb != nil {
 		digest = rb.RegistrationDigest(req.Body)
 	}
+	// The registration stops counting as pending before its answer is queued: under load a peer
+	// that sends again once it has the answer must not find it still pending (judge).
+	answered := outcome
+	outcome = func(body json.RawMessage, err error) { end(); answered(body, err) }
 	if rb != nil && !r.up.Attached() {
-		defer end()
 		if kept, ok := rb.Rebind(digest); ok {
 			r.rebind(p, kept, outcome)
 			return
@@ -60,7 +63,6 @@ func (r *Relay) registerNode(p *peer, req *typedsocket.Request) {
 	// A node rotating on its connection states that connection's node; a first registration
 	// states none: the connection carries no node before Cloudly accepts one.
 	r.up.callFor(share, p.nodeID(), req.Method, takeBody(req), func(body json.RawMessage, err error) {
-		defer end()
 		if err != nil {
 			outcome(nil, err) // Cloudly's refusal, untouched, or the relay's own
 			return
@@ -118,10 +120,10 @@ func (r *Relay) registerVia(f feature.DownstreamServer, ro role, p *peer, req *t
 		return
 	}
 	f.ServeDownstream(req.Method, p, takeBody(req), func(body json.RawMessage, err error) {
-		defer end()
 		if err == nil {
 			r.down.registered(p, ro)
 		}
+		end() // before the answer is queued, as registerNode's
 		r.answer(req, body, refusal(err))
 	})
 }

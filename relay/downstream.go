@@ -180,7 +180,7 @@ func (d *downstream) accept(w http.ResponseWriter, req *http.Request) {
 		Dropped:       d.hooks.dropped,
 		ReadLimit:     typedsocket.DefaultReadLimit, // 64 KiB until a registration is accepted
 		Pace:          &d.cfg.pace,                  // until a registration is accepted
-		First:         func(method string) bool { return d.firstMessage(method) },
+		Judge:         func(method string) bool { return d.judge(p, method) },
 		MaxQueue:      nodeMaxQueue,
 		MaxQueueBytes: int(d.cfg.registeredShare), // a registered peer's share bounds it first
 		MaxInflight:   nodeMaxInflight,

@@ -157,7 +157,9 @@ func TestUnregisteredConnections(t *testing.T) {
 	})
 
 	t.Run("anonymous registrations share one pool", func(t *testing.T) {
-		e := start(t, relay.Features{})
+		// Every connection from 127.0.0.1, each with one registration at Cloudly (its most).
+		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 0 }})
+		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 		release := make(chan struct{})
 		var atCloudly atomic.Int64
 		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, func(_ json.RawMessage, reply func(json.RawMessage, error)) {
@@ -174,24 +176,26 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 		reg["pad"] = strings.Repeat("x", 60<<10) // under the 64 KiB limit of an unregistered connection
 		body := mustJSON(reg)
-		const conns = 48
+		// More registrations than the pool's 16 MiB hold.
+		conns := int(2 * relay.AnonymousRegistrationBytes / int64(len(body)))
 		var busy atomic.Int64
 		for i := range conns {
 			anon := newNode(t, e, "node-anon")
-			for range relay.MaxRegistrationsPerConnection {
-				_, err := anon.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, body, func(r typedsocket.Reply) {
-					if errors.Is(r.Err, contracts.RelayNodeBusy) {
-						busy.Add(1)
-					}
-				}, typedsocket.Timeout(time.Minute))
-				if err != nil {
-					t.Fatalf("connection %d: %v", i, err)
+			_, err := anon.Conn().CallAsync(contracts.MethodRegisterPalletRuntimeSession, body, func(r typedsocket.Reply) {
+				if errors.Is(r.Err, contracts.RelayNodeBusy) {
+					busy.Add(1)
 				}
+			}, typedsocket.Timeout(time.Minute))
+			if err != nil {
+				t.Fatalf("connection %d: %v", i, err)
 			}
 		}
 		e.eventually("every registration at Cloudly or refused relay-node-busy", func() bool {
-			return atCloudly.Load()+busy.Load() == conns*relay.MaxRegistrationsPerConnection
+			return atCloudly.Load()+busy.Load() == int64(conns)
 		})
+		if busy.Load() == 0 {
+			t.Fatalf("all %d registrations of %d KiB at Cloudly at once: no pool", conns, len(body)>>10)
+		}
 		if held := atCloudly.Load() * int64(len(body)); held > relay.AnonymousRegistrationBytes+int64(len(body)) {
 			t.Fatalf("%d anonymous registrations (%d MiB) at Cloudly at once; the pool holds %d MiB",
 				atCloudly.Load(), held>>20, relay.AnonymousRegistrationBytes>>20)

@@ -40,13 +40,16 @@ const (
 // docs/hostile.md): at most MaxUnregistered at once and DefaultMaxUnregisteredPerSource from one source
 // address, beyond which an upgrade is answered 503 with Retry-After; each is closed (1008)
 // RegisterDeadline after its upgrade, never extended, and may send MaxRegistrationsPerConnection
-// registrations in that time. Every WebSocket peer of the relay registers first, so only an
-// anonymous client is affected; the bounds are above a reconnect storm of 10 000 nodes.
+// registrations in that time, one at a time. Of what else it sends (it may send only
+// registrations), the relay answers the refusal of MaxRefusedUnregistered messages and closes
+// it, unanswered, at the next (judge). Every WebSocket peer of the relay registers first, so only an anonymous client is
+// affected; the bounds are above a reconnect storm of 10 000 nodes.
 const (
 	MaxUnregistered                 = 16384
 	DefaultMaxUnregisteredPerSource = 64
 	RegisterDeadline                = 60 * time.Second
 	MaxRegistrationsPerConnection   = 8
+	MaxRefusedUnregistered          = 1
 )
 
 // unregisteredCost is what one unregistered connection costs the relay before it holds anything
@@ -136,6 +139,9 @@ type peer struct {
 	registrations int
 	pending       int
 	pendingRole   role
+	// refused (guarded by mu) counts the messages judge let through to be refused while the
+	// connection was unregistered (MaxRefusedUnregistered).
+	refused int
 }
 
 // ID implements Peer.
@@ -230,6 +236,9 @@ func (d *downstream) admit(p *peer, kind role, size int) (typedsocket.Share, fun
 	if p.role == roleNone {
 		if p.registrations >= MaxRegistrationsPerConnection {
 			return nil, nil, contracts.RelayNodeBusy.Refuse("this connection sent %d registrations and none was accepted", p.registrations)
+		}
+		if p.pending > 0 {
+			return nil, nil, contracts.RelayNodeBusy.Refuse("this connection's last registration is still at Cloudly; send the next once it is answered")
 		}
 		if !d.anonymous.acquire(size) {
 			return nil, nil, contracts.RelayNodeBusy.Refuse("the relay has its most anonymous registrations at Cloudly already")

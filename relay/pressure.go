@@ -13,8 +13,8 @@ import (
 //   - At accept, before TLS, the HTTP request and the upgrade: a token bucket per source address
 //     (--upgrade-rate-per-source, --upgrade-burst-per-source); past it the connection is closed
 //     without a word (reason "rate").
-//   - An unregistered connection whose first message is not a registration is closed at once,
-//     nothing more read from it and nothing answered (reason "not-registration").
+//   - An unregistered connection that sends anything but a registration the relay would forward
+//     is closed at once, nothing more read from it and nothing answered (judge).
 //   - An unregistered connection closed for any reason gets no close handshake.
 // Below the mark nothing of this applies: a reconnect storm of nodes behind one translated
 // address is never throttled while the relay has room for it.
@@ -90,11 +90,46 @@ func (s *sourceRates) len() int {
 	return len(s.buckets)
 }
 
-// firstMessage judges a connection's first message by its method: under load, one
-// that is not a registration closes the connection, nothing answered and nothing more read.
-func (d *downstream) firstMessage(method string) bool {
-	if isRegistration(method) || !d.adm.pressed() {
+// judge judges each message of p by the method it requests (typedsocket.Options.Judge). A
+// connection that has not registered may send only registrations:
+//   - At a message that is no request at all — a malformed one, an answer, a stream frame — it is
+//     closed, nothing answered and nothing more read (reason "not-registration"): no client that
+//     means well sends one before it has registered, and the answer or close frame would cost
+//     the relay more than the peer.
+//   - A request it may not send (any but a registration; a registration while its last one is
+//     still at Cloudly, or past MaxRegistrationsPerConnection) is answered its refusal, so that a
+//     confused client learns why, MaxRefusedUnregistered times; at the next it is closed
+//     unanswered (reason "refusals").
+//   - Under load it is closed at the first of those (reasons "not-registration", "registrations").
+//
+// An honest peer sends its registration and waits for the answer; a flooder's junk costs it its
+// connection, not the relay its reading and answering.
+func (d *downstream) judge(p *peer, method string) bool {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.role != roleNone {
 		return true
+	}
+	registration := isRegistration(method)
+	refused := !registration || p.pending > 0 || p.registrations >= MaxRegistrationsPerConnection
+	switch {
+	case method == "":
+	case d.adm.pressed():
+		if registration {
+			if !refused {
+				return true
+			}
+			d.m.unregistered.WithLabelValues("registrations").Inc()
+			return false
+		}
+	case !refused:
+		return true
+	default:
+		if p.refused++; p.refused <= MaxRefusedUnregistered {
+			return true
+		}
+		d.m.unregistered.WithLabelValues("refusals").Inc()
+		return false
 	}
 	d.m.unregistered.WithLabelValues("not-registration").Inc()
 	return false

@@ -3,14 +3,18 @@ package relay_test
 import (
 	"bufio"
 	"context"
+	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/rs/zerolog"
 
+	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/relay"
 	"code.foss.global/serve.zone/relay/testenv/sim"
 )
@@ -39,18 +43,71 @@ func upgradeFrom(t *testing.T, e *env, from string) (net.Conn, bool) {
 // sendObservation writes a whole request that is not a registration.
 func sendObservation(t *testing.T, c net.Conn) {
 	t.Helper()
-	req := []byte(`{"method":"reportRuntimeAssignmentObservation","correlation":{"id":"o1","phase":"request"},"request":{}}`)
-	writeFrameHeader(t, c, len(req))
-	if _, err := c.Write(req); err != nil {
+	sendFrame(t, c, []byte(`{"method":"reportRuntimeAssignmentObservation","correlation":{"id":"o1","phase":"request"},"request":{}}`))
+}
+
+// sendFrame writes msg as one whole text message.
+func sendFrame(t *testing.T, c net.Conn, msg []byte) {
+	t.Helper()
+	writeFrameHeader(t, c, len(msg))
+	if _, err := c.Write(msg); err != nil {
 		t.Fatal(err)
+	}
+}
+
+// registrationFrame is a node's registration request, as an honest node of that name sends it.
+func registrationFrame(node string) []byte {
+	return fmt.Appendf(nil, `{"method":%q,"correlation":{"id":"r1","phase":"request"},"request":%s}`,
+		contracts.MethodRegisterPalletRuntimeSession, sim.NewNode(node, zerolog.Nop()).RegistrationBody())
+}
+
+// readTextFrame reads one unmasked text frame of the relay's, shorter than 64 KiB.
+func readTextFrame(br *bufio.Reader) ([]byte, error) {
+	var h [2]byte
+	if _, err := io.ReadFull(br, h[:]); err != nil {
+		return nil, err
+	}
+	if h[0] != 0x81 {
+		return nil, fmt.Errorf("a frame of type %#x, not a whole text frame", h[0])
+	}
+	n := int(h[1])
+	if n == 126 {
+		var ext [2]byte
+		if _, err := io.ReadFull(br, ext[:]); err != nil {
+			return nil, err
+		}
+		n = int(ext[0])<<8 | int(ext[1])
+	}
+	b := make([]byte, n)
+	_, err := io.ReadFull(br, b)
+	return b, err
+}
+
+// expectClosedUnanswered waits for the relay to close c after what, and fails if it wrote anything
+// first: under load an unregistered connection's refused message is neither answered nor given a
+// close handshake.
+func expectClosedUnanswered(t *testing.T, c net.Conn, what string) {
+	t.Helper()
+	c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	var b [256]byte
+	n, err := c.Read(b[:])
+	if err == nil || isTimeout(err) {
+		t.Fatalf("%s: the connection stays open (read %q, %v)", what, b[:n], err)
+	}
+	if n != 0 {
+		t.Errorf("%s: the relay sent %q before closing; under load it answers nothing and skips the close handshake", what, b[:n])
 	}
 }
 
 // TestRefuseBeforeWorking: under load (the unregistered half of the budget past three quarters) a
 // connection the relay will refuse costs it little: past its address's token bucket it is closed
-// at accept; one whose first message is not a registration is closed without an answer or a close
-// handshake. With every peer on one address (--max-unregistered-per-source 0) an honest node that
-// connected before is still registered within 2 s.
+// at accept; one that sends anything but a registration the relay would forward — a first message
+// that is not a registration, a malformed one, a second registration while the first is at
+// Cloudly — is closed without an answer or a close handshake. With every peer on one address
+// (--max-unregistered-per-source 0) an honest node that connected before is still registered
+// within 2 s. Without load the relay answers an unregistered connection's first
+// MaxRefusedUnregistered refused requests and closes it at the next, and closes it at once at a
+// message that is no request at all.
 func TestRefuseBeforeWorking(t *testing.T) {
 	t.Run("under load, every peer on one address", func(t *testing.T) {
 		e := startPaced(t, func(c *relay.Config) { c.FirstFrameTimeout = relay.RegisterDeadline })
@@ -90,17 +147,21 @@ func TestRefuseBeforeWorking(t *testing.T) {
 			t.Fatal("an upgrade from another address refused")
 		}
 		sendObservation(t, c)
-		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		var b [256]byte
-		n, err := c.Read(b[:])
-		if err == nil || isTimeout(err) {
-			t.Fatalf("a first message that is not a registration: the connection stays open (read %q, %v)", b[:n], err)
-		}
-		if n != 0 {
-			t.Errorf("the relay sent %q before closing; under load it answers nothing and skips the close handshake", b[:n])
-		}
+		expectClosedUnanswered(t, c, "a first message that is not a registration")
 		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "not-registration"); got != 1 {
 			t.Errorf(`relay_downstream_unregistered_closed_total{reason="not-registration"} = %v, want 1`, got)
+		}
+
+		// Not only the first message: a malformed one (without load answered relay-request-invalid)
+		// is not a registration either.
+		c, ok = upgradeFrom(t, e, "127.0.0.3")
+		if !ok {
+			t.Fatal("an upgrade from a third address refused")
+		}
+		sendFrame(t, c, []byte(`{"method":"x","correlation":{"id":"m1","phase":"request"},"request":0}`))
+		expectClosedUnanswered(t, c, "a malformed request")
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "not-registration"); got != 2 {
+			t.Errorf(`relay_downstream_unregistered_closed_total{reason="not-registration"} = %v, want 2`, got)
 		}
 
 		// The one wait of this test that is its subject.
@@ -112,9 +173,32 @@ func TestRefuseBeforeWorking(t *testing.T) {
 		if n := e.cloudly.NodeRegistrations("node-honest"); n != 1 {
 			t.Fatalf("Cloudly saw %d registrations of the honest node", n)
 		}
+
+		// A registration sent while the connection's last one is still at Cloudly: closed, the
+		// first one's answer never given. Cloudly holds the first one's answer meanwhile.
+		held := make(chan func(json.RawMessage, error), 1)
+		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, func(_ json.RawMessage, reply func(json.RawMessage, error)) { held <- reply })
+		c, ok = upgradeFrom(t, e, "127.0.0.4")
+		if !ok {
+			t.Fatal("an upgrade from a fourth address refused")
+		}
+		registration := registrationFrame("node-flooder")
+		sendFrame(t, c, registration)
+		var reply func(json.RawMessage, error)
+		select {
+		case reply = <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Cloudly never had the first registration")
+		}
+		defer reply(nil, contracts.RelayNodeBusy.Refuse("test ends"))
+		sendFrame(t, c, registration)
+		expectClosedUnanswered(t, c, "a second registration while the first is at Cloudly")
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "registrations"); got != 1 {
+			t.Errorf(`relay_downstream_unregistered_closed_total{reason="registrations"} = %v, want 1`, got)
+		}
 	})
 
-	t.Run("without load, nothing of this", func(t *testing.T) {
+	t.Run("without load, a few refusals answered, then closed; junk closed at once", func(t *testing.T) {
 		e := startPaced(t, nil)
 		for i := range 2 * relay.DefaultUpgradeBurstPerSource {
 			if _, ok := upgradeFrom(t, e, "127.0.0.1"); !ok {
@@ -125,17 +209,72 @@ func TestRefuseBeforeWorking(t *testing.T) {
 		if !ok {
 			t.Fatal("upgrade refused")
 		}
-		sendObservation(t, c)
+		br := bufio.NewReader(c)
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		var b [2]byte
-		if _, err := c.Read(b[:]); err != nil {
-			t.Fatalf("without load a first message that is not a registration is answered; read: %v", err)
+		for i := range relay.MaxRefusedUnregistered {
+			sendObservation(t, c)
+			answer, err := readTextFrame(br)
+			if err != nil {
+				t.Fatalf("without load, message %d that is not a registration is answered; read: %v", i+1, err)
+			}
+			if !strings.Contains(string(answer), string(contracts.RelaySessionForeign)) {
+				t.Fatalf("answer %d is %s, want %s", i+1, answer, contracts.RelaySessionForeign)
+			}
 		}
-		if b[0] != 0x81 {
-			t.Fatalf("the first frame back is %#x, want a text frame (the answer)", b[0])
+		sendObservation(t, c)
+		if answer, err := readTextFrame(br); err == nil {
+			t.Fatalf("message %d that is not a registration is answered %s; the relay answers %d and then closes", relay.MaxRefusedUnregistered+1, answer, relay.MaxRefusedUnregistered)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "refusals"); got != 1 {
+			t.Errorf(`relay_downstream_unregistered_closed_total{reason="refusals"} = %v, want 1`, got)
 		}
 		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "not-registration"); got != 0 {
 			t.Errorf(`relay_downstream_unregistered_closed_total{reason="not-registration"} = %v without load`, got)
+		}
+
+		// One registration at a time: the second, sent while the first is at Cloudly, is refused
+		// relay-node-busy (a refused request, answered once), the third closes the connection.
+		held := make(chan func(json.RawMessage, error), 1)
+		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, func(_ json.RawMessage, reply func(json.RawMessage, error)) { held <- reply })
+		c, ok = upgradeFrom(t, e, "127.0.0.1")
+		if !ok {
+			t.Fatal("upgrade refused")
+		}
+		br = bufio.NewReader(c)
+		c.SetReadDeadline(time.Now().Add(10 * time.Second))
+		registration := registrationFrame("node-pipelining")
+		sendFrame(t, c, registration)
+		var reply func(json.RawMessage, error)
+		select {
+		case reply = <-held:
+		case <-time.After(10 * time.Second):
+			t.Fatal("Cloudly never had the first registration")
+		}
+		defer reply(nil, contracts.RelayNodeBusy.Refuse("test ends"))
+		sendFrame(t, c, registration)
+		if answer, err := readTextFrame(br); err != nil || !strings.Contains(string(answer), string(contracts.RelayNodeBusy)) {
+			t.Fatalf("a second registration while the first is at Cloudly: %s, %v; want %s", answer, err, contracts.RelayNodeBusy)
+		}
+		sendFrame(t, c, registration)
+		if answer, err := readTextFrame(br); err == nil {
+			t.Fatalf("a third registration while the first is at Cloudly is answered %s; the relay closes the connection", answer)
+		}
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "refusals"); got != 2 {
+			t.Errorf(`relay_downstream_unregistered_closed_total{reason="refusals"} = %v, want 2`, got)
+		}
+		if n := e.cloudly.Received(contracts.MethodRegisterPalletRuntimeSession); n != 1 {
+			t.Errorf("Cloudly received %d registrations of the connection, want 1", n)
+		}
+
+		// A message that is no request at all (here one that does not decode) closes it at once.
+		c, ok = upgradeFrom(t, e, "127.0.0.1")
+		if !ok {
+			t.Fatal("upgrade refused")
+		}
+		sendFrame(t, c, []byte(`{"method":"x","correlation":{"id":"m1","phase":"request"},"request":0}`))
+		expectClosedUnanswered(t, c, "a malformed first message without load")
+		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "not-registration"); got != 1 {
+			t.Errorf(`relay_downstream_unregistered_closed_total{reason="not-registration"} = %v, want 1`, got)
 		}
 	})
 }

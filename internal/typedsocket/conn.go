@@ -97,10 +97,11 @@ type Options struct {
 	Pace          *Pace               // how long a message may take to arrive; nil: no bound (SetPace)
 	Logger        zerolog.Logger      // component logger; bodies are never logged
 
-	// First judges the connection's first message by its method ("" for a stream frame) before it
-	// is served; false closes the connection at once, nothing answered, nothing more read, no close
-	// handshake. nil: every first message is served.
-	First func(method string) bool
+	// Judge judges every message by the method it requests before it is served: "" for anything
+	// that is not a well-formed request (an answer, a stream frame, a binary message, a frame that
+	// does not decode). false closes the connection at once, nothing answered, nothing more read,
+	// no close handshake. nil: every message is served.
+	Judge func(method string) bool
 }
 
 func (o *Options) fill() {
@@ -467,21 +468,25 @@ func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
 		return context.Cause(c.ctx)
 	}
 	c.lastHeard.Store(time.Now().UnixNano())
-	if typ != websocket.MessageText {
-		c.closeMisbehaving(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
-		return errors.New("peer sent a binary message")
+	var env Envelope
+	var err error
+	if typ == websocket.MessageText {
+		env, err = Decode(frame)
 	}
-	env, err := Decode(frame)
-	if c.messages == 1 && c.opts.First != nil && err == nil {
-		method := env.Method
-		if env.IsStream() {
-			method = ""
+	if c.opts.Judge != nil {
+		method := ""
+		if typ == websocket.MessageText && err == nil && env.Phase == PhaseRequest && !env.IsStream() {
+			method = env.Method
 		}
-		if !c.opts.First(method) {
-			err := fmt.Errorf("%w: its first message (%s) is refused", ErrClosed, fieldOr(method, "a stream frame"))
+		if !c.opts.Judge(method) {
+			err := fmt.Errorf("%w: message %d (%s) is refused", ErrClosed, c.messages, fieldOr(method, "not a request"))
 			c.cancel(err)
 			return err
 		}
+	}
+	if typ != websocket.MessageText {
+		c.closeMisbehaving(websocket.StatusUnsupportedData, "TypedRequest envelopes are text messages")
+		return errors.New("peer sent a binary message")
 	}
 	switch {
 	case err == nil && env.IsStream():

@@ -709,3 +709,73 @@ func TestPendingCountsCallsUntilAnswered(t *testing.T) {
 		t.Fatalf("%d pending once every call was answered", n)
 	}
 }
+
+// TestJudgeSeesEveryMessage: Judge is asked about every message, with the method of a well-formed
+// request and "" for anything else (a frame that does not decode, an answer); a message it
+// refuses ends the connection at once, neither served nor answered.
+func TestJudgeSeesEveryMessage(t *testing.T) {
+	var (
+		mu     sync.Mutex
+		judged []string
+	)
+	judge := func(method string) bool {
+		mu.Lock()
+		defer mu.Unlock()
+		judged = append(judged, method)
+		return method != "refused"
+	}
+	served := make(chan string, 8)
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(serveConns(Options{Judge: judge, Handler: HandlerFunc(func(_ *Conn, r *Request) {
+		served <- r.Method
+		go r.Respond(json.RawMessage(`{}`))
+	})}, accepted))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	srv := <-accepted
+	send := func(msg string) {
+		t.Helper()
+		if err := ws.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	answer := func(want string) {
+		t.Helper()
+		_, b, err := ws.Read(ctx)
+		if err != nil || !strings.Contains(string(b), want) {
+			t.Fatalf("answer %q, %v; want one with %s", b, err, want)
+		}
+	}
+	send(`{"method":"a","correlation":{"id":"1","phase":"request"},"request":{}}`)
+	answer(`"id":"1"`)
+	send(`{"method":"b","correlation":{"id":"2","phase":"request"},"request":0}`) // malformed: answered by name
+	answer(string(contracts.RelayRequestInvalid))
+	send(`{"method":"c","correlation":{"id":"3","phase":"response"},"response":{}}`) // an answer: no call waits for it
+	send(`{"method":"refused","correlation":{"id":"4","phase":"request"},"request":{}}`)
+	if _, b, err := ws.Read(ctx); err == nil || ctx.Err() != nil {
+		t.Fatalf("after a refused message the connection stays open: read %q, %v", b, err)
+	}
+	<-srv.Done()
+	if err := context.Cause(srv.Context()); !errors.Is(err, ErrClosed) {
+		t.Errorf("the connection ended with %v, want ErrClosed", err)
+	}
+	close(served)
+	var got []string
+	for m := range served {
+		got = append(got, m)
+	}
+	if !slices.Equal(got, []string{"a"}) {
+		t.Errorf("served %q, want only a", got)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if want := []string{"a", "", "", "refused"}; !slices.Equal(judged, want) {
+		t.Errorf("judged %q, want %q", judged, want)
+	}
+}
