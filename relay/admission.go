@@ -5,6 +5,7 @@ import (
 	"crypto/tls"
 	"io"
 	"net"
+	"runtime"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -71,6 +72,7 @@ type listener struct {
 
 func (l listener) Accept() (net.Conn, error) {
 	for {
+		yieldToQueued()
 		c, err := l.Listener.Accept()
 		if err != nil {
 			return nil, err
@@ -80,6 +82,25 @@ func (l listener) Accept() (net.Conn, error) {
 		}
 	}
 }
+
+// yieldToQueued lets the work already queued on the relay's processors run before another
+// connection is accepted: it yields, and when it waited for a turn (the processors were busy),
+// it waits as long again before it goes on. Connections then wait in the kernel's accept queue
+// while the relay has work, and the nodes' requests, already read, are served before the next
+// connection's request is (docs/hostile.md, "Refusal before work").
+func yieldToQueued() {
+	start := time.Now()
+	runtime.Gosched()
+	if d := time.Since(start); d > acceptYield {
+		time.Sleep(min(d, maxAcceptPause))
+	}
+}
+
+// acceptYield is the wait for a turn that counts as busy; maxAcceptPause bounds the pause after it.
+const (
+	acceptYield    = 200 * time.Microsecond
+	maxAcceptPause = 10 * time.Millisecond
+)
 
 // admit counts c in, or closes it and returns nil.
 func (a *admission) admit(c net.Conn) net.Conn {
