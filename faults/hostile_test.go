@@ -384,18 +384,31 @@ func (l *latencies) p99(phases ...int32) time.Duration {
 var errCutByCloudly = errors.New("cut by Cloudly's drop")
 
 // honestTraffic has every node report to Cloudly and Cloudly read from every node, each every
-// 100 ms, until stop is closed: 2 000 requests a second through the relay.
+// 100 ms, until stop is closed: 2 000 requests a second through the relay. Each of the 200 loops
+// keeps its own schedule, a tick every 100 ms from a phase of its own (the loops' phases spread
+// evenly over the 100 ms), and a request's latency runs from its tick, not from when it was sent:
+// a request that waits for the one before it counts that wait too. Loops that each waited 100 ms
+// after their last answer would all send within a millisecond of each other, started together
+// and kept together by the relay's queue, and their p99 would be the time the last of a burst of
+// 200 waits for the others: a figure of how aligned the bursts happened to be, not of the relay.
 func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *latencies, stop <-chan struct{}) *sync.WaitGroup {
+	const every = 100 * time.Millisecond
 	var wg sync.WaitGroup
-	loop := func(call func(ctx context.Context, i int) error) {
+	start, loops := time.Now(), 2*len(nodes)
+	loop := func(k int, call func(ctx context.Context, i int) error) {
 		defer wg.Done()
-		for i := 0; ; i++ {
-			select {
-			case <-stop:
+		tick := start.Add(every + time.Duration(k)*every/time.Duration(loops))
+		for i := 0; ; i, tick = i+1, tick.Add(every) {
+			if d := time.Until(tick); d > 0 {
+				select {
+				case <-stop:
+					return
+				case <-time.After(d):
+				}
+			} else if isClosed(stop) {
 				return
-			case <-time.After(100 * time.Millisecond):
 			}
-			phase, start := lat.phase.Load(), time.Now()
+			phase := lat.phase.Load()
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			err := call(ctx, i)
 			cancel()
@@ -405,17 +418,17 @@ func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *late
 			}
 			ta.add(err)
 			if err == nil {
-				lat.add(phase, time.Since(start))
+				lat.add(phase, time.Since(tick))
 			}
 		}
 	}
-	for _, n := range nodes {
+	for k, n := range nodes {
 		wg.Add(2)
-		go loop(func(ctx context.Context, i int) error {
+		go loop(2*k, func(ctx context.Context, i int) error {
 			_, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i})
 			return err
 		})
-		go loop(func(ctx context.Context, i int) error {
+		go loop(2*k+1, func(ctx context.Context, i int) error {
 			body, _ := json.Marshal(map[string]any{"session": cloudly.Session(n.ID), "assignment": map[string]any{"sequence": i}})
 			_, err := cloudly.Call(ctx, "readRuntimeAssignmentStats", body)
 			if err != nil && ta.cloudlyDropped.Load() && errors.Is(err, typedsocket.ErrClosed) {
@@ -425,6 +438,16 @@ func honestTraffic(nodes []*sim.Node, cloudly *sim.Cloudly, ta *tally, lat *late
 		})
 	}
 	return &wg
+}
+
+// isClosed reports whether c is closed.
+func isClosed(c <-chan struct{}) bool {
+	select {
+	case <-c:
+		return true
+	default:
+		return false
+	}
 }
 
 // samples are the highest values the relay's /metrics showed.
