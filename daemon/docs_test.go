@@ -92,6 +92,6 @@ func TestOperatingDocListsEveryMetric(t *testing.T) {
 		return
 	}
 	if strings.TrimSpace(current) != strings.TrimSpace(table) {
-		t.Fatalf("docs/operating.md's metric list is out of date; run UPDATE_DOCS=1 go test ./cmd/relay -run OperatingDoc\nwant:\n%s", table)
+		t.Fatalf("docs/operating.md's metric list is out of date; run UPDATE_DOCS=1 go test ./daemon -run OperatingDoc\nwant:\n%s", table)
 	}
 }
