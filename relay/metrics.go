@@ -74,7 +74,7 @@ func newMetrics() *metrics {
 				"frame-slow (a message arrived slower than --first-frame-timeout or --min-frame-rate allow), " +
 				"partial-oldest (the one holding a partial message longest closed to admit another's), " +
 				"rate (under load, closed at accept past its address's --upgrade-rate-per-source), " +
-				"not-registration (closed at a message that was no request, or under load at any but a registration), refusals (closed at its second refused request), registrations (under load, closed at a registration sent while its last one was at Cloudly or past the connection's eight)."}, []string{"reason"}),
+				"not-registration (closed at a message that was no request, or under load at any but a registration), refusals (closed at a refused request past one a second, two at once), registrations (under load, closed at a registration sent while its last one was at Cloudly or past the connection's eight)."}, []string{"reason"}),
 		streamFrames: prometheus.NewCounterVec(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "stream_frames_total",
 			Help: "VirtualStream frames forwarded, by direction (to-cloudly, to-node)."}, []string{"direction"}),
 		rebound: prometheus.NewCounter(prometheus.CounterOpts{Namespace: "relay", Subsystem: "downstream", Name: "rebound_total",

@@ -11,6 +11,8 @@ import (
 
 	"github.com/coder/websocket"
 
+	"golang.org/x/time/rate"
+
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/internal/budget"
 	"code.foss.global/serve.zone/relay/internal/typedsocket"
@@ -40,16 +42,17 @@ const (
 // docs/hostile.md): at most MaxUnregistered at once and DefaultMaxUnregisteredPerSource from one source
 // address, beyond which an upgrade is answered 503 with Retry-After; each is closed (1008)
 // RegisterDeadline after its upgrade, never extended, and may send MaxRegistrationsPerConnection
-// registrations in that time, one at a time. Of what else it sends (it may send only
-// registrations), the relay answers the refusal of MaxRefusedUnregistered messages and closes
-// it, unanswered, at the next (judge). Every WebSocket peer of the relay registers first, so only an anonymous client is
+// registrations in that time, one at a time. What else it sends (it may send only
+// registrations) is refused by name at most RefusedUnregisteredRate times a second,
+// RefusedUnregisteredBurst at once; one that sends faster is closed unanswered (judge). Every WebSocket peer of the relay registers first, so only an anonymous client is
 // affected; the bounds are above a reconnect storm of 10 000 nodes.
 const (
 	MaxUnregistered                 = 16384
 	DefaultMaxUnregisteredPerSource = 64
 	RegisterDeadline                = 60 * time.Second
 	MaxRegistrationsPerConnection   = 8
-	MaxRefusedUnregistered          = 1
+	RefusedUnregisteredRate         = 1.0
+	RefusedUnregisteredBurst        = 2
 )
 
 // unregisteredCost is what one unregistered connection costs the relay before it holds anything
@@ -139,9 +142,9 @@ type peer struct {
 	registrations int
 	pending       int
 	pendingRole   role
-	// refused (guarded by mu) counts the messages judge let through to be refused while the
-	// connection was unregistered (MaxRefusedUnregistered).
-	refused int
+	// refusals (guarded by mu) paces the requests judge lets through to be refused while the
+	// connection is unregistered (RefusedUnregisteredRate); nil until the first.
+	refusals *rate.Limiter
 }
 
 // ID implements Peer.

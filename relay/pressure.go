@@ -97,9 +97,11 @@ func (s *sourceRates) len() int {
 //     means well sends one before it has registered, and the answer or close frame would cost
 //     the relay more than the peer.
 //   - A request it may not send (any but a registration; a registration while its last one is
-//     still at Cloudly, or past MaxRegistrationsPerConnection) is answered its refusal, so that a
-//     confused client learns why, MaxRefusedUnregistered times; at the next it is closed
-//     unanswered (reason "refusals").
+//     still at Cloudly, or past MaxRegistrationsPerConnection) is refused by name, as the seeds
+//     ask of a route-table read from a connection that is not the ingress, at most
+//     RefusedUnregisteredRate a second and RefusedUnregisteredBurst at once: a client that got its
+//     order wrong, or an ingress Cloudly refused that keeps asking for its table, learns why. One
+//     that sends them faster is closed unanswered (reason "refusals").
 //   - Under load it is closed at the first of those (reasons "not-registration", "registrations").
 //
 // An honest peer sends its registration and waits for the answer; a flooder's junk costs it its
@@ -125,7 +127,10 @@ func (d *downstream) judge(p *peer, method string) bool {
 	case !refused:
 		return true
 	default:
-		if p.refused++; p.refused <= MaxRefusedUnregistered {
+		if p.refusals == nil {
+			p.refusals = rate.NewLimiter(RefusedUnregisteredRate, RefusedUnregisteredBurst)
+		}
+		if p.refusals.AllowN(d.cfg.now(), 1) {
 			return true
 		}
 		d.m.unregistered.WithLabelValues("refusals").Inc()

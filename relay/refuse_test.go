@@ -105,9 +105,9 @@ func expectClosedUnanswered(t *testing.T, c net.Conn, what string) {
 // that is not a registration, a malformed one, a second registration while the first is at
 // Cloudly — is closed without an answer or a close handshake. With every peer on one address
 // (--max-unregistered-per-source 0) an honest node that connected before is still registered
-// within 2 s. Without load the relay answers an unregistered connection's first
-// MaxRefusedUnregistered refused requests and closes it at the next, and closes it at once at a
-// message that is no request at all.
+// within 2 s. Without load the relay answers an unregistered connection's refused requests by
+// name, RefusedUnregisteredBurst at once, and closes it at one more sent before a second has
+// passed; it closes it at once at a message that is no request at all.
 func TestRefuseBeforeWorking(t *testing.T) {
 	t.Run("under load, every peer on one address", func(t *testing.T) {
 		e := startPaced(t, func(c *relay.Config) { c.FirstFrameTimeout = relay.RegisterDeadline })
@@ -198,7 +198,7 @@ func TestRefuseBeforeWorking(t *testing.T) {
 		}
 	})
 
-	t.Run("without load, a few refusals answered, then closed; junk closed at once", func(t *testing.T) {
+	t.Run("without load, refusals answered at a pace, faster closed; junk closed at once", func(t *testing.T) {
 		e := startPaced(t, nil)
 		for i := range 2 * relay.DefaultUpgradeBurstPerSource {
 			if _, ok := upgradeFrom(t, e, "127.0.0.1"); !ok {
@@ -211,8 +211,12 @@ func TestRefuseBeforeWorking(t *testing.T) {
 		}
 		br := bufio.NewReader(c)
 		c.SetReadDeadline(time.Now().Add(10 * time.Second))
-		for i := range relay.MaxRefusedUnregistered {
+		// Sent at once, so that they reach the relay within the same second however busy the
+		// machine: the burst is answered, the one after it closes the connection.
+		for range relay.RefusedUnregisteredBurst + 1 {
 			sendObservation(t, c)
+		}
+		for i := range relay.RefusedUnregisteredBurst {
 			answer, err := readTextFrame(br)
 			if err != nil {
 				t.Fatalf("without load, message %d that is not a registration is answered; read: %v", i+1, err)
@@ -221,9 +225,8 @@ func TestRefuseBeforeWorking(t *testing.T) {
 				t.Fatalf("answer %d is %s, want %s", i+1, answer, contracts.RelaySessionForeign)
 			}
 		}
-		sendObservation(t, c)
 		if answer, err := readTextFrame(br); err == nil {
-			t.Fatalf("message %d that is not a registration is answered %s; the relay answers %d and then closes", relay.MaxRefusedUnregistered+1, answer, relay.MaxRefusedUnregistered)
+			t.Fatalf("message %d that is not a registration, at once, is answered %s; the relay answers %d at once and then closes", relay.RefusedUnregisteredBurst+1, answer, relay.RefusedUnregisteredBurst)
 		}
 		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "refusals"); got != 1 {
 			t.Errorf(`relay_downstream_unregistered_closed_total{reason="refusals"} = %v, want 1`, got)
@@ -232,8 +235,9 @@ func TestRefuseBeforeWorking(t *testing.T) {
 			t.Errorf(`relay_downstream_unregistered_closed_total{reason="not-registration"} = %v without load`, got)
 		}
 
-		// One registration at a time: the second, sent while the first is at Cloudly, is refused
-		// relay-node-busy (a refused request, answered once), the third closes the connection.
+		// One registration at a time: the second and third, sent while the first is at Cloudly, are
+		// refused relay-node-busy (refused requests, answered two at once), the fourth closes the
+		// connection.
 		held := make(chan func(json.RawMessage, error), 1)
 		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, func(_ json.RawMessage, reply func(json.RawMessage, error)) { held <- reply })
 		c, ok = upgradeFrom(t, e, "127.0.0.1")
@@ -251,13 +255,16 @@ func TestRefuseBeforeWorking(t *testing.T) {
 			t.Fatal("Cloudly never had the first registration")
 		}
 		defer reply(nil, contracts.RelayNodeBusy.Refuse("test ends"))
-		sendFrame(t, c, registration)
-		if answer, err := readTextFrame(br); err != nil || !strings.Contains(string(answer), string(contracts.RelayNodeBusy)) {
-			t.Fatalf("a second registration while the first is at Cloudly: %s, %v; want %s", answer, err, contracts.RelayNodeBusy)
+		for range relay.RefusedUnregisteredBurst + 1 {
+			sendFrame(t, c, registration)
 		}
-		sendFrame(t, c, registration)
+		for range relay.RefusedUnregisteredBurst {
+			if answer, err := readTextFrame(br); err != nil || !strings.Contains(string(answer), string(contracts.RelayNodeBusy)) {
+				t.Fatalf("another registration while the first is at Cloudly: %s, %v; want %s", answer, err, contracts.RelayNodeBusy)
+			}
+		}
 		if answer, err := readTextFrame(br); err == nil {
-			t.Fatalf("a third registration while the first is at Cloudly is answered %s; the relay closes the connection", answer)
+			t.Fatalf("registration %d while the first is at Cloudly is answered %s; the relay closes the connection", relay.RefusedUnregisteredBurst+2, answer)
 		}
 		if got := e.Metric("relay_downstream_unregistered_closed_total", "reason", "refusals"); got != 2 {
 			t.Errorf(`relay_downstream_unregistered_closed_total{reason="refusals"} = %v, want 2`, got)

@@ -99,8 +99,9 @@ type Options struct {
 
 	// Judge judges every message by the method it requests before it is served: "" for anything
 	// that is not a well-formed request (an answer, a stream frame, a binary message, a frame that
-	// does not decode). false closes the connection at once, nothing answered, nothing more read,
-	// no close handshake. nil: every message is served.
+	// does not decode). false ends the connection there: that message and none after it is read
+	// or answered, what was already queued is written (at most a second), and the socket is
+	// closed without a close handshake. nil: every message is served.
 	Judge func(method string) bool
 }
 
@@ -353,6 +354,9 @@ func (c *Conn) Evict() {
 	go c.ws.CloseNow()
 }
 
+// refusedLinger bounds the writing of what is queued to a peer whose message the judge refused.
+const refusedLinger = time.Second
+
 // misbehavingLinger bounds the writing of the close frame to a peer the connection refuses.
 const misbehavingLinger = 250 * time.Millisecond
 
@@ -479,7 +483,10 @@ func (c *Conn) serveMessage(typ websocket.MessageType, frame []byte) error {
 			method = env.Method
 		}
 		if !c.opts.Judge(method) {
+			// Nothing more is read; answers already queued (to messages the judge let through)
+			// are written first, at most refusedLinger, and the socket closed without a handshake.
 			err := fmt.Errorf("%w: message %d (%s) is refused", ErrClosed, c.messages, fieldOr(method, "not a request"))
+			c.drained(refusedLinger)
 			c.cancel(err)
 			return err
 		}
