@@ -553,12 +553,17 @@ func TestCallerLifetime(t *testing.T) {
 			}
 		}))
 		t.Cleanup(up.Close)
-		e := startRelay(t, up.URL, "", func(o *registry.Options) { o.ProgressTimeout = progress })
+		// The cache is filled through a relay with the default progress timeout: this test's
+		// reader of 16 MiB may itself be starved for 300 ms on a busy machine, and be cut.
+		cache := filepath.Join(t.TempDir(), "cache")
 		path := "/v2/r/blobs/" + digest
-		if resp, body, err := rawGet(t, e, http.MethodGet, path, "", nil); err != nil || resp.StatusCode != http.StatusOK || len(body) != len(blob) {
+		filler := startRelay(t, up.URL, cache, nil)
+		if resp, body, err := rawGet(t, filler, http.MethodGet, path, "", nil); err != nil || resp.StatusCode != http.StatusOK || len(body) != len(blob) {
 			t.Fatalf("fill: %v %v", resp.StatusCode, err)
 		}
-		e.settle()
+		filler.settle()
+		filler.Shutdown()
+		e := startRelay(t, up.URL, cache, func(o *registry.Options) { o.ProgressTimeout = progress })
 		stalled(t, e, "GET "+path+" HTTP/1.1\r\nHost: relay\r\n\r\n")
 		// A hit's handler logs its request once it has closed the object's file.
 		e.Eventually("the stalled hit's handler returned", func() bool {
