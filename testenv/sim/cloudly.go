@@ -360,6 +360,10 @@ func (c *Cloudly) PushImage(ctx context.Context, node string, data []byte, chunk
 	return c.streams.pushImage(ctx, conn, c.Session(node), data, chunkSize)
 }
 
+// StreamBytesKept is the memory Cloudly holds of streams' bytes: streams being read and streams
+// read whole that nobody asked for yet.
+func (c *Cloudly) StreamBytesKept() int64 { return c.streams.kept.Load() }
+
 // TapStreams hands f every stream frame Cloudly receives, as it arrived (nil: stop). Tests use it
 // to see what the relay forwarded; f runs on the read loop and must not block.
 func (c *Cloudly) TapStreams(f func(frame []byte)) {

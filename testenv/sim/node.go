@@ -226,8 +226,18 @@ func (n *Node) PushImage(ctx context.Context, data []byte, chunkSize int) error 
 // SetStreamPace makes the node wait d between two chunks it streams: a slow writer.
 func (n *Node) SetStreamPace(d time.Duration) { n.streams.pace.Store(int64(d)) }
 
+// SetStreamIdle makes the node give up a stream it reads once its writer has sent nothing for d
+// (default a minute): a writer that gives its streams less time than that, as the scenario's do,
+// has given up by then.
+func (n *Node) SetStreamIdle(d time.Duration) { n.streams.idle.Store(int64(d)) }
+
 // StreamsReceived is the number of streams the node received whole.
 func (n *Node) StreamsReceived() int64 { return n.streams.completed.Load() }
+
+// StreamBytesKept is the memory the node holds of streams' bytes: streams being read (one cut by
+// an outage is read until its writer has been silent for streamLinger) and streams read whole
+// that nobody asked for yet.
+func (n *Node) StreamBytesKept() int64 { return n.streams.kept.Load() }
 
 // Handle answers method with f.
 func (n *Node) Handle(method string, f MethodFunc) {

@@ -95,6 +95,7 @@ type Scenario struct {
 	registered         atomic.Int64
 	in                 atomic.Pointer[Ingress]
 	renewals           atomic.Pointer[[]*RenewalCounter] // published by Run before any traffic
+	live               atomic.Pointer[[]*Node]           // published by Run before any traffic
 	outages            atomic.Int64
 	outageFrom         atomic.Int64 // released() as the latest outage began
 	recoveries         atomic.Int64
@@ -165,6 +166,19 @@ func (s *Scenario) preparePlatform() {
 func (s *Scenario) Close() { s.corestore.Close() }
 
 func nodeName(i int) string { return fmt.Sprintf("node-%03d", i) }
+
+// StreamBytesKept is the memory the simulated peers hold, by design, of streams' bytes (Cloudly's
+// and every node's, sim.Node.StreamBytesKept): a stream an outage cut stays with its node until
+// its writer has been silent for a minute, and a loaded machine's outages cut more of them.
+func (s *Scenario) StreamBytesKept() int64 {
+	kept := s.Cloudly.StreamBytesKept()
+	if nodes := s.live.Load(); nodes != nil {
+		for _, n := range *nodes {
+			kept += n.StreamBytesKept()
+		}
+	}
+	return kept
+}
 
 // Snapshot reads the counts so far.
 func (s *Scenario) Snapshot() Counts {
@@ -248,9 +262,13 @@ func (s *Scenario) connectNodes(ctx context.Context, url string) ([]*Node, error
 	renewals := make([]*RenewalCounter, s.nodes)
 	for i := range nodes {
 		nodes[i] = NewNode(nodeName(i), s.Log)
+		// Cloudly's streams to a node give up after streamGiveUp; one an outage cut (the relay
+		// does not tell nodes it detached) is let go then too, not a minute later.
+		nodes[i].SetStreamIdle(streamGiveUp)
 		renewals[i] = CountRenewals(nodes[i])
 	}
 	s.renewals.Store(&renewals)
+	s.live.Store(&nodes)
 	var g errgroup.Group
 	g.SetLimit(64)
 	for _, n := range nodes {
@@ -563,6 +581,9 @@ func (s *Scenario) traffic(ctx context.Context, nodes []*Node) {
 // streams one to the next node, each 256 KiB in 32 KiB chunks, as the published library's
 // VirtualStream carries them. (While the relay is detached a node's stream frames have nowhere to
 // go: the relay drops them, and the stream times out, as it would for a real node.)
+// streamGiveUp is how long the scenario gives an image stream, either way.
+const streamGiveUp = 5 * time.Second
+
 func (s *Scenario) streamsLoop(ctx context.Context, nodes []*Node) {
 	image := bytes.Repeat([]byte("serve.zone image layer "), 256<<10/23)
 	for i := 0; i == 0 || sleepCtx(ctx, time.Second); i++ {
@@ -574,7 +595,7 @@ func (s *Scenario) streamsLoop(ctx context.Context, nodes []*Node) {
 		wg.Add(2)
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, streamGiveUp)
 			defer cancel()
 			if err := up.PushImage(cctx, image, 32<<10); err == nil {
 				s.streams.Add(1)
@@ -584,7 +605,7 @@ func (s *Scenario) streamsLoop(ctx context.Context, nodes []*Node) {
 		}()
 		go func() {
 			defer wg.Done()
-			cctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+			cctx, cancel := context.WithTimeout(ctx, streamGiveUp)
 			defer cancel()
 			if err := s.Cloudly.PushImage(cctx, down.ID, image, 32<<10); err == nil {
 				s.streams.Add(1)

@@ -49,6 +49,11 @@ type streams struct {
 
 	completed atomic.Int64 // streams received whole
 	pace      atomic.Int64 // nanoseconds to wait between two chunks sent (a slow writer)
+	idle      atomic.Int64 // nanoseconds a reader waits for the next chunk; 0: streamLinger
+	// kept is the memory this side holds of streams' bytes: those being read, and those read whole
+	// that nobody has asked for yet. It is there by design (until the receiver asks, the path ends
+	// or streamLinger passes), and a heap measurement that judges the relay subtracts it.
+	kept atomic.Int64
 }
 
 // received is a stream's bytes once it ended, or why it ended early.
@@ -61,6 +66,21 @@ type received struct {
 type closedStream struct {
 	data []byte
 	at   time.Time
+	kept int64 // the memory data takes, counted in streams.kept
+}
+
+// keptBuffer collects a stream's bytes and counts the memory they take in kept as it grows. Only
+// Write is offered, so io.Copy writes through it rather than reading into the buffer behind it.
+type keptBuffer struct {
+	buf  bytes.Buffer
+	kept *atomic.Int64
+}
+
+func (k *keptBuffer) Write(p []byte) (int, error) {
+	was := k.buf.Cap()
+	n, err := k.buf.Write(p)
+	k.kept.Add(int64(k.buf.Cap() - was))
+	return n, err
 }
 
 // streamLinger is how long a stream nobody waits for is kept after its last chunk: as long as a
@@ -79,7 +99,9 @@ func (s *streams) abandon() {
 	s.mu.Lock()
 	close(s.stop)
 	s.stop = make(chan struct{})
-	clear(s.closed)
+	for id := range s.closed {
+		s.forgetLocked(id)
+	}
 	s.mu.Unlock()
 }
 
@@ -92,8 +114,16 @@ func (s *streams) sweepLocked(now time.Time) {
 	s.lastSweep = now
 	for id, c := range s.closed {
 		if now.Sub(c.at) > streamLinger {
-			delete(s.closed, id)
+			s.forgetLocked(id)
 		}
+	}
+}
+
+// forgetLocked drops a stream read whole and its bytes.
+func (s *streams) forgetLocked(id string) {
+	if c, ok := s.closed[id]; ok {
+		s.kept.Add(-c.kept)
+		delete(s.closed, id)
 	}
 }
 
@@ -160,14 +190,19 @@ func (s *streams) read(l vstream.Link) *vstream.Reader {
 	if rd := s.readers[id]; rd != nil { // a frame raced the sink's setting
 		return rd
 	}
-	rd := vstream.NewReader(vstream.ReaderOptions{Idle: streamLinger, Stop: s.stop, Peer: "the writer"})
+	idle := time.Duration(s.idle.Load())
+	if idle <= 0 {
+		idle = streamLinger
+	}
+	rd := vstream.NewReader(vstream.ReaderOptions{Idle: idle, Stop: s.stop, Peer: "the writer"})
 	rd.Attach(l)
 	s.readers[id] = rd
 	s.sinks[id] = func(_ *typedsocket.Conn, frame []byte) { rd.StreamFrame(frame) }
 	go func() {
-		var got bytes.Buffer
+		got := keptBuffer{kept: &s.kept}
 		_, err := io.Copy(&got, rd)
 		rd.Close()
+		kept := int64(got.buf.Cap())
 		now := time.Now()
 		s.mu.Lock()
 		defer s.mu.Unlock()
@@ -178,13 +213,16 @@ func (s *streams) read(l vstream.Link) *vstream.Reader {
 		}
 		if w := s.waiters[id]; w != nil {
 			delete(s.waiters, id)
-			w <- received{got.Bytes(), err}
+			s.kept.Add(-kept)
+			w <- received{got.buf.Bytes(), err}
 			return
 		}
-		if err == nil {
-			s.sweepLocked(now)
-			s.closed[id] = &closedStream{data: got.Bytes(), at: now}
+		if err != nil {
+			s.kept.Add(-kept)
+			return
 		}
+		s.sweepLocked(now)
+		s.closed[id] = &closedStream{data: got.buf.Bytes(), at: now, kept: kept}
 	}()
 	return rd
 }
@@ -193,7 +231,7 @@ func (s *streams) read(l vstream.Link) *vstream.Reader {
 func (s *streams) receive(ctx context.Context, id string) ([]byte, error) {
 	s.mu.Lock()
 	if got, ok := s.closed[id]; ok {
-		delete(s.closed, id)
+		s.forgetLocked(id)
 		s.mu.Unlock()
 		return got.data, nil
 	}
