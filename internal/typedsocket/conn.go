@@ -626,6 +626,10 @@ func (c *Conn) sendLoop() error {
 			if c.opts.Cork != nil {
 				runtime.Gosched() // let other senders on this multiplexed socket join the burst
 			}
+			// Writing from before the queue empties: drained, which looks at both, must never see
+			// an empty queue and no write while frames are between the two (under load the
+			// goroutine can be descheduled right there, and a judge's close then lost the answers).
+			c.writing.Store(true)
 			batch = c.sendq.take(batch[:0])
 			err := c.write(batch, stalled)
 			c.wroteOne() // after write has cleared writing
@@ -650,9 +654,8 @@ func (c *Conn) sendLoop() error {
 
 // write sends a batch of frames; with Options.Cork, a batch of several leaves in one write. A
 // frame's charge is released, and an answer stops counting as in flight, once its bytes have left
-// — or when the write fails and they never will.
+// — or when the write fails and they never will. The caller has set writing; write clears it.
 func (c *Conn) write(batch []frame, stalled *time.Timer) error {
-	c.writing.Store(true)
 	c.progress.Store(time.Now().UnixNano())
 	defer c.writing.Store(false)
 	defer c.progress.Store(0)
