@@ -103,6 +103,10 @@ type Options struct {
 	// or answered, what was already queued is written (at most a second), and the socket is
 	// closed without a close handshake. nil: every message is served.
 	Judge func(method string) bool
+
+	// afterTake, in tests, runs on the send loop once it has taken what is queued, before it
+	// writes it.
+	afterTake func()
 }
 
 func (o *Options) fill() {
@@ -631,6 +635,9 @@ func (c *Conn) sendLoop() error {
 			// goroutine can be descheduled right there, and a judge's close then lost the answers).
 			c.writing.Store(true)
 			batch = c.sendq.take(batch[:0])
+			if c.opts.afterTake != nil {
+				c.opts.afterTake()
+			}
 			err := c.write(batch, stalled)
 			c.wroteOne() // after write has cleared writing
 			if err != nil {

@@ -730,6 +730,73 @@ func TestPendingCountsCallsUntilAnswered(t *testing.T) {
 // TestJudgeSeesEveryMessage: Judge is asked about every message, with the method of a well-formed
 // request and "" for anything else (a frame that does not decode, an answer); a message it
 // refuses ends the connection at once, neither served nor answered.
+// A judge's close writes what is queued first, and an answer the send loop has taken from the
+// queue but not yet written counts as queued: the close waits for it. (The send loop once said it
+// was writing only from inside write; descheduled between taking and writing, on a starved
+// machine, it let the close find nothing pending and lose the answer.)
+func TestJudgeCloseWaitsForAnAnswerBeingWritten(t *testing.T) {
+	taken, release := make(chan struct{}, 1), make(chan struct{})
+	refused := make(chan struct{})
+	opts := Options{
+		Judge: func(method string) bool {
+			if method == "refused" {
+				close(refused)
+				return false
+			}
+			return true
+		},
+		Handler: HandlerFunc(func(_ *Conn, r *Request) { r.Respond(json.RawMessage(`{}`)) }),
+		afterTake: func() {
+			select {
+			case taken <- struct{}{}: // the first batch only: held until released
+				<-release
+			default:
+			}
+		},
+	}
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(serveConns(opts, accepted))
+	defer hs.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ws.CloseNow()
+	srv := <-accepted
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"method":"a","correlation":{"id":"1","phase":"request"},"request":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	<-taken // answer 1 has left the queue and is not written
+	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"method":"refused","correlation":{"id":"2","phase":"request"},"request":{}}`)); err != nil {
+		t.Fatal(err)
+	}
+	<-refused
+	// The read loop goes on to drain: it must wait for the write (and so ask to hear of it), not
+	// close the connection.
+	waiting := func() bool {
+		srv.writtenMu.Lock()
+		defer srv.writtenMu.Unlock()
+		return srv.written != nil
+	}
+	for !waiting() {
+		select {
+		case <-srv.Context().Done():
+			close(release)
+			t.Fatalf("the judge's close did not wait for the answer being written: %v", context.Cause(srv.Context()))
+		case <-time.After(time.Millisecond):
+		}
+	}
+	close(release)
+	if _, b, err := ws.Read(ctx); err != nil || !strings.Contains(string(b), `"id":"1"`) {
+		t.Fatalf("read %q, %v; want the answer to request 1 before the close", b, err)
+	}
+	if _, b, err := ws.Read(ctx); err == nil || ctx.Err() != nil {
+		t.Fatalf("after the refused message the connection stays open: read %q, %v", b, err)
+	}
+}
+
 func TestJudgeSeesEveryMessage(t *testing.T) {
 	var (
 		mu     sync.Mutex
