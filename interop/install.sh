@@ -21,11 +21,28 @@ if [ -f "$marker" ] && [ -f node_modules/ws/package.json ] &&
   exit 0
 fi
 
-npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
+# retry CMD...: runs CMD up to 4 times, 5, 10 and 20 s apart, for the registry's transient
+# failures; each failure is said, and the last one ends the script loudly.
+retry() {
+  local n rc delay=5
+  for n in 1 2 3 4; do
+    "$@" && return 0
+    rc=$?
+    if [ "$n" = 4 ]; then
+      echo "interop: FAILED after $n tries (exit $rc): $*" >&2
+      return "$rc"
+    fi
+    echo "interop: try $n failed (exit $rc): $*; again in ${delay}s" >&2
+    sleep "$delay"
+    delay=$((delay * 2))
+  done
+}
+
+retry npm ci --ignore-scripts --no-audit --no-fund --loglevel=error
 
 tmp=$(mktemp -d)
 trap 'rm -rf "$tmp"' EXIT
-npm pack "@api.global/typedrequest@$version" --pack-destination "$tmp" --loglevel=error >/dev/null
+retry npm pack "@api.global/typedrequest@$version" --pack-destination "$tmp" --loglevel=error >/dev/null
 tarball=$tmp/api.global-typedrequest-$version.tgz
 got=$(node -e 'const c=require("crypto"),fs=require("fs");
   process.stdout.write("sha512-"+c.createHash("sha512").update(fs.readFileSync(process.argv[1])).digest("base64"))' "$tarball")
