@@ -27,7 +27,13 @@ const paceBudget = 32 << 20
 // startPaced runs a relay with paceBudget, configured further by configure.
 func startPaced(t *testing.T, configure func(*relay.Config)) *env {
 	t.Helper()
-	x := relaytest.Start(t, relaytest.Options{LogLevel: zerolog.InfoLevel, Configure: func(c *relay.Config) {
+	return startPacedAt(t, configure, nil)
+}
+
+// startPacedAt is startPaced with the relay reading the time from now (nil: time.Now).
+func startPacedAt(t *testing.T, configure func(*relay.Config), now func() time.Time) *env {
+	t.Helper()
+	x := relaytest.Start(t, relaytest.Options{LogLevel: zerolog.InfoLevel, Now: now, Configure: func(c *relay.Config) {
 		c.PeerMemoryBytes = paceBudget
 		c.MaxUnregisteredPerSource = 0 // every flooder comes from 127.0.0.1
 		if configure != nil {

@@ -66,6 +66,8 @@ type Options struct {
 	// VPNHub is the hub endpoint the relay reports with registerClusterVpnHub (relay.Options.VPNHub);
 	// nil: the hub is off. No hub is bound: the report is all a relay does with it.
 	VPNHub *contracts.VPNHubEndpoint
+	// Now is the relay's clock (relay.Options.Now); nil: time.Now.
+	Now func() time.Time
 }
 
 // Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
@@ -117,7 +119,7 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
 		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections, VPNHub: o.VPNHub,
-		RegisteredShare: o.RegisteredShare})
+		RegisteredShare: o.RegisteredShare, Now: o.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
