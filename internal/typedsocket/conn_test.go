@@ -42,6 +42,23 @@ func serveConns(opts Options, accepted chan<- *Conn) http.Handler {
 	})
 }
 
+// rawClient serves a Conn with opts and dials it with a bare WebSocket, which writes and reads
+// frames as the test spells them; ctx bounds the test (30 s), and all ends with it.
+func rawClient(t *testing.T, opts Options) (ctx context.Context, srv *Conn, ws *websocket.Conn) {
+	t.Helper()
+	accepted := make(chan *Conn, 1)
+	hs := httptest.NewServer(serveConns(opts, accepted))
+	t.Cleanup(hs.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
+	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { ws.CloseNow() })
+	return ctx, <-accepted, ws
+}
+
 // pair connects a server Conn and a client Conn over a real loopback WebSocket.
 func pair(t *testing.T, srvOpts, cliOpts Options) (srv, cli *Conn) {
 	t.Helper()
@@ -754,17 +771,7 @@ func TestJudgeCloseWaitsForAnAnswerBeingWritten(t *testing.T) {
 			}
 		},
 	}
-	accepted := make(chan *Conn, 1)
-	hs := httptest.NewServer(serveConns(opts, accepted))
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.CloseNow()
-	srv := <-accepted
+	ctx, srv, ws := rawClient(t, opts)
 	if err := ws.Write(ctx, websocket.MessageText, []byte(`{"method":"a","correlation":{"id":"1","phase":"request"},"request":{}}`)); err != nil {
 		t.Fatal(err)
 	}
@@ -809,20 +816,10 @@ func TestJudgeSeesEveryMessage(t *testing.T) {
 		return method != "refused"
 	}
 	served := make(chan string, 8)
-	accepted := make(chan *Conn, 1)
-	hs := httptest.NewServer(serveConns(Options{Judge: judge, Handler: HandlerFunc(func(_ *Conn, r *Request) {
+	ctx, srv, ws := rawClient(t, Options{Judge: judge, Handler: HandlerFunc(func(_ *Conn, r *Request) {
 		served <- r.Method
 		go r.Respond(json.RawMessage(`{}`))
-	})}, accepted))
-	defer hs.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	ws, _, err := websocket.Dial(ctx, "ws"+strings.TrimPrefix(hs.URL, "http"), nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ws.CloseNow()
-	srv := <-accepted
+	})})
 	send := func(msg string) {
 		t.Helper()
 		if err := ws.Write(ctx, websocket.MessageText, []byte(msg)); err != nil {
