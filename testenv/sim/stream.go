@@ -64,9 +64,8 @@ type received struct {
 
 // closedStream is a stream read whole and when it ended.
 type closedStream struct {
-	data []byte
+	data []byte // its capacity is counted in streams.kept
 	at   time.Time
-	kept int64 // the memory data takes, counted in streams.kept
 }
 
 // keptBuffer collects a stream's bytes and counts the memory they take in kept as it grows. Only
@@ -122,7 +121,7 @@ func (s *streams) sweepLocked(now time.Time) {
 // forgetLocked drops a stream read whole and its bytes.
 func (s *streams) forgetLocked(id string) {
 	if c, ok := s.closed[id]; ok {
-		s.kept.Add(-c.kept)
+		s.kept.Add(-int64(cap(c.data)))
 		delete(s.closed, id)
 	}
 }
@@ -222,7 +221,7 @@ func (s *streams) read(l vstream.Link) *vstream.Reader {
 			return
 		}
 		s.sweepLocked(now)
-		s.closed[id] = &closedStream{data: got.buf.Bytes(), at: now, kept: kept}
+		s.closed[id] = &closedStream{data: got.buf.Bytes(), at: now}
 	}()
 	return rd
 }
