@@ -4,9 +4,11 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"math/rand/v2"
 	"net"
 	"os"
 	"os/exec"
+	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -104,15 +106,47 @@ func (p *proc) rssKiB() int {
 	return 0
 }
 
-// freePort returns a loopback TCP port nothing listens on now. Another process could take it
-// before the child binds it; the child then fails at start, which the test reports.
-func freePort() (int, error) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return 0, err
+// freePorts returns n distinct loopback TCP ports that nothing listens on now, taken below the
+// kernel's ephemeral range: a port the kernel hands out for a listener on port 0 or an outgoing
+// connection (in any process) can then never be one of these between the pick and the child's
+// bind. Each is held while the others are picked, so etcd's two ports and the API server's
+// differ. Another Server picking at the same moment is the one collision left; the child then
+// fails at start, which the test reports with its log.
+func freePorts(n int) ([]int, error) {
+	low := ephemeralLow()
+	var ports []int
+	for try := 0; len(ports) < n && try < 1000; try++ {
+		port := 1024 + rand.IntN(low-1024)
+		l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(port))
+		if err != nil {
+			continue
+		}
+		defer l.Close()
+		ports = append(ports, port)
 	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port, nil
+	if len(ports) < n {
+		return nil, fmt.Errorf("no %d free loopback ports below %d", n, low)
+	}
+	return ports, nil
+}
+
+// ephemeralLow is the first port of the kernel's ephemeral range, or Linux's default when
+// /proc does not say.
+func ephemeralLow() int {
+	const linuxDefault = 32768
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return linuxDefault
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return linuxDefault
+	}
+	low, err := strconv.Atoi(f[0])
+	if err != nil || low < 1024+1000 {
+		return linuxDefault
+	}
+	return low
 }
 
 // tail returns the last n lines of a log file.

@@ -36,6 +36,7 @@ type Server struct {
 	etcd     *proc          // owner: start, then stop
 	etcdURL  string         // owner: start; etcd's client URL
 	port     int            // owner: newServer; the API server's secure port, kept across restarts
+	etcdPort [2]int         // owner: newServer; etcd's client and peer ports
 	apiArgs  []string       // owner: start; kube-apiserver's flags, the same for each restart
 	caPool   *x509.CertPool // owner: newServer; trusts the serving certificate, for /readyz
 	apiLog   string         // owner: newServer; kube-apiserver's log file, appended to on each restart
@@ -76,9 +77,11 @@ func newServer(bin, dir string) (*Server, error) {
 	if s.pki, err = writePKI(s.dir); err != nil {
 		return nil, fmt.Errorf("generate certificates and tokens: %w", err)
 	}
-	if s.port, err = freePort(); err != nil {
+	ports, err := freePorts(3)
+	if err != nil {
 		return nil, err
 	}
+	s.port, s.etcdPort = ports[0], [2]int{ports[1], ports[2]}
 	s.caPool = x509.NewCertPool()
 	if ca, err := os.ReadFile(s.pki.caFile); err != nil || !s.caPool.AppendCertsFromPEM(ca) {
 		return nil, fmt.Errorf("read CA %s: %v", s.pki.caFile, err)
@@ -107,11 +110,7 @@ func (s *Server) start() (etcdReady, apiReady time.Duration, err error) {
 }
 
 func (s *Server) startEtcd() error {
-	client, err1 := freePort()
-	peer, err2 := freePort()
-	if err1 != nil || err2 != nil {
-		return fmt.Errorf("free ports for etcd: %v %v", err1, err2)
-	}
+	client, peer := s.etcdPort[0], s.etcdPort[1]
 	s.etcdURL = "http://127.0.0.1:" + strconv.Itoa(client)
 	peerURL := "http://127.0.0.1:" + strconv.Itoa(peer)
 	args := []string{
