@@ -47,6 +47,11 @@ retry() {
 	done
 }
 
+# No inlining: the compile takes about 15% less CPU (measured on client-go's clientset, 282 → 241
+# CPU-s, the largest share of a cold CI run), at some cost in the binaries' speed, which the tests
+# that start them do not measure.
+gcflags=all=-l
+
 # works NAME: the cached binary exists and runs.
 works() { [[ -x "$dir/$1" ]] && "$dir/$1" --version >/dev/null 2>&1; }
 
@@ -112,7 +117,7 @@ build_kube_apiserver() {
 	done
 	say "kube-apiserver: go build ./cmd/kube-apiserver (minutes: it is a large program)"
 	local start=$SECONDS
-	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -ldflags="$ldflags" -o "$stage/kube-apiserver" ./cmd/kube-apiserver
+	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -gcflags="$gcflags" -ldflags="$ldflags" -o "$stage/kube-apiserver" ./cmd/kube-apiserver
 	mv -f "$stage/kube-apiserver" "$dir/kube-apiserver"
 	say "kube-apiserver: built in $((SECONDS - start)) s"
 }
@@ -130,7 +135,7 @@ build_etcd() {
 	done
 	say "etcd: go build ."
 	local start=$SECONDS
-	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -ldflags="-s -w" -o "$stage/etcd" .
+	GOFLAGS=-mod=mod CGO_ENABLED=0 retry go build -trimpath -gcflags="$gcflags" -ldflags="-s -w" -o "$stage/etcd" .
 	mv -f "$stage/etcd" "$dir/etcd"
 	say "etcd: built in $((SECONDS - start)) s"
 }
