@@ -1,6 +1,7 @@
 package registry_test
 
 import (
+	"context"
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
@@ -22,7 +23,7 @@ import (
 // token-auth front end of the kind Docker Hub and most registries run: a request without a valid
 // Bearer token gets 401 with a Bearer challenge whose realm is the upstream's own /token; a
 // token whose user may not touch the repository gets 403 DENIED. It counts what the registry
-// really served, and can corrupt or slow blob bodies.
+// really served, and can corrupt, slow or hold blob bodies.
 type testUpstream struct {
 	srv *httptest.Server
 
@@ -39,6 +40,7 @@ type testUpstream struct {
 	refused       atomic.Int64 // requests answered 401 or 403
 	corrupt       sync.Map     // digest → true: flip a byte of the body
 	bytesPerSec   atomic.Int64 // 0: unthrottled
+	holds         sync.Map     // digest → chan struct{}: a GET of the blob pauses after its first chunk until it is closed
 	sawAuthHeader sync.Map     // every Authorization value the registry received → true
 }
 
@@ -59,6 +61,23 @@ func newTestUpstream(t testing.TB, users map[string]testUser) *testUpstream {
 	u.srv = httptest.NewServer(mux)
 	t.Cleanup(u.srv.Close)
 	return u
+}
+
+// hold makes every GET of the blob digest pause after its first chunk (32 KiB, flushed: the relay
+// has it) until release is called, so that a test can act while a fill of it is in progress
+// however slowly the machine runs. It is released at the end of the test at the latest.
+func (u *testUpstream) hold(t testing.TB, digest string) (release func()) {
+	gate := make(chan struct{})
+	u.holds.Store(digest, gate)
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			u.holds.Delete(digest)
+			close(gate)
+		})
+	}
+	t.Cleanup(release)
+	return release
 }
 
 func (u *testUpstream) URL() string  { return u.srv.URL }
@@ -144,11 +163,14 @@ func (u *testUpstream) guard(next http.Handler) http.Handler {
 		if r.Method == http.MethodHead {
 			u.heads.Add(1)
 		}
-		cw := &countingUpstreamWriter{ResponseWriter: w, u: u}
+		cw := &countingUpstreamWriter{ResponseWriter: w, u: u, ctx: r.Context()}
 		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/blobs/") {
 			cw.blob = true
 			d := r.URL.Path[strings.LastIndex(r.URL.Path, "/")+1:]
 			_, cw.corrupt = u.corrupt.Load(d)
+			if gate, ok := u.holds.Load(d); ok {
+				cw.hold = gate.(chan struct{})
+			}
 		}
 		if r.Method == http.MethodGet && strings.Contains(r.URL.Path, "/manifests/") {
 			cw.manifest = true
@@ -166,12 +188,14 @@ func contains(list []string, s string) bool {
 	return false
 }
 
-// countingUpstreamWriter counts, corrupts and paces what the registry writes.
+// countingUpstreamWriter counts, corrupts, paces and holds what the registry writes.
 type countingUpstreamWriter struct {
 	http.ResponseWriter
 	u                      *testUpstream
+	ctx                    context.Context // the request's
 	blob, manifest         bool
 	corrupt, flipped, okay bool
+	hold                   chan struct{} // non-nil: pause after the next chunk until it is closed
 }
 
 func (c *countingUpstreamWriter) WriteHeader(code int) {
@@ -212,6 +236,17 @@ func (c *countingUpstreamWriter) Write(p []byte) (int, error) {
 				f.Flush()
 			}
 			time.Sleep(time.Duration(int64(n) * int64(time.Second) / bps)) // the upstream's rate: the wait is the behaviour
+		}
+		if c.blob && c.okay && c.hold != nil {
+			if f, ok := c.ResponseWriter.(http.Flusher); ok {
+				f.Flush()
+			}
+			select {
+			case <-c.hold:
+			case <-c.ctx.Done():
+				return written, c.ctx.Err()
+			}
+			c.hold = nil
 		}
 		p = p[n:]
 	}
