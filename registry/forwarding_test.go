@@ -405,13 +405,15 @@ func TestCacheBound(t *testing.T) {
 			t.Fatal(err)
 		}
 
-		// A slow fill of one big layer reserves about 400 KiB; a second big layer cannot fit beside
-		// it even in an empty cache, so it is served uncached.
-		up.bytesPerSec.Store(400 << 10)
+		// A fill of one big layer, held by the upstream until the second is served, reserves about
+		// 400 KiB; a second big layer cannot fit beside it even in an empty cache, so it is served
+		// uncached.
+		release := up.hold(t, big[0].String())
 		done := make(chan struct{})
 		go func() { defer close(done); get(big[0].String()) }()
 		e.Eventually("the first big fill runs", func() bool { return e.Metric("relay_registry_cache_fills_in_flight") == 1 })
 		get(big[1].String())
+		release()
 		<-done
 		e.settle()
 
@@ -427,15 +429,17 @@ func TestCacheBound(t *testing.T) {
 
 // TestCallerLifetime: what a caller's departure ends and what it does not.
 func TestCallerLifetime(t *testing.T) {
+	// The upstream holds the blob after its first 32 KiB until the leader's handler has returned,
+	// so the leader leaves while the fill is in progress, however slowly the machine runs.
 	t.Run("a fill outlives a leader who leaves", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", nil)
-		img := pushImage(t, up, "team/app", 2<<20, 1)
+		img := pushImage(t, up, "team/app", 256<<10, 1)
 		digest := layerDigests(t, img)[0].String()
 		path := "/v2/team/app/blobs/" + digest
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		up.blobGets.Store(0)
-		up.bytesPerSec.Store(8 << 20)
+		release := up.hold(t, digest)
 
 		ctx, cancel := context.WithCancel(context.Background())
 		req, _ := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+e.addr+path, nil)
@@ -446,11 +450,17 @@ func TestCallerLifetime(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		io.ReadFull(resp.Body, make([]byte, 64<<10))
+		if _, err := io.ReadFull(resp.Body, make([]byte, 16<<10)); err != nil {
+			t.Fatalf("the leader's first bytes: %v", err)
+		}
 		cancel() // the leader leaves early
 		resp.Body.Close()
+		e.Eventually("the leader's handler returned", func() bool { return strings.Contains(e.Logs.String(), `"outcome":"fill"`) })
+		if _, err := os.Stat(blobPath(e.cacheDir, digest)); !os.IsNotExist(err) {
+			t.Fatalf("the object was published before the upstream sent it all (%v)", err)
+		}
+		release()
 		e.settle()
-		up.bytesPerSec.Store(0)
 		if _, err := os.Stat(blobPath(e.cacheDir, digest)); err != nil {
 			t.Fatalf("the fill stopped with its leader: %v", err)
 		}
