@@ -75,8 +75,10 @@ type slowEnd struct {
 
 var errStopped = errors.New("the test stopped reading")
 
-func startSlowReader(t *testing.T, e *relayEnv, source, path, token string) *slowReader {
-	t.Helper()
+// narrowDialer is dialerFrom(source) whose connections have a 4 KiB receive buffer and an
+// Ethernet-sized MSS (1400 bytes): with loopback's 64 KiB segments the relay's kernel would buffer
+// megabytes for a caller that reads slowly or not at all; with these, tens of KiB.
+func narrowDialer(source string) *net.Dialer {
 	d := dialerFrom(source)
 	d.Control = func(_, _ string, c syscall.RawConn) error {
 		var serr error
@@ -86,7 +88,12 @@ func startSlowReader(t *testing.T, e *relayEnv, source, path, token string) *slo
 		})
 		return errors.Join(err, serr)
 	}
-	c, err := d.Dial("tcp", e.addr)
+	return d
+}
+
+func startSlowReader(t *testing.T, e *relayEnv, source, path, token string) *slowReader {
+	t.Helper()
+	c, err := narrowDialer(source).Dial("tcp", e.addr)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -183,9 +190,20 @@ func getFrom(ctx context.Context, e *relayEnv, source, path, token string) (int,
 	return resp.StatusCode, sha256Of(body), resp.Header, err
 }
 
+// slowBlobSendBuffer is the upstream's send buffer in tests whose slow reader must hold an
+// upstream request (the handler still writing) for as long as it reads. With it, what the upstream
+// has sent when a slow reader stops taking more — its send buffer (doubled by the kernel), what
+// the relay's receive buffer took before the relay's 256 KiB copy blocked on the caller, the
+// relay's send buffer and the reader's 4 KiB receive buffer (narrowDialer) — came to 1.0-1.1 MiB
+// whatever the blob's size (measured on loopback with tcp_rmem 4096 131072 33554432), so a 4 MiB
+// blob is far beyond every socket buffer on the way. Left to the kernel, loopback's send buffer
+// grows to megabytes: the whole 4 MiB went, and the tests pushed 32 MiB.
+const slowBlobSendBuffer = 64 << 10
+
 func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
 	const perSource, total, readers = 8, 16, 20
 	up := newTestUpstream(t, testUsers)
+	up.sendBuffer.Store(slowBlobSendBuffer)
 	e := startRelay(t, up.URL(), "", func(o *registry.Options) {
 		o.MaxFetchesPerSource, o.MaxFetches = perSource, total
 		o.MaxAuthorizationsPerSource, o.MaxAuthorizations = 2, 4
@@ -193,7 +211,7 @@ func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
 		o.SlotWait = 300 * time.Millisecond
 		o.ReadRateWindow = time.Hour // nobody is cut for reading slowly here (TestReadRate)
 	})
-	big := pushBlob(t, up, "team/app", 32<<20) // far beyond every socket buffer on the way
+	big := pushBlob(t, up, "team/app", 4<<20) // far beyond every socket buffer on the way (slowBlobSendBuffer)
 	hitPath, hitDigest, _, tok := cachedLayer(t, up, e, 64<<10)
 	honest := pushImage(t, up, "team/app", 64<<10, 2) // pulled through the relay later, uncached
 	bobTok := up.tokenFor(t, "bob", "bob-secret-pw")
@@ -310,10 +328,11 @@ func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
 func TestReadRate(t *testing.T) {
 	t.Run("a caller reading slower than the minimum rate is cut and its slot released", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
+		up.sendBuffer.Store(slowBlobSendBuffer) // the upstream is still sending when the reader is cut
 		// A 1 s window at 1 MiB/s stands in for 30 s at 64 KiB/s: a window's due (1 MiB) is
 		// beyond what one write moves (256 KiB), as 1.875 MiB is, so the cut comes as it ends.
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.MinReadRate, o.ReadRateWindow = 1<<20, time.Second })
-		const size = 32 << 20
+		const size = 4 << 20
 		big := pushBlob(t, up, "team/app", size)
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		s := startSlowReader(t, e, "127.0.0.1", "/v2/team/app/blobs/"+big+"?slow", tok)
@@ -334,12 +353,16 @@ func TestReadRate(t *testing.T) {
 		if st, _ := s.answered(); st != http.StatusOK {
 			t.Fatalf("the slow reader was answered %d", st)
 		}
+		// Had the upstream sent it all, its request would have ended without the relay.
+		if got := up.blobBytes.Load(); got >= size {
+			t.Fatalf("the upstream sent all %d bytes: its request did not end with the cut caller's (or the blob fit in the socket buffers)", got)
+		}
 	})
 	// A hit goes to its caller by sendfile (callerWriter.ReadFrom); the rule is the same.
 	t.Run("a slow reader of a stored object is cut", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.MinReadRate, o.ReadRateWindow = 1<<20, time.Second })
-		const size = 32 << 20
+		const size = 4 << 20 // the relay's send buffer to a reader with a 1400-byte MSS holds tens of KiB
 		big := pushBlob(t, up, "team/app", size)
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		if resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+big, tok, nil); err != nil ||

@@ -4,9 +4,9 @@ import (
 	"bytes"
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -516,16 +516,15 @@ func TestCallerLifetime(t *testing.T) {
 	// it an upstream connection, a stored object's file (evicted or not) or a fill's. Every write
 	// to a caller, and every read of its body, must now complete within the progress timeout.
 	// The caller here is a raw connection that sends its request and never reads (or, uploading,
-	// stops sending) with a small receive buffer, so the relay's writes block once the socket
-	// buffers are full.
+	// stops sending) through narrowDialer, so the relay's writes block once the socket buffers,
+	// tens of KiB, are full.
 	const progress = 300 * time.Millisecond
 	stalled := func(t *testing.T, e *relayEnv, request string) {
 		t.Helper()
-		c, err := net.Dial("tcp", e.addr)
+		c, err := narrowDialer("").Dial("tcp", e.addr)
 		if err != nil {
 			t.Fatal(err)
 		}
-		c.(*net.TCPConn).SetReadBuffer(4 << 10)
 		t.Cleanup(func() { c.Close() })
 		if _, err := io.WriteString(c, request); err != nil {
 			t.Fatal(err)
@@ -552,7 +551,7 @@ func TestCallerLifetime(t *testing.T) {
 		}
 	})
 	t.Run("a stored object is let go when its caller stops reading", func(t *testing.T) {
-		blob := make([]byte, 16<<20) // well beyond the socket buffers
+		blob := make([]byte, 2<<20) // well beyond the socket buffers
 		rand.Read(blob)
 		digest := sha256Of(blob)
 		up := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -564,7 +563,7 @@ func TestCallerLifetime(t *testing.T) {
 		}))
 		t.Cleanup(up.Close)
 		// The cache is filled through a relay with the default progress timeout: this test's
-		// reader of 16 MiB may itself be starved for 300 ms on a busy machine, and be cut.
+		// reader of 2 MiB may itself be starved for 300 ms on a busy machine, and be cut.
 		cache := filepath.Join(t.TempDir(), "cache")
 		path := "/v2/r/blobs/" + digest
 		filler := startRelay(t, up.URL, cache, nil)
@@ -575,10 +574,25 @@ func TestCallerLifetime(t *testing.T) {
 		filler.Shutdown()
 		e := startRelay(t, up.URL, cache, func(o *registry.Options) { o.ProgressTimeout = progress })
 		stalled(t, e, "GET "+path+" HTTP/1.1\r\nHost: relay\r\n\r\n")
-		// A hit's handler logs its request once it has closed the object's file.
+		// A hit's handler logs its request once it has closed the object's file, with the bytes
+		// the caller's socket took: fewer than the object's, or it was never stalled.
+		var line string
 		e.Eventually("the stalled hit's handler returned", func() bool {
-			return strings.Contains(e.Logs.String(), `"outcome":"hit"`)
+			for l := range strings.Lines(e.Logs.String()) {
+				if strings.Contains(l, `"outcome":"hit"`) {
+					line = l
+					return true
+				}
+			}
+			return false
 		})
+		var logged struct{ Bytes int64 }
+		if err := json.Unmarshal([]byte(line), &logged); err != nil {
+			t.Fatalf("the hit's log line: %v: %s", err, line)
+		}
+		if logged.Bytes >= int64(len(blob)) {
+			t.Fatalf("the stalled caller's socket took all %d bytes: the hit was never stalled", logged.Bytes)
+		}
 	})
 	t.Run("an upload ends when its caller stops sending", func(t *testing.T) {
 		bodyEnded := make(chan error, 1)

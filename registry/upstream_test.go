@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -41,6 +42,7 @@ type testUpstream struct {
 	corrupt       sync.Map     // digest → true: flip a byte of the body
 	bytesPerSec   atomic.Int64 // 0: unthrottled
 	holds         sync.Map     // digest → chan struct{}: a GET of the blob pauses after its first chunk until it is closed
+	sendBuffer    atomic.Int64 // SO_SNDBUF of connections accepted from now on; 0: the kernel's (autotuned)
 	sawAuthHeader sync.Map     // every Authorization value the registry received → true
 }
 
@@ -58,7 +60,13 @@ func newTestUpstream(t testing.TB, users map[string]testUser) *testUpstream {
 	mux := http.NewServeMux()
 	mux.HandleFunc("/token", u.token)
 	mux.Handle("/v2/", u.guard(reg))
-	u.srv = httptest.NewServer(mux)
+	u.srv = httptest.NewUnstartedServer(mux)
+	u.srv.Config.ConnState = func(c net.Conn, s http.ConnState) {
+		if n := u.sendBuffer.Load(); s == http.StateNew && n > 0 {
+			c.(*net.TCPConn).SetWriteBuffer(int(n))
+		}
+	}
+	u.srv.Start()
 	t.Cleanup(u.srv.Close)
 	return u
 }
