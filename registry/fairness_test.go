@@ -362,7 +362,7 @@ func TestReadRate(t *testing.T) {
 	t.Run("a slow reader of a stored object is cut", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.MinReadRate, o.ReadRateWindow = 1<<20, time.Second })
-		const size = 4 << 20 // the relay's send buffer to a reader with a 1400-byte MSS holds tens of KiB
+		const size = 2 << 20 // the relay's send buffer to a reader with a 1400-byte MSS holds tens of KiB
 		big := pushBlob(t, up, "team/app", size)
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		if resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+big, tok, nil); err != nil ||
