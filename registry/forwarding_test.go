@@ -397,15 +397,16 @@ func TestCacheDisk(t *testing.T) {
 }
 
 // TestCacheBound: the cache stays within its bound, evicting the least recently used objects,
-// and evicts nothing for a fill that could not have the room anyway.
+// and evicts nothing for a fill that could not have the room anyway. A bound of 175 KiB and
+// layers of 40-100 KiB show it as well as megabytes would: only the sizes' ratios matter.
 func TestCacheBound(t *testing.T) {
 	t.Run("least recently used objects are evicted", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
-		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
-		img := pushImage(t, up, "team/app", 256<<10, 4) // about 1 MiB of layers
+		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 175 << 10 })
+		img := pushImage(t, up, "team/app", 64<<10, 4) // about 260 KiB of layers
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		// One layer at a time, each published before the next: a fill's caller has its last byte
-		// before the fill is synced and published, and two fills still reserving 512 KiB would
+		// before the fill is synced and published, and two fills still reserving 128 KiB would
 		// leave the next no room to evict for (too-large, not an eviction).
 		for _, d := range layerDigests(t, img) {
 			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+d.String(), tok, nil)
@@ -417,17 +418,17 @@ func TestCacheBound(t *testing.T) {
 		if got := e.Metric("relay_registry_cache_evictions_total"); got < 1 {
 			t.Fatalf("evictions = %v, want some", got)
 		}
-		if got := e.Metric("relay_registry_cache_bytes"); got > 700<<10 {
-			t.Fatalf("cache holds %v bytes, bound %d", got, 700<<10)
+		if got := e.Metric("relay_registry_cache_bytes"); got > 175<<10 {
+			t.Fatalf("cache holds %v bytes, bound %d", got, 175<<10)
 		}
 	})
 	// A fill that cannot have room (fills in progress hold it) is served uncached; it must not
 	// evict stored objects on its way to finding that out.
 	t.Run("a fill that cannot reserve evicts nothing", func(t *testing.T) {
 		up := newTestUpstream(t, testUsers)
-		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 700 << 10 })
-		small := layerDigests(t, pushImage(t, up, "team/app", 150<<10, 1))[0].String()
-		big := layerDigests(t, pushImage(t, up, "team/app", 400<<10, 2))
+		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.CacheMaxBytes = 175 << 10 })
+		small := layerDigests(t, pushImage(t, up, "team/app", 40<<10, 1))[0].String()
+		big := layerDigests(t, pushImage(t, up, "team/app", 100<<10, 2))
 		tok := up.tokenFor(t, "alice", "alice-secret-pw")
 		get := func(digest string) {
 			resp, body, err := rawGet(t, e, http.MethodGet, "/v2/team/app/blobs/"+digest, tok, nil)
@@ -436,14 +437,14 @@ func TestCacheBound(t *testing.T) {
 			}
 		}
 
-		get(small) // stored: about 150 KiB of the 700 KiB bound
+		get(small) // stored: about 40 KiB of the 175 KiB bound
 		e.settle()
 		if _, err := os.Stat(blobPath(e.cacheDir, small)); err != nil {
 			t.Fatal(err)
 		}
 
 		// A fill of one big layer, held by the upstream until the second is served, reserves about
-		// 400 KiB; a second big layer cannot fit beside it even in an empty cache, so it is served
+		// 100 KiB; a second big layer cannot fit beside it even in an empty cache, so it is served
 		// uncached.
 		release := up.hold(t, big[0].String())
 		done := make(chan struct{})
