@@ -200,7 +200,10 @@ func getFrom(ctx context.Context, e *relayEnv, source, path, token string) (int,
 // grows to megabytes: the whole 4 MiB went, and the tests pushed 32 MiB.
 const slowBlobSendBuffer = 64 << 10
 
+// Parallel (as TestReadRate and TestCallerLifetime): most of its time is the slow readers' pace and
+// bounded waits, and it shares nothing with other tests; TestMain checks for leaks after all.
 func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
+	t.Parallel()
 	const perSource, total, readers = 8, 16, 20
 	up := newTestUpstream(t, testUsers)
 	up.sendBuffer.Store(slowBlobSendBuffer)
@@ -324,9 +327,12 @@ func TestSlowReadersDoNotStarveOtherCallers(t *testing.T) {
 }
 
 // TestReadRate: a caller is judged by how fast it takes what the relay has for it, never by how
-// fast the upstream sends.
+// fast the upstream sends. Its cases wait out rate windows and a slow upstream, each with its own
+// upstream and relay: they run in parallel.
 func TestReadRate(t *testing.T) {
+	t.Parallel()
 	t.Run("a caller reading slower than the minimum rate is cut and its slot released", func(t *testing.T) {
+		t.Parallel()
 		up := newTestUpstream(t, testUsers)
 		up.sendBuffer.Store(slowBlobSendBuffer) // the upstream is still sending when the reader is cut
 		// A 1 s window at 1 MiB/s stands in for 30 s at 64 KiB/s: a window's due (1 MiB) is
@@ -360,6 +366,7 @@ func TestReadRate(t *testing.T) {
 	})
 	// A hit goes to its caller by sendfile (callerWriter.ReadFrom); the rule is the same.
 	t.Run("a slow reader of a stored object is cut", func(t *testing.T) {
+		t.Parallel()
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.MinReadRate, o.ReadRateWindow = 1<<20, time.Second })
 		const size = 2 << 20 // the relay's send buffer to a reader with a 1400-byte MSS holds tens of KiB
@@ -387,6 +394,7 @@ func TestReadRate(t *testing.T) {
 		}
 	})
 	t.Run("a caller of a slow upstream is not cut", func(t *testing.T) {
+		t.Parallel()
 		up := newTestUpstream(t, testUsers)
 		e := startRelay(t, up.URL(), "", func(o *registry.Options) { o.MinReadRate, o.ReadRateWindow = 1<<20, 100*time.Millisecond })
 		blob := pushBlob(t, up, "team/app", 64<<10)

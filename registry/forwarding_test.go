@@ -465,8 +465,10 @@ func TestCacheBound(t *testing.T) {
 	})
 }
 
-// TestCallerLifetime: what a caller's departure ends and what it does not.
+// TestCallerLifetime: what a caller's departure ends and what it does not. Parallel: its cases
+// mostly wait for progress timeouts, and share nothing with other tests.
 func TestCallerLifetime(t *testing.T) {
+	t.Parallel()
 	// The upstream holds the blob after its first 32 KiB until the leader's handler has returned,
 	// so the leader leaves while the fill is in progress, however slowly the machine runs.
 	t.Run("a fill outlives a leader who leaves", func(t *testing.T) {
