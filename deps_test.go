@@ -54,7 +54,7 @@ var layers = map[string]layer{
 	"ingress":              {floor: parts, own: []string{"contracts", "feature", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"restore":              {floor: parts, own: []string{"contracts", "feature"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"platform":             {floor: parts, own: []string{"contracts", "feature", "internal/vstream", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/utils"}},
-	"corestore":            {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
+	"corestore":            {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "k8s.io/utils"}},
 	"registry":             {floor: parts, own: []string{"contracts", "contracts/strictjson"}, third: []string{"github.com/prometheus/client_golang", "github.com/rs/zerolog", "golang.org/x/sync"}},
 	"vpnhub":               {floor: parts, own: []string{"contracts", "feature", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/prometheus/client_golang", "github.com/rs/zerolog"}},
 	"vpnhub/client":        {floor: parts, own: []string{"contracts", "internal/backoff", "vpnhub/quicsock", "vpnhub/internal/wire", "vpnhub/vpnkey"}, third: []string{"github.com/quic-go/quic-go", "github.com/rs/zerolog", "golang.org/x/sys", "golang.zx2c4.com/wireguard/tun", "k8s.io/utils"}},

@@ -15,6 +15,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/rs/zerolog"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 )
@@ -52,6 +53,10 @@ type Options struct {
 	// StallTimeout bounds how long a platform closure may stand still at Corestore's end
 	// (platform.go); it replaces Timeout for closures, which take as long as they move.
 	StallTimeout time.Duration
+	// Clock is the time source of the stall bound alone: nil is the wall clock (the daemon's).
+	// Tests inject a fake one to pass the bound once a stall has been reached, instead of
+	// waiting it out.
+	Clock clock.WithDelayedExecution
 }
 
 // Client calls node Corestores. It is safe for concurrent use.
@@ -78,6 +83,9 @@ func New(opts Options) (*Client, error) {
 	}
 	if opts.StallTimeout <= 0 {
 		opts.StallTimeout = DefaultStallTimeout
+	}
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
 	}
 	m, err := newMetrics(opts.Registerer)
 	if err != nil {

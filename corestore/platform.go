@@ -12,6 +12,8 @@ import (
 	"sync"
 	"time"
 
+	"k8s.io/utils/clock"
+
 	"code.foss.global/serve.zone/relay/contracts"
 )
 
@@ -169,7 +171,7 @@ type Closure struct {
 func (c *Client) OpenBackupClosure(ctx context.Context, origin string, bearer contracts.Secret, backupID string) (io.ReadCloser, error) {
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
-	w := newStallWatch(c.opts.StallTimeout, cancel)
+	w := newStallWatch(c.opts.Clock, c.opts.StallTimeout, cancel)
 	w.arm() // until the answer's headers come
 	resp, outcome, err := c.send(ctx, http.MethodGet, origin, contracts.CorestoreBackupsPrefix+url.PathEscape(backupID)+"/closure", bearer, nil, "")
 	w.disarm()
@@ -250,7 +252,7 @@ func (c *Client) PutRestoreClosure(ctx context.Context, origin string, bearer co
 	start := time.Now()
 	ctx, cancel := context.WithCancelCause(ctx)
 	defer cancel(nil)
-	w := newStallWatch(c.opts.StallTimeout, cancel)
+	w := newStallWatch(c.opts.Clock, c.opts.StallTimeout, cancel)
 	defer w.stop()
 	pr := &putReader{r: body, w: w}
 	if err := c.checkOrigin(origin); err != nil {
@@ -322,20 +324,22 @@ func (p *putReader) Read(b []byte) (int, error) {
 	return n, err
 }
 
-// stallWatch cancels a call when it is armed for longer than d without being disarmed.
+// stallWatch cancels a call when it is armed for longer than d, on its clock, without being
+// disarmed.
 type stallWatch struct {
+	clock  clock.WithDelayedExecution
 	d      time.Duration
 	cancel context.CancelCauseFunc
 	mu     sync.Mutex
-	t      *time.Timer // guarded by mu
+	t      clock.Timer // guarded by mu
 	fire   bool        // guarded by mu: it went off
 	done   bool        // guarded by mu: stopped
 }
 
 var errStalled = errors.New("corestore: the closure stood still")
 
-func newStallWatch(d time.Duration, cancel context.CancelCauseFunc) *stallWatch {
-	return &stallWatch{d: d, cancel: cancel}
+func newStallWatch(clk clock.WithDelayedExecution, d time.Duration, cancel context.CancelCauseFunc) *stallWatch {
+	return &stallWatch{clock: clk, d: d, cancel: cancel}
 }
 
 func (w *stallWatch) arm() {
@@ -345,7 +349,10 @@ func (w *stallWatch) arm() {
 		return
 	}
 	if w.t == nil {
-		w.t = time.AfterFunc(w.d, w.trip)
+		// trip runs on a goroutine of its own: a clock may call f while it holds a lock of its
+		// own that Reset and Stop take (a fake clock's Step does), and arm and disarm hold mu
+		// while they reset or stop the timer, so trip must not take mu on the clock's caller.
+		w.t = w.clock.AfterFunc(w.d, func() { go w.trip() })
 		return
 	}
 	w.t.Reset(w.d)
