@@ -71,6 +71,10 @@ type CorestoreOptions struct {
 	// RecordControls keeps a copy of every control received, for Received. Off, nothing of a
 	// control outlives its request.
 	RecordControls bool
+	// ReceiveBuffer is the receive buffer of each connection it accepts, in bytes (0: the
+	// system's, which grows to megabytes): a small one holds a relay's writes back soon once the
+	// stand-in stops reading a body.
+	ReceiveBuffer int
 }
 
 // CorestoreRequest is one control the stand-in received.
@@ -111,6 +115,9 @@ func NewCorestore(opts CorestoreOptions) *Corestore {
 		log: opts.Log.With().Str("component", "sim-corestore").Str("node", opts.NodeName).Logger()}
 	c.srv = httptest.NewUnstartedServer(http.HandlerFunc(c.serve))
 	c.srv.Config.ErrorLog = log.New(io.Discard, "", 0)
+	if opts.ReceiveBuffer > 0 {
+		c.srv.Listener = receiveBufferListener{c.srv.Listener, opts.ReceiveBuffer}
+	}
 	if opts.Plaintext {
 		c.srv.Start()
 	} else {
@@ -118,6 +125,20 @@ func NewCorestore(opts CorestoreOptions) *Corestore {
 		c.srv.StartTLS()
 	}
 	return c
+}
+
+// receiveBufferListener sets the receive buffer of each connection it accepts.
+type receiveBufferListener struct {
+	net.Listener
+	bytes int
+}
+
+func (l receiveBufferListener) Accept() (net.Conn, error) {
+	c, err := l.Listener.Accept()
+	if tc, ok := c.(*net.TCPConn); ok {
+		tc.SetReadBuffer(l.bytes)
+	}
+	return c, err
 }
 
 // selfSigned makes a certificate of its own for each stand-in (httptest's built-in one is shared

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"bytes"
 	"context"
 	"crypto/ecdh"
 	"crypto/rand"
@@ -58,6 +59,9 @@ type PlatformCloudly struct {
 type RestoreSource struct {
 	Size       int64
 	Descriptor json.RawMessage
+	// Stall, when set, holds the closure the first time it is served, after Stall.Bytes of it,
+	// until released: a Cloudly that stands still midway, so that the relay waits on Cloudly.
+	Stall *ClosureStall
 }
 
 // ReceivedClosure is what Cloudly received for one backup.
@@ -78,6 +82,10 @@ type ServedClosure struct {
 	Sum      [32]byte
 	Complete bool   // the closing chunk was answered
 	Refusal  string // the error text the relay answered a chunk with, if any
+	// Unanswered counts, while the stream runs, the keep-alives Cloudly sent since the relay
+	// last answered one of its chunks: at two, the relay has held a chunk unanswered for a
+	// keep-alive period at least.
+	Unanswered int
 }
 
 type pendingEnrollment struct {
@@ -394,6 +402,11 @@ func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMess
 	backupID, _ := strictjson.ReadString(id)
 	p.mu.Lock()
 	src, ok := p.sources[backupID]
+	if ok && src.Stall != nil {
+		held := src
+		held.Stall = nil
+		p.sources[backupID] = held // it stands still once
+	}
 	chunk := p.chunk
 	p.mu.Unlock()
 	if !ok {
@@ -413,7 +426,12 @@ func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMess
 	answer(out, nil) // queued before the first chunk: the relay takes the stream from it
 	go func() {
 		defer p.c.streams.dropSink(streamID)
-		n, sum, complete, refusal := writeClosure(w, simLink{conn, streamID}, ClosureReader(backupID, src.Size))
+		var closure io.Reader = ClosureReader(backupID, src.Size)
+		if src.Stall != nil {
+			closure = &heldReader{r: closure, s: src.Stall, done: conn.Context().Done()}
+		}
+		link := keepAliveCounter{simLink{conn, streamID}, func() { p.mu.Lock(); sc.Unanswered++; p.mu.Unlock() }}
+		n, sum, complete, refusal := writeClosure(w, link, closure, func() { p.mu.Lock(); sc.Unanswered = 0; p.mu.Unlock() })
 		p.mu.Lock()
 		sc.Bytes, sc.Sum, sc.Complete, sc.Refusal = n, sum, complete, refusal
 		p.mu.Unlock()
@@ -422,9 +440,9 @@ func (p *PlatformCloudly) serveRestore(conn *typedsocket.Conn, body json.RawMess
 
 // writeClosure writes src as the library's writer does (internal/vstream) and returns what went:
 // the bytes the relay answered and their digest, whether the closing chunk was answered, and the
-// relay's refusal text if it refused a chunk.
-func writeClosure(w *vstream.Writer, link vstream.Link, src io.Reader) (int64, [32]byte, bool, string) {
-	h := &answeredHash{h: sha256.New(), src: src}
+// relay's refusal text if it refused a chunk. answered is called as each chunk is answered.
+func writeClosure(w *vstream.Writer, link vstream.Link, src io.Reader, answered func()) (int64, [32]byte, bool, string) {
+	h := &answeredHash{h: sha256.New(), src: src, then: answered}
 	// The writer reads a chunk ahead: the digest takes a chunk's bytes once it was answered.
 	w.SetAnswered(h.answered)
 	_, err := w.Write(link, h)
@@ -437,6 +455,35 @@ func writeClosure(w *vstream.Writer, link vstream.Link, src io.Reader) (int64, [
 	return h.n, sum, err == nil, ""
 }
 
+// heldReader reads r and stands still once s.Bytes of it were read, until s is released (or done
+// closes: then it fails).
+type heldReader struct {
+	r    io.Reader
+	s    *ClosureStall
+	done <-chan struct{}
+	n    int64
+	held bool // it stood still already
+}
+
+func (h *heldReader) Read(b []byte) (int, error) {
+	if !h.held {
+		if h.n >= h.s.Bytes {
+			h.held = true
+			close(h.s.Reached)
+			select {
+			case <-h.s.release:
+			case <-h.done:
+				return 0, errors.New("sim: the connection ended while Cloudly stood still")
+			}
+		} else {
+			b = b[:min(int64(len(b)), h.s.Bytes-h.n)]
+		}
+	}
+	n, err := h.r.Read(b)
+	h.n += int64(n)
+	return n, err
+}
+
 // answeredHash reads src, holding what was read until the reader answered it (at most two
 // chunks), then hashes it.
 type answeredHash struct {
@@ -444,6 +491,7 @@ type answeredHash struct {
 	src     io.Reader
 	pending []byte
 	n       int64
+	then    func() // called after each answer
 }
 
 func (a *answeredHash) Read(b []byte) (int, error) {
@@ -456,4 +504,19 @@ func (a *answeredHash) answered(k int) {
 	a.h.Write(a.pending[:k])
 	a.pending = append(a.pending[:0], a.pending[k:]...)
 	a.n += int64(k)
+	a.then()
+}
+
+// keepAliveCounter is a stream's link that calls sent for each keep-alive going out.
+type keepAliveCounter struct {
+	simLink
+	sent func()
+}
+
+func (l keepAliveCounter) Send(frame []byte) error {
+	// A frame's purpose comes before its data: the head is enough.
+	if bytes.Contains(frame[:min(len(frame), 256)], []byte(`"mainPurpose":"keepAlive"`)) {
+		l.sent()
+	}
+	return l.simLink.Send(frame)
 }
