@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"go.uber.org/goleak"
+	"k8s.io/utils/clock"
 
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/corestore"
@@ -28,10 +29,17 @@ const (
 
 // harnessOptions shape a harness.
 type harnessOptions struct {
-	platform  platform.Options // ListInterval, StateInterval, … (Logger and Registerer are the relay's)
-	stall     time.Duration    // the Corestore client's stall bound (0: its default)
-	noOrigins bool             // the configuration push names no Corestore
-	more      int              // Corestores besides node-a and node-b: node-s1 … node-sN
+	platform platform.Options // ListInterval, StateInterval, … (Logger and Registerer are the relay's)
+	stall    time.Duration    // the Corestore client's stall bound (0: its default)
+	// stallClock is the clock the Corestore client's stall bound runs on (nil: the wall clock).
+	// A fake one, its own, moves only when the test moves it: a healthy closure never meets the
+	// bound, and a stalled one meets it once the test passes it.
+	stallClock clock.WithDelayedExecution
+	noOrigins  bool // the configuration push names no Corestore
+	more       int  // Corestores besides node-a and node-b: node-s1 … node-sN
+	// receiveBuffer is node-a's and node-b's Corestores' socket receive buffer (0: the
+	// system's): a small one holds the relay's writes back soon once a Corestore stops reading.
+	receiveBuffer int
 }
 
 // harness is a relay built as cmd/relay builds it — the corestore client as the agent's port —
@@ -53,9 +61,9 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 			h.assertNoSecretShown()
 		}
 	})
-	h.a = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-a", Plaintext: true})
+	h.a = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-a", Plaintext: true, ReceiveBuffer: o.receiveBuffer})
 	t.Cleanup(h.a.Close)
-	h.b = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-b", Plaintext: true})
+	h.b = sim.NewCorestore(sim.CorestoreOptions{NodeName: "node-b", Plaintext: true, ReceiveBuffer: o.receiveBuffer})
 	t.Cleanup(h.b.Close)
 	h.a.Platform().SetBearer(credentialA)
 	h.b.Platform().SetBearer(credentialB)
@@ -82,7 +90,7 @@ func newHarness(t *testing.T, o harnessOptions) *harness {
 			c.Platform().SetDesiredState(json.RawMessage(desired))
 		},
 		Build: func(cfg relay.Config, ro relay.Options) (*relay.Relay, error) {
-			cs, err := corestore.New(corestore.Options{Logger: ro.Logger, Registerer: ro.Registry, AllowHTTP: cfg.InsecurePlaintext, StallTimeout: o.stall})
+			cs, err := corestore.New(corestore.Options{Logger: ro.Logger, Registerer: ro.Registry, AllowHTTP: cfg.InsecurePlaintext, StallTimeout: o.stall, Clock: o.stallClock})
 			if err != nil {
 				return nil, err
 			}

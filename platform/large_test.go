@@ -8,6 +8,8 @@ import (
 	"testing"
 	"time"
 
+	clocktesting "k8s.io/utils/clock/testing"
+
 	"code.foss.global/serve.zone/relay/contracts"
 	"code.foss.global/serve.zone/relay/platform"
 	"code.foss.global/serve.zone/relay/testenv/sim"
@@ -161,50 +163,65 @@ func TestClosureOverTheLimit(t *testing.T) {
 }
 
 // TestCorestoreStallsMidClosure: a Corestore that stops sending a backup, and one that stops
-// taking a restore, midway: the relay cuts each after the stall bound (relay-closure-stalled),
-// aborts the stream to Cloudly or answers Cloudly's writer, and the other work goes on meanwhile.
-// The bound is long enough that a healthy closure on a busy machine does not meet it (only the
-// two stalled closures are cut; a healthy one cut is reported as such), and both stalls run at
-// once, so the test waits for it once.
+// taking a restore, midway: the relay cuts each once the stall bound has passed while it waits on
+// that Corestore (relay-closure-stalled), aborts the stream to Cloudly or answers Cloudly's writer,
+// and the other work goes on meanwhile; while the relay waits on Cloudly instead (Cloudly holds the
+// restore before its first byte), the bound does not run on that closure, and passing it cuts the
+// stalled backup alone. The bound runs on a fake clock of its own that the test passes only once
+// a stall has been reached: a healthy closure never meets it, however busy the machine.
 func TestCorestoreStallsMidClosure(t *testing.T) {
 	t.Parallel()
 	const bound = 10 * time.Second
-	h := newHarness(t, harnessOptions{stall: bound, platform: platform.Options{ListInterval: time.Hour}})
+	stallClock := clocktesting.NewFakeClock(time.Now())
+	h := newHarness(t, harnessOptions{stall: bound, stallClock: stallClock, receiveBuffer: 64 << 10,
+		platform: platform.Options{ListInterval: time.Hour}})
 	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	// The closures are set up while detached, so that the attach that follows lists them all at
 	// once: set up while attached, a listing that comes late on a busy machine took the backup to
 	// its stall before the detach, which then ended it as relay-upstream-detached.
 	h.Cloudly.SetAvailable(false)
 	h.waitFor("detached", func() bool { return !h.Relay.Upstream().Attached() })
-	out, in := sim.NewClosureStall(1<<20), sim.NewClosureStall(1<<20)
+	const stallAt = platform.DefaultChunkBytes // a chunk's worth moves before each stall
+	out, in, held := sim.NewClosureStall(stallAt), sim.NewClosureStall(stallAt), sim.NewClosureStall(0)
 	defer out.Release()
 	defer in.Release()
+	defer held.Release()
 	h.a.Platform().StallNextBackup(out)
 	h.a.Platform().AddBackup("bk-stall", sim.PlatformClosure{ServiceID: "svc-1", Size: 8 << 20})
-	h.b.Platform().AddBackup("bk-free", sim.PlatformClosure{ServiceID: "svc-2", Size: 4 << 20})
+	h.b.Platform().AddBackup("bk-free", sim.PlatformClosure{ServiceID: "svc-2", Size: 1<<20 + 4321})
 	h.b.Platform().StallNextRestore(in)
-	// The restore is larger than the loopback's socket buffers can hold (here up to 32 MiB
-	// received and 4 MiB sent): an 8 MiB one went whole into them while Corestore stood still, so
-	// Cloudly's stream completed before the relay saw the stall.
-	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 64 << 20})
+	// The restore is far larger than the socket buffers between the relay and node-b's Corestore
+	// can hold (here up to 4 MiB sent, and 64 KiB received), so Cloudly's stream cannot complete
+	// before the relay sees the stall.
+	h.Cloudly.Platform().ServeRestore("bk-in", sim.RestoreSource{Size: 64 << 20, Stall: held})
 	h.b.Platform().WantRestore("bk-in", "svc-2")
 	h.Cloudly.SetAvailable(true) // a new attach lists at once
 
 	h.await(out.Reached, "the backup reaching the stall")
 	// node-b lists its backup first, then its restore: the backup goes whole while node-a's
-	// stands still.
+	// stands still. Nothing is cut before the test passes the bound.
 	healthyCut := func() bool {
 		rc, _ := h.Cloudly.Platform().Received("bk-free")
-		return rc.Aborted || h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") > 1
+		return rc.Aborted || h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") > 0
 	}
 	h.waitFor("node-b's backup delivered", func() bool { return h.b.Platform().Delivered() == 1 || healthyCut() })
 	if healthyCut() {
-		t.Fatalf("node-b's healthy backup was cut: the machine held it still for the %s bound", bound)
+		t.Fatal("node-b's healthy backup was cut, or a closure was cut before the stall bound was passed")
 	}
-	h.await(in.Reached, "the restore reaching the stall")
-	h.waitFor("the stalled backup and restore cut", func() bool {
-		return h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") == 1 &&
-			h.Metric("relay_platform_restores_total", "outcome", "relay-closure-stalled") == 1
+
+	// The relay has put the stalled backup's bytes on Cloudly's stream and waits on node-a's
+	// Corestore for more; node-b's restore has begun (Corestore took its request) and waits on
+	// Cloudly, which holds it: only the backup's stall watch is armed, and passing the bound
+	// cuts the backup alone.
+	h.await(held.Reached, "Cloudly holding the restore")
+	h.waitFor("the relay waiting on node-a's Corestore and on Cloudly", func() bool {
+		rc, _ := h.Cloudly.Platform().Received("bk-stall")
+		r, _ := h.b.Platform().Restore("bk-in")
+		return rc.Bytes == stallAt && r.Attempts == 1 && stallClock.Waiters() == 1
+	})
+	stallClock.Step(bound)
+	h.waitFor("the stalled backup cut", func() bool {
+		return h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled") == 1
 	})
 	h.waitFor("Cloudly hearing the abort", func() bool {
 		rc, _ := h.Cloudly.Platform().Received("bk-stall")
@@ -213,6 +230,24 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	if rc, _ := h.Cloudly.Platform().Received("bk-stall"); rc.Complete || rc.Accepted || !rc.Aborted {
 		t.Fatalf("the stalled closure reached Cloudly as %+v", rc)
 	}
+
+	// Cloudly lets the restore go on, and node-b's Corestore stops taking it midway: the relay's
+	// transport fills the socket buffers (node-b's side of them small here), then holds the bytes
+	// Corestore does not take with the restore's stall watch armed, and a chunk of Cloudly's
+	// unanswered. Once Cloudly has waited on that chunk through two keep-alives, the test passes
+	// the bound, and the relay cuts the restore.
+	held.Release()
+	h.await(in.Reached, "the restore reaching the stall")
+	restoreCut := func() bool { return h.Metric("relay_platform_restores_total", "outcome", "relay-closure-stalled") == 1 }
+	h.waitFor("the relay holding the restore back, its stall watch armed", func() bool {
+		s, _ := h.Cloudly.Platform().Served("bk-in")
+		return s.Unanswered >= 2 && stallClock.Waiters() == 1 || restoreCut()
+	})
+	if restoreCut() {
+		t.Fatal("the restore was cut by the bound passed while the relay waited on Cloudly")
+	}
+	stallClock.Step(bound)
+	h.waitFor("the stalled restore cut", restoreCut)
 	if r, _ := h.b.Platform().Restore("bk-in"); r.Settled {
 		t.Fatal("a restore cut short settled")
 	}
@@ -226,5 +261,8 @@ func TestCorestoreStallsMidClosure(t *testing.T) {
 	h.waitFor("node-b's delivery counted", func() bool { return h.Metric("relay_platform_backups_total", "outcome", "delivered") == 1 })
 	if got := h.Metric("relay_platform_backups_total", "outcome", "delivered"); got != 1 {
 		t.Fatalf("backups delivered %v: only node-b's goes whole", got)
+	}
+	if got := h.Metric("relay_platform_backups_total", "outcome", "relay-closure-stalled"); got != 1 {
+		t.Fatalf("backups cut as stalled %v: only node-a's stalled", got)
 	}
 }
