@@ -112,12 +112,13 @@ func TestLargeClosuresKeepTheHeapFlat(t *testing.T) {
 // to the side that sent it — a Corestore that announces more than 256 MiB is never read, one that
 // does not announce its length is cut at the limit with the stream to Cloudly aborted; a Cloudly
 // that sends too much gets relay-request-invalid on the chunk that passes the limit, and Corestore
-// settles nothing. The streamed cases run against the agent's limit lowered to 8 MiB (the same
+// settles nothing. The streamed cases run against the agent's limit lowered to 1 MiB (the same
 // code as at 256 MiB, TestClosureLimitIsTheCorestoreLimit pins the default): 2 × 256 MiB of
-// chunks would take most of a minute of two cores.
+// chunks would take most of a minute of two cores. 1 MiB is four whole chunks, so the limit is
+// one on the bytes of the whole closure, not on a chunk's.
 func TestClosureOverTheLimit(t *testing.T) {
 	t.Parallel()
-	const limit = 8 << 20
+	const limit = 1 << 20
 	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: time.Hour, MaxClosureBytes: limit}})
 	h.waitFor("credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 
