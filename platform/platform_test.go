@@ -19,10 +19,11 @@ import (
 func TestEndToEnd(t *testing.T) {
 	t.Parallel()
 	h := newHarness(t, harnessOptions{platform: platform.Options{ListInterval: 200 * time.Millisecond}})
-	const backupSize = 3<<20 + 12345
+	// Each closure is a few whole chunks and a part of one.
+	const backupSize, restoreSize = 4*platform.DefaultChunkBytes + 12345, 2*platform.DefaultChunkBytes + 7
 	h.a.Platform().AddBackup("bk-1", sim.PlatformClosure{ServiceID: "svc-1", Size: backupSize})
 	h.b.Platform().WantRestore("bk-9", "svc-2")
-	h.Cloudly.Platform().ServeRestore("bk-9", sim.RestoreSource{Size: 2<<20 + 7})
+	h.Cloudly.Platform().ServeRestore("bk-9", sim.RestoreSource{Size: restoreSize})
 
 	h.waitFor("both credentials pushed", func() bool { return h.Cloudly.Platform().CredentialsPushed() == 2 })
 	if h.Cloudly.Platform().Enrollments() != 1 {
@@ -57,7 +58,7 @@ func TestEndToEnd(t *testing.T) {
 	h.waitFor("the restore settled", func() bool { return h.b.Platform().Settled() == 1 })
 	r, _ := h.b.Platform().Restore("bk-9")
 	served, _ := h.Cloudly.Platform().Served("bk-9")
-	if r.Bytes != 2<<20+7 || r.Sum != sim.ClosureDigest("bk-9", 2<<20+7) || !served.Complete || served.Refusal != "" {
+	if r.Bytes != restoreSize || r.Sum != sim.ClosureDigest("bk-9", restoreSize) || !served.Complete || served.Refusal != "" {
 		t.Fatalf("restore: Corestore %+v, Cloudly %+v", r, served)
 	}
 	want := `{"format":"` + contracts.CorestoreDatabaseBackupFormat + `","backupId":"bk-9"}`
