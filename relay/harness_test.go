@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -21,6 +22,23 @@ import (
 )
 
 func TestMain(m *testing.M) { goleak.VerifyTestMain(m) }
+
+// long is whether the load tests run at full size, as the fault suite's long form does:
+//
+//	RELAY_FAULTS=long go test -race -timeout 30m ./relay
+//
+// By default each is sized to its subject: more peers, messages or reconnects than any bound it
+// judges lets through, so that the bound is what holds them back, and no more; the full sizes
+// (hundreds of nodes, tens of reconnects, floods of many times the budget) stay for this form.
+func long() bool { return os.Getenv("RELAY_FAULTS") == "long" }
+
+// sized is short by default and full under RELAY_FAULTS=long.
+func sized(short, full int) int {
+	if long() {
+		return full
+	}
+	return short
+}
 
 // env is one relay under test with its simulated Cloudly (testenv/relaytest), with the short
 // names these tests use.
