@@ -22,26 +22,37 @@ import (
 )
 
 // TestStalledNodeDoesNotSlowOthers: one node stops reading while Cloudly keeps sending to it; the
-// other 50 nodes' traffic in both directions completes, and the stalled node's requests are
-// refused relay-node-busy instead of piling up.
+// other 10 nodes' traffic in both directions, 10 round trips each way apiece, completes
+// (RELAY_FAULTS=long: 50 nodes, 20 round trips), and the stalled node's requests are refused
+// relay-node-busy instead of piling up. Every round trip crosses the relay while the stalled
+// node's queue is full and the flood goes on: one that waited behind it would hang the test,
+// whatever the number of nodes.
 func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
+	count, rounds := sized(10, 50), sized(10, 20)
 	e := start(t, relay.Features{})
 	stalled, err := sim.DialStalled(ctxHung(t), e.url, "node-stalled")
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer stalled.Close()
-	nodes := make([]*sim.Node, 50)
+	nodes := make([]*sim.Node, count)
 	for i := range nodes {
 		nodes[i] = e.node(fmt.Sprintf("node-%02d", i))
 	}
 
 	// Send to the stalled node until the relay refuses, and keep on during the test, but never
-	// more than 16 frames ahead of what Cloudly's socket has written. (Paced by time instead, at
-	// 1 000 a second, the race-detected relay read the flood slower than Cloudly sent it on a
-	// loaded machine: Cloudly's socket came to carry mostly the flood and every other answer on it
-	// waited behind, head-of-line blocking Cloudly causes, not the relay.)
-	big := json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"` + strings.Repeat("x", 32<<10) + `"}`)
+	// more than 4 frames ahead of what Cloudly's socket has written (RELAY_FAULTS=long: 16).
+	// (Paced by time instead, at 1 000 a second, the race-detected relay read the flood slower
+	// than Cloudly sent it on a loaded machine: Cloudly's socket came to carry mostly the flood and
+	// every other answer on it waited behind, head-of-line blocking Cloudly causes, not the relay.
+	// Sixteen ahead, ten rounds took six to nine times as long as with four, all of it waiting in
+	// Cloudly's queue; with four the relay still refuses some five hundred of the flood's frames a
+	// second while the round trips cross it.)
+	ahead := sized(4, 16)
+	// The stalled node's queue is bounded by count (256 frames) long before its share's bytes:
+	// frames of 4 KiB fill it, and the socket before it, as those of 32 KiB (RELAY_FAULTS=long)
+	// do, with a fraction of the bytes, which are what a race-detected relay spends its time on.
+	big := json.RawMessage(`{"session":{"nodeId":"node-stalled"},"pad":"` + strings.Repeat("x", sized(4<<10, 32<<10)) + `"}`)
 	var busy atomic.Int64
 	var flood sync.WaitGroup
 	stopFlood := make(chan struct{})
@@ -63,7 +74,7 @@ func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 					return false
 				}
 			}
-			if !await.Within(time.Minute, func() bool { return stopped() || e.cloudly.QueueLen() < 16 }) || stopped() {
+			if !await.Within(time.Minute, func() bool { return stopped() || e.cloudly.QueueLen() < ahead }) || stopped() {
 				continue
 			}
 			e.cloudly.CallAsync("applyRuntimeAssignment", big, func(r typedsocket.Reply) {
@@ -76,13 +87,13 @@ func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 	e.eventually("the stalled node's queue full", func() bool { return busy.Load() > 0 })
 
 	// A bound on liveness, not a speed figure: the full race-detected suite on two shared cores
-	// took longer than 30 s for these 2 000 round trips beside the flood.
+	// took longer than 30 s for 2 000 round trips (the long form's) beside the flood.
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 	var g errgroup.Group
 	for _, n := range nodes {
 		g.Go(func() error {
-			for i := range 20 {
+			for i := range rounds {
 				if _, err := n.Report(ctx, "reportRuntimeAssignmentObservation", map[string]any{"i": i}); err != nil {
 					return fmt.Errorf("%s → Cloudly: %w", n.ID, err)
 				}
@@ -101,8 +112,8 @@ func TestStalledNodeDoesNotSlowOthers(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, n := range nodes {
-		if n.Received("readRuntimeAssignmentStats") != 20 {
-			t.Fatalf("%s received %d of 20 requests", n.ID, n.Received("readRuntimeAssignmentStats"))
+		if got := n.Received("readRuntimeAssignmentStats"); got != rounds {
+			t.Fatalf("%s received %d of %d requests", n.ID, got, rounds)
 		}
 	}
 }
