@@ -81,14 +81,30 @@ func TestNoByteOutsideTheBudget(t *testing.T) {
 		<-stalled
 		stop := make(chan struct{})
 		peak := peakOf(e.Env, stop)
-		// 40 MiB of answers: past the budget (16 MiB) and the socket buffers on the way (a few
-		// MiB each) together, by half again.
-		const calls = 40
-		answered := make(chan error, calls)
-		for range calls {
+		// Answers of 1 MiB, one after another, until the budget is spent: the relay's read of the
+		// big node's answer waits for room. What it takes to get there is the budget (16 MiB, less
+		// the reserve kept for peers that hold little) and the socket buffers on the way to
+		// Cloudly. The next call goes once the relay has read the last answer, or its read waits:
+		// no answer more than it takes is made: some 16 of them. (Forty at once, as before, sent
+		// the honest node's request below before the budget was spent, and each MiB read past the
+		// moment cost the race-detected relay a second or more under load.) Forty MiB, the budget
+		// and the buffers on the way by half again, that never got there is a failure.
+		const maxCalls = 40
+		answered := make(chan error, maxCalls)
+		waiting := func() bool { return e.Metric("relay_downstream_budget_waiters") > 0 }
+		calls := 0
+		for !waiting() {
+			if calls == maxCalls {
+				t.Fatalf("%d MiB of answers behind a Cloudly that reads nothing, and no read waits for room in the %d MiB budget (%.1f MiB used)",
+					calls, limit>>20, e.Metric("relay_downstream_budget_used_bytes")/(1<<20))
+			}
 			e.cloudly.CallAsync("readRuntimeAssignmentStats", json.RawMessage(`{"session":{"nodeId":"node-big"}}`), func(r typedsocket.Reply) { answered <- r.Err })
+			calls++
+			e.eventually("the relay read the big node's answer, or its read waits for room", func() bool {
+				return e.Metric("relay_downstream_forwarded_requests_total", "direction", "to-node", "outcome", "answered") == float64(calls) || waiting()
+			})
 		}
-		e.eventually("the big node asked every call", func() bool { return big.Received("readRuntimeAssignmentStats") == calls })
+		t.Logf("%d answers of 1 MiB spent the budget", calls)
 		// The honest node's small request is taken, not refused, while the big node's answers wait.
 		outcome := make(chan error, 1)
 		if _, err := honest.Conn().CallAsync("reportRuntimeAssignmentObservation", json.RawMessage(`{"session":{"nodeId":"node-honest"}}`), func(r typedsocket.Reply) { outcome <- r.Err }, typedsocket.Timeout(time.Minute)); err != nil {
