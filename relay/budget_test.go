@@ -86,15 +86,16 @@ func TestPeerMemoryBudget(t *testing.T) {
 		const limit = 16 << 20
 		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.PeerMemoryBytes = limit }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
-		// 6 greedy nodes × 256 requests in flight × 48 KiB answers: 72 MiB, more than the budget
-		// and the kernel's socket buffers of six connections together.
+		// 3 greedy nodes × 256 requests in flight × 48 KiB answers: 36 MiB, more than the budget
+		// and the kernel's socket buffers of three connections that read nothing together, by
+		// half again: the relay evicts two of them (RELAY_FAULTS=long: 6 greedy nodes, 72 MiB).
 		answer := json.RawMessage(`{"pad":"` + strings.Repeat("a", 48<<10) + `"}`)
 		e.cloudly.Handle("readLargeThing", func(json.RawMessage) (json.RawMessage, error) { return answer, nil })
 		honest := e.node("node-honest")
 		stop := make(chan struct{})
 		peak := peakOf(e.Env, stop)
 		var wg sync.WaitGroup
-		greedy := make([]*rawNode, 6)
+		greedy := make([]*rawNode, sized(3, 6))
 		for i := range greedy {
 			greedy[i] = dialRaw(t, e, fmt.Sprintf("node-greedy-%d", i))
 		}
@@ -110,11 +111,11 @@ func TestPeerMemoryBudget(t *testing.T) {
 				flood(n.ws, frame, 2*256*len(frame))
 			}()
 		}
-		// Meanwhile an honest node that reads its answers is carried: answered, never refused nor
-		// closed. Its first answers wait behind the greedy nodes' burst at Cloudly, as long as a
-		// busy machine takes to move it; only a hang ends the wait.
+		// Meanwhile an honest node that reads its answers is carried: 20 requests (long: 50)
+		// answered, never refused nor closed. Its first answers wait behind the greedy nodes'
+		// burst at Cloudly, as long as a busy machine takes to move it; only a hang ends the wait.
 		ctx := ctxHung(t)
-		for i := range 50 {
+		for i := range sized(20, 50) {
 			_, err := honest.Report(ctx, "readLargeThing", map[string]any{"i": i})
 			if err != nil {
 				t.Fatalf("honest request %d: %v", i, err)
@@ -136,10 +137,13 @@ func TestPeerMemoryBudget(t *testing.T) {
 	// been written upstream the relay needs nothing of its body; keeping it would let one registered
 	// node make the relay hold 256 × 8 MiB = 2 GiB for a minute (and every node as much), outside
 	// every queue bound (decisions.md "Limits and timing" bounds queued frames and answers only).
+	// Twelve bodies of 256 KiB held would grow the heap by 3 MiB, three times the bound; the
+	// relay that holds none grows it by some 12 KiB (RELAY_FAULTS=long: 1 MiB bodies).
 	t.Run("forwarded request bodies are not held while Cloudly thinks", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		const method = "reportRuntimeAssignmentLogs"
-		const count, size = 12, 1 << 20 // bodies held would show as 12 MiB, the bound is 4
+		const count = 12
+		size := sized(256<<10, 1<<20) // bodies held would show as 3 MiB, the bound is 1 (long: 12, 4)
 		release, allAtCloudly := make(chan struct{}), make(chan struct{})
 		var atCloudly atomic.Int64
 		e.cloudly.HandleAsync(method, func(_ json.RawMessage, reply func(json.RawMessage, error)) {
@@ -171,8 +175,8 @@ func TestPeerMemoryBudget(t *testing.T) {
 			t.Fatalf("%d of %d requests reached Cloudly in %s", atCloudly.Load(), count, hungAfter)
 		}
 		held := int64(heapInUse()) - int64(before)
-		if held > count*size/3 {
-			t.Errorf("with %d requests of 1 MiB in flight at Cloudly the heap grew by %d MiB: the relay holds their bodies", count, held>>20)
+		if held > int64(count*size/3) {
+			t.Errorf("with %d requests of %d KiB in flight at Cloudly the heap grew by %d KiB: the relay holds their bodies", count, size>>10, held>>10)
 		}
 	})
 
@@ -183,17 +187,20 @@ func TestPeerMemoryBudget(t *testing.T) {
 	// every other node is refused relay-upstream-busy. docs/protocol.md#node-runtime-sessions: "A slow node never delays another
 	// node or Cloudly's socket"; a flooding node must not either. Here Cloudly stops reading for a
 	// while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
-	// node's log batch must still be taken. The share and the message bound are an eighth of the
-	// defaults' (4 MiB, 1 MiB), as is the batch: the same rule, filled with megabytes less.
+	// node's log batch must still be taken. The share and the message bound are a thirty-second of
+	// the defaults' (1 MiB, 256 KiB), as is the batch: the same rule, filled with megabytes less
+	// (with an eighth, and 1 MiB queued ahead, the three floods sent some 28 MiB; now about 14).
+	// RELAY_FAULTS=long: an eighth (4 MiB, 1 MiB).
 	t.Run("one node cannot take the whole upstream queue", func(t *testing.T) {
 		// Cloudly reads nothing for as long as the flood takes, which on a busy machine can pass
 		// the 45 s after which either side takes a silent peer for gone, and a ping of the relay's
 		// to the flooder, whose writes wait, would end its connection five seconds later. Neither
 		// is what this test is about: neither side pings or gives up on silence here, nor does the
 		// relay time out the requests it holds.
-		const share, maxMessage = relay.RegisteredShare / 8, relay.DefaultMaxMessageBytes / 8
+		part := sized(32, 8)
+		share, maxMessage := relay.RegisteredShare/int64(part), relay.DefaultMaxMessageBytes/part
 		x := relaytest.Start(t, relaytest.Options{PingInterval: time.Hour, DeadTimeout: time.Hour, CallTimeout: time.Hour,
-			RegisteredShare: share, Configure: func(c *relay.Config) { c.MaxMessageBytes = maxMessage },
+			RegisteredShare: share, Configure: func(c *relay.Config) { c.MaxMessageBytes = int64(maxMessage) },
 			Cloudly: func(c *sim.Cloudly) { c.SetDeadTimeout(time.Hour) }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 		stalled, unblock := make(chan struct{}), make(chan struct{})
@@ -341,13 +348,13 @@ func heapInUse() uint64 {
 }
 
 // floodUntilRefused sends size-byte requests from n without waiting for answers until the relay
-// refuses one, and returns once that refusal is back. It keeps at most about 1 MiB queued on the
+// refuses one, and returns once that refusal is back. It keeps at most about 256 KiB queued on the
 // node's side: what the node has queued when the first refusal comes back is read and refused for
 // nothing, and with the node's whole queue (16 MiB) that was most of this test's time.
 func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size int) {
 	t.Helper()
 	body := []byte(`{"session":{"nodeId":"` + n.ID + `"},"logs":"` + strings.Repeat("x", size-64) + `"}`)
-	ahead := max(1, 1<<20/size)
+	ahead := max(1, 256<<10/size)
 	var refused atomic.Bool
 	for sent := 0; !refused.Load(); {
 		if sent > 1<<16 {
