@@ -223,8 +223,12 @@ func TestPeerMemoryBudget(t *testing.T) {
 		}
 		<-stalled
 
+		// The flooder's last refusal leaves its share less room than its last size, 4 KiB: an
+		// eighth of the honest batch (maxMessage/8), so that a relay whose only bound were the
+		// queue all nodes share would refuse the batch. (RELAY_FAULTS=long: 1 KiB, which took
+		// thousands of requests, each read and refused, before the first refusal was back.)
 		const method = "reportRuntimeAssignmentLogs"
-		for _, size := range []int{maxMessage - 1024, 64 << 10, 1 << 10} {
+		for _, size := range []int{maxMessage - 1024, 64 << 10, sized(maxMessage/64, 1<<10)} {
 			floodUntilRefused(t, e, flooder, method, size)
 		}
 
