@@ -18,6 +18,7 @@ import (
 // registration is refused
 // relay-upstream-detached (docs/escrow.md).
 func TestDetachedRebinding(t *testing.T) {
+	t.Parallel() // most of its time is waiting for the relay's re-dial and the node's push retries
 	// The renewal windows are read on one test clock, by the escrow and by the node stand-ins, so
 	// that the second window opens when the test says, not 10 s of wall clock later: a busy
 	// machine cannot make the test miss it, and the test does not wait for it.

@@ -21,6 +21,7 @@ import (
 // (RELAY_REQUIRE_BROWSER=1 there); elsewhere the test skips without it, naming the command that
 // installs it.
 func TestStatusPageInABrowser(t *testing.T) {
+	t.Parallel() // most of its time is Chromium starting, a process of its own: other tests run beside it
 	browser, err := exec.LookPath("chromium")
 	if err != nil {
 		if os.Getenv("RELAY_REQUIRE_BROWSER") == "1" {

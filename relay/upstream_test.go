@@ -22,6 +22,7 @@ import (
 // TestAttach: the relay's session with Cloudly (docs/protocol.md#upstream-session): registration, readiness, secrets and
 // refusals.
 func TestAttach(t *testing.T) {
+	t.Parallel() // most of its time is the relay's backoff before it dials again: other tests run beside it
 	t.Run("registrationSequence counts up across reconnects", func(t *testing.T) {
 		e := start(t, relay.Features{})
 		if code, _ := e.admin("/readyz"); code != 200 {
@@ -156,6 +157,7 @@ func TestAttach(t *testing.T) {
 
 // TestCustody: whether Cloudly dispatches to the relay (docs/protocol.md#refusals-that-end-custody and docs/protocol.md#relay-configuration-push).
 func TestCustody(t *testing.T) {
+	t.Parallel() // most of its time is the relay's backoff before it dials again: other tests run beside it
 	t.Run("an undispatched refusal ends custody", func(t *testing.T) {
 		esc := &recordingEscrow{}
 		e := start(t, relay.Features{Parts: []relay.Part{{Name: "escrow", Impl: esc}}})
