@@ -87,14 +87,14 @@ func (n *rawNode) call(id, method, body string) typedsocket.Envelope {
 func session(id string) string { return `{"session":{"nodeId":"` + id + `"}` }
 
 // TestStreams carries the published library's VirtualStreams (docs/protocol.md#streams) through a real relay.
-// The streams are 512 KiB and 17 bytes in 64 KiB chunks: eight whole chunks and a short one, each
+// The streams are 256 KiB and 17 bytes in 32 KiB chunks: eight whole chunks and a short one, each
 // answered before the next (RELAY_FAULTS=long: 3 MiB and 17 bytes in 256 KiB chunks). A chunk
 // crosses the relay as JSON of three to four bytes a byte, which the race detector follows byte by
 // byte: more chunks of the same kind show nothing more.
 func TestStreams(t *testing.T) {
 	e := start(t, relay.Features{})
-	data := make([]byte, sized(512<<10, 3<<20)+17)
-	chunk := sized(64<<10, 256<<10)
+	data := make([]byte, sized(256<<10, 3<<20)+17)
+	chunk := sized(32<<10, 256<<10)
 	rand.Read(data)
 
 	t.Run("a node's stream reaches Cloudly byte-identical", func(t *testing.T) {
