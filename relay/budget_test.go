@@ -189,7 +189,7 @@ func TestPeerMemoryBudget(t *testing.T) {
 	// while; the flooder sends until the relay refuses it, with ever smaller messages; then an honest
 	// node's log batch must still be taken. The share and the message bound are a thirty-second of
 	// the defaults' (1 MiB, 256 KiB), as is the batch: the same rule, filled with megabytes less
-	// (with an eighth, and 1 MiB queued ahead, the three floods sent some 28 MiB; now about 14).
+	// (with an eighth, and the requests sent ahead, the three floods sent some 28 MiB; now 5).
 	// RELAY_FAULTS=long: an eighth (4 MiB, 1 MiB).
 	t.Run("one node cannot take the whole upstream queue", func(t *testing.T) {
 		// Cloudly reads nothing for as long as the flood takes, which on a busy machine can pass
@@ -223,12 +223,8 @@ func TestPeerMemoryBudget(t *testing.T) {
 		}
 		<-stalled
 
-		// The flooder's last refusal leaves its share less room than its last size, 4 KiB: an
-		// eighth of the honest batch (maxMessage/8), so that a relay whose only bound were the
-		// queue all nodes share would refuse the batch. (RELAY_FAULTS=long: 1 KiB, which took
-		// thousands of requests, each read and refused, before the first refusal was back.)
 		const method = "reportRuntimeAssignmentLogs"
-		for _, size := range []int{maxMessage - 1024, 64 << 10, sized(maxMessage/64, 1<<10)} {
+		for _, size := range []int{maxMessage - 1024, 64 << 10, 1 << 10} {
 			floodUntilRefused(t, e, flooder, method, size)
 		}
 
@@ -352,34 +348,30 @@ func heapInUse() uint64 {
 }
 
 // floodUntilRefused sends size-byte requests from n without waiting for answers until the relay
-// refuses one, and returns once that refusal is back. It keeps at most about 256 KiB queued on the
-// node's side: what the node has queued when the first refusal comes back is read and refused for
-// nothing, and with the node's whole queue (16 MiB) that was most of this test's time.
+// refuses one, and returns once that refusal is back. Each goes once the relay has taken the last
+// into its queue to Cloudly (relay_upstream_pending_calls counts it) or refused it: no request
+// reaches the relay behind the one it refuses. Sent ahead, what the node and its socket held when
+// the first refusal came back was read and refused for nothing: with the node's whole queue
+// (16 MiB) that was most of this test's time, with 256 KiB still megabytes and, at the smallest
+// size, thousands of requests. 64 MiB sent without a refusal is a failure.
 func floodUntilRefused(t *testing.T, e *env, n *sim.Node, method string, size int) {
 	t.Helper()
 	body := []byte(`{"session":{"nodeId":"` + n.ID + `"},"logs":"` + strings.Repeat("x", size-64) + `"}`)
-	ahead := max(1, 256<<10/size)
 	var refused atomic.Bool
-	for sent := 0; !refused.Load(); {
-		if sent > 1<<16 {
+	for sent := 0; !refused.Load(); sent++ {
+		if sent*size > 64<<20 {
 			t.Fatalf("%d requests of %d bytes sent and none refused", sent, size)
 		}
-		if n.Conn().QueueLen() >= ahead {
-			e.eventually("a refusal, or room in the flooder's own send queue", func() bool { return refused.Load() || n.Conn().QueueLen() < ahead })
-			continue
-		}
-		_, err := n.Conn().CallAsync(method, body, func(r typedsocket.Reply) {
+		queued := e.Metric("relay_upstream_pending_calls")
+		if _, err := n.Conn().CallAsync(method, body, func(r typedsocket.Reply) {
 			if r.Err != nil && !errors.Is(r.Err, typedsocket.ErrClosed) {
 				refused.Store(true)
 			}
-		}, typedsocket.Timeout(5*time.Minute))
-		switch {
-		case err == nil:
-			sent++
-		case errors.Is(err, typedsocket.ErrQueueFull):
-			e.eventually("a refusal, or the flooder's own send queue drained", func() bool { return refused.Load() || n.Conn().QueueLen() == 0 })
-		default:
+		}, typedsocket.Timeout(5*time.Minute)); err != nil {
 			t.Fatal(err)
 		}
+		e.eventually("the request queued to Cloudly, or refused", func() bool {
+			return refused.Load() || e.Metric("relay_upstream_pending_calls") > queued
+		})
 	}
 }
