@@ -59,6 +59,7 @@ type downstreamConfig struct {
 	maxWaiting       int64            // unregistered connections at once (MaxUnregistered)
 	registerDeadline time.Duration    // a connection registers within it or is closed (RegisterDeadline)
 	registeredShare  int64            // what one registered peer may hold (RegisteredShare)
+	anonymousBytes   int64            // the anonymous pool's bytes (AnonymousRegistrationBytes)
 	maxConns         int              // connections open at once; 0: RLIMIT_NOFILE less fdReserve
 	plaintext        bool             // --insecure-plaintext: no TLS on the listener
 	pace             typedsocket.Pace // --first-frame-timeout, --min-frame-rate: an unregistered connection's messages
@@ -92,6 +93,9 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 	if cfg.registeredShare <= 0 {
 		cfg.registeredShare = RegisteredShare
 	}
+	if cfg.anonymousBytes <= 0 {
+		cfg.anonymousBytes = AnonymousRegistrationBytes
+	}
 	if cfg.now == nil {
 		cfg.now = time.Now
 	}
@@ -102,7 +106,7 @@ func newDownstream(cfg downstreamConfig, log zerolog.Logger, m *metrics, hooks d
 		budget:  budget.New(cfg.peerMemoryBytes),
 		sources: &sourceCounts{max: cfg.maxPerSource, n: make(map[string]int)}}
 	d.ctx, d.stop = context.WithCancel(context.Background())
-	d.anonymous = &anonymousPool{share: d.budget.NewShare(AnonymousRegistrationBytes, nil, nil)}
+	d.anonymous = &anonymousPool{share: d.budget.NewShare(cfg.anonymousBytes, nil, nil)}
 	d.adm = &admission{m: m, refusals: make(chan struct{}, refusing)}
 	d.unregisteredCosts = d.budget.NewPartition(d.budget.Limit() / unregisteredPart)
 	d.partials = newPartials(d.budget, d.unregisteredCosts)

@@ -157,8 +157,12 @@ func TestUnregisteredConnections(t *testing.T) {
 	})
 
 	t.Run("anonymous registrations share one pool", func(t *testing.T) {
+		// The pool is 1 MiB here, the default's sixteenth (RELAY_FAULTS=long: the default, 16 MiB):
+		// the same rule, filled by 16 registrations of 60 KiB instead of 271.
+		pool := int64(sized(1<<20, relay.AnonymousRegistrationBytes))
 		// Every connection from 127.0.0.1, each with one registration at Cloudly (its most).
-		x := relaytest.Start(t, relaytest.Options{Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 0 }})
+		x := relaytest.Start(t, relaytest.Options{AnonymousRegistrationBytes: pool,
+			Configure: func(c *relay.Config) { c.MaxUnregisteredPerSource = 0 }})
 		e := &env{Env: x, t: t, cloudly: x.Cloudly, relay: x.Relay, cfg: x.Config, logs: x.Logs, url: x.URL}
 		release := make(chan struct{})
 		var atCloudly atomic.Int64
@@ -176,11 +180,11 @@ func TestUnregisteredConnections(t *testing.T) {
 		}
 		reg["pad"] = strings.Repeat("x", 60<<10) // under the 64 KiB limit of an unregistered connection
 		body := mustJSON(reg)
-		// More registrations than the pool's 16 MiB hold: 16 more than fit (RELAY_FAULTS=long:
-		// twice as many as fit). The pool lets one past its bytes at most, so at least 15 must be
-		// refused; each registration is a connection and 60 KiB the race-detected relay reads,
-		// and twice as many took 12-29 s under load.
-		fit := int(relay.AnonymousRegistrationBytes / int64(len(body)))
+		// More registrations than the pool holds: 16 more than fit (RELAY_FAULTS=long: twice as
+		// many as fit). The pool lets one past its bytes at most, so at least 15 must be refused;
+		// each registration is a connection and 60 KiB the race-detected relay reads, and twice
+		// as many as fit the default pool took 12-29 s under load.
+		fit := int(pool / int64(len(body)))
 		conns := sized(fit+16, 2*fit)
 		var busy atomic.Int64
 		for i := range conns {
@@ -200,9 +204,9 @@ func TestUnregisteredConnections(t *testing.T) {
 		if busy.Load() == 0 {
 			t.Fatalf("all %d registrations of %d KiB at Cloudly at once: no pool", conns, len(body)>>10)
 		}
-		if held := atCloudly.Load() * int64(len(body)); held > relay.AnonymousRegistrationBytes+int64(len(body)) {
-			t.Fatalf("%d anonymous registrations (%d MiB) at Cloudly at once; the pool holds %d MiB",
-				atCloudly.Load(), held>>20, relay.AnonymousRegistrationBytes>>20)
+		if held := atCloudly.Load() * int64(len(body)); held > pool+int64(len(body)) {
+			t.Fatalf("%d anonymous registrations (%d KiB) at Cloudly at once; the pool holds %d KiB",
+				atCloudly.Load(), held>>10, pool>>10)
 		}
 		// A registered node's traffic is not charged to the pool: a 1 MiB log batch is carried.
 		e.cloudly.HandleAsync(contracts.MethodRegisterPalletRuntimeSession, nil)

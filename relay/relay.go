@@ -80,6 +80,11 @@ type Options struct {
 	// queue's bytes too); zero means the default (RegisteredShare). Tests lower it, with
 	// --max-message-bytes, so that filling a share takes megabytes instead of tens of them.
 	RegisteredShare int64
+	// AnonymousRegistrationBytes is what the registrations of connections that have not
+	// registered may hold at Cloudly at once (the anonymous pool's bytes); zero means the default
+	// (AnonymousRegistrationBytes). Tests lower it, so that filling the pool takes a few dozen
+	// registrations instead of hundreds.
+	AnonymousRegistrationBytes int64
 	// MaxConnections caps the downstream connections open at once; zero: RLIMIT_NOFILE less a
 	// reserve of 256 descriptors (none where the limit cannot be read).
 	MaxConnections int
@@ -129,7 +134,7 @@ func New(cfg Config, feats Features, opts Options) (*Relay, error) {
 	t := timings{pingInterval: opts.PingInterval, deadTimeout: opts.DeadTimeout, callTimeout: opts.CallTimeout}
 	r.down = newDownstream(downstreamConfig{
 		maxMessageBytes: cfg.MaxMessageBytes, peerMemoryBytes: cfg.PeerMemoryBytes, maxPerSource: cfg.MaxUnregisteredPerSource,
-		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, registeredShare: opts.RegisteredShare, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
+		maxWaiting: int64(opts.MaxUnregistered), registerDeadline: opts.RegisterDeadline, registeredShare: opts.RegisteredShare, anonymousBytes: opts.AnonymousRegistrationBytes, maxConns: opts.MaxConnections, plaintext: cfg.InsecurePlaintext, timings: t,
 		pace: paceOf(cfg), upgradeRate: cfg.UpgradeRatePerSource, upgradeBurst: cfg.UpgradeBurstPerSource,
 		now: opts.Now,
 	}, log.With().Str("component", "downstream").Logger(), r.metrics, downstreamHooks{

@@ -68,6 +68,10 @@ type Options struct {
 	VPNHub *contracts.VPNHubEndpoint
 	// Now is the relay's clock (relay.Options.Now); nil: time.Now.
 	Now func() time.Time
+
+	// AnonymousRegistrationBytes is the anonymous registrations' pool
+	// (relay.Options.AnonymousRegistrationBytes); zero: relay.AnonymousRegistrationBytes (16 MiB).
+	AnonymousRegistrationBytes int64
 }
 
 // Start runs a relay against a fresh Cloudly stand-in and waits until it is attached. It stops
@@ -119,7 +123,7 @@ func Start(t testing.TB, o Options) *Env {
 	}
 	r, err := build(e.Config, relay.Options{Logger: e.Log, Registry: e.Registry, PingInterval: o.PingInterval, DeadTimeout: o.DeadTimeout, CallTimeout: o.CallTimeout,
 		MaxUnregistered: o.MaxUnregistered, RegisterDeadline: o.RegisterDeadline, MaxConnections: o.MaxConnections, VPNHub: o.VPNHub,
-		RegisteredShare: o.RegisteredShare, Now: o.Now})
+		RegisteredShare: o.RegisteredShare, AnonymousRegistrationBytes: o.AnonymousRegistrationBytes, Now: o.Now})
 	if err != nil {
 		t.Fatal(err)
 	}
