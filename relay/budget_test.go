@@ -267,11 +267,13 @@ func TestBudgetComesBackToZero(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	// Stream frames both ways.
-	if err := a.PushImage(ctx, make([]byte, 300<<10), 64<<10); err != nil {
+	// Stream frames both ways: 100 KiB in four chunks each way (RELAY_FAULTS=long: 300 KiB in
+	// five); every chunk is charged and released as the first is.
+	image, chunk := make([]byte, sized(100<<10, 300<<10)), sized(32<<10, 64<<10)
+	if err := a.PushImage(ctx, image, chunk); err != nil {
 		t.Fatal(err)
 	}
-	if err := e.cloudly.PushImage(ctx, "node-b", make([]byte, 300<<10), 64<<10); err != nil {
+	if err := e.cloudly.PushImage(ctx, "node-b", image, chunk); err != nil {
 		t.Fatal(err)
 	}
 	// Requests to a node that never reads them, dropped when it goes; answers dropped with it.
