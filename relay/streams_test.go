@@ -197,19 +197,23 @@ func TestStreams(t *testing.T) {
 
 // TestStreamKeepsItsRequestAlive: a request whose answer waits on the stream it carries (the
 // receiver answers once it has the whole stream) is not refused relay-call-timeout while the
-// stream moves, however long that takes; each frame gives it another call timeout.
+// stream moves, however long that takes; each frame gives it another call timeout. The call
+// timeout is 800 ms and the writer pauses 100 ms between chunks: twenty chunks last more than
+// twice the timeout, and a busy machine may delay a frame by 700 ms before the request times out
+// for want of one. (With 400 ms and 10 chunks 100 ms apart, a loaded run once lost a frame's
+// 300 ms of slack: relay-call-timeout after 969 ms of a 1 s stream.)
 func TestStreamKeepsItsRequestAlive(t *testing.T) {
-	const timeout = 400 * time.Millisecond
+	const timeout, pace, chunks = 800 * time.Millisecond, 100 * time.Millisecond, 20
 	x := relaytest.Start(t, relaytest.Options{CallTimeout: timeout})
 	n := x.Node("node-slow")
-	n.SetStreamPace(timeout / 4) // 10 chunks: the stream lasts more than twice the call timeout
-	x.Cloudly.SetStreamPace(timeout / 4)
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	n.SetStreamPace(pace)
+	x.Cloudly.SetStreamPace(pace)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if err := n.PushImage(ctx, make([]byte, 10<<10), 1<<10); err != nil {
+	if err := n.PushImage(ctx, make([]byte, chunks<<10), 1<<10); err != nil {
 		t.Fatalf("a slow stream's request: %v", err)
 	}
-	if err := x.Cloudly.PushImage(ctx, "node-slow", make([]byte, 10<<10), 1<<10); err != nil {
+	if err := x.Cloudly.PushImage(ctx, "node-slow", make([]byte, chunks<<10), 1<<10); err != nil {
 		t.Fatalf("Cloudly's stream to the node: %v", err)
 	}
 }
