@@ -95,8 +95,14 @@ func TestSharesAreTakenInTurn(t *testing.T) {
 			if len(conns) < 100 {
 				t.Fatalf("only %d anonymous connections were upgraded", len(conns))
 			}
-			e.eventually("the unregistered half of the budget spent", func() bool {
-				return e.Metric("relay_downstream_budget_used_bytes") >= paceBudget/2-256<<10
+			// With the defaults, a machine busy enough that opening the flood takes longer than
+			// the first-frame timeout (2 s) sees the pace close the flood's first messages as the
+			// last are opened, and the half may never be full at once (seen beside a cold build
+			// and two hogs: 15.6 of 16 MiB, then draining): the shares are then being taken in
+			// turn already, which is this test's subject, and the registration must still pass.
+			e.eventually("the unregistered half of the budget spent, or the pace closing the flood's messages", func() bool {
+				return e.Metric("relay_downstream_budget_used_bytes") >= paceBudget/2-256<<10 ||
+					tc.configure == nil && e.Metric("relay_downstream_unregistered_closed_total", "reason", "frame-slow") > 0
 			})
 
 			// The one wait of this test that is its subject: the registration's answer.
