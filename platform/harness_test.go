@@ -191,23 +191,6 @@ func (h *harness) assertNoSecretShown() {
 	}
 }
 
-// metricSum is the sum of a counter's series, whatever their labels.
-func (h *harness) metricSum(name string) float64 {
-	mfs, err := h.Registry.Gather()
-	if err != nil {
-		h.T.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() == name {
-			for _, m := range mf.GetMetric() {
-				sum += m.GetCounter().GetValue()
-			}
-		}
-	}
-	return sum
-}
-
 func (h *harness) metricsText() string {
 	mfs, err := h.Registry.Gather()
 	if err != nil {

@@ -144,7 +144,7 @@ func TestClosureOverTheLimit(t *testing.T) {
 			h.Metric("relay_platform_restores_total", "outcome", "relay-request-invalid") >= 1
 	})
 	for _, m := range []string{"relay_platform_backups_total", "relay_platform_restores_total"} {
-		if all, refused := h.metricSum(m), h.Metric(m, "outcome", "relay-request-invalid"); all != refused {
+		if all, refused := h.MetricSum(m), h.Metric(m, "outcome", "relay-request-invalid"); all != refused {
 			t.Fatalf("%s: %v closures ended, %v of them relay-request-invalid", m, all, refused)
 		}
 	}

@@ -210,6 +210,24 @@ func (e *Env) Node(id string) *sim.Node {
 	return n
 }
 
+// MetricSum is the sum of a counter's series in Env.Registry, whatever their labels.
+func (e *Env) MetricSum(name string) float64 {
+	e.T.Helper()
+	families, err := e.Registry.Gather()
+	if err != nil {
+		e.T.Fatal(err)
+	}
+	var sum float64
+	for _, f := range families {
+		if f.GetName() == name {
+			for _, m := range f.GetMetric() {
+				sum += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return sum
+}
+
 // Metric reads one counter or gauge sample from Env.Registry: the first series of name whose
 // labels include the given name/value pairs; 0 when there is none.
 func (e *Env) Metric(name string, labels ...string) float64 {
